@@ -1,0 +1,200 @@
+"""Engine configuration: `EngineArgs` (vLLM's flag names) validated once into a frozen `EngineConfig`.
+
+Every part of the engine reads the frozen config; nothing reads globals or environment variables in the
+hot path. `EngineArgs.create_config()` resolves the model (local HF directory, HF hub cache or GGUF file),
+reads its architecture config and checks every value, raising `ValueError` naming the bad flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+# CPU is for development and CI: small defaults keep warm-up (one compile per bucket pair) short.
+_CPU_DEFAULT_MAX_NUM_SEQS = 32
+_CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+_ACCEL_DEFAULT_MAX_NUM_SEQS = 256
+_ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What was resolved about the model: where it lives, its HF config and the dtypes to run it in."""
+
+    model: str  # what the user asked for (path, hub id, or the default model's path)
+    source_kind: str  # "hf" or "gguf"
+    path: str  # local directory (hf) or file (gguf)
+    hf_config: Any  # transformers.PretrainedConfig
+    dtype: str  # resolved: float32 / bfloat16 / float16
+    kv_cache_dtype: str
+    max_model_len: int
+    served_model_name: str
+    tokenizer: str | None
+    seed: int
+    max_logprobs: int
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    num_gpu_blocks_override: int | None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+    policy: str
+    min_token_bucket: int
+    min_seq_bucket: int
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int
+    data_parallel_size: int
+    enable_expert_parallel: bool
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    attention_backend: str
+    compilation_cache_dir: str | None
+    platform: str  # jax.default_backend() at config time: cpu / gpu / tpu
+
+
+@dataclass
+class EngineArgs:
+    """vLLM's engine flags, with underscores. `LLM(model, **kwargs)` and the CLI take the same names."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    max_logprobs: int = 20
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    attention_backend: str = "auto"
+    compilation_cache_dir: str | None = None
+    min_token_bucket: int = 16
+    min_seq_bucket: int = 8
+    extra: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+
+    def create_config(self) -> EngineConfig:
+        import jax
+
+        from vllm_jax.model.source import load_hf_config, resolve_model_source
+
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, DTYPES)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {self.gpu_memory_utilization}")
+        for name in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        for name in ("tensor_parallel_size", "data_parallel_size", "min_token_bucket", "min_seq_bucket"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
+
+        platform = jax.default_backend()
+        source = resolve_model_source(self.model)
+        hf_config = load_hf_config(source)
+        dtype = self.dtype if self.dtype != "auto" else ("float32" if platform == "cpu" else "bfloat16")
+        kv_dtype = self.kv_cache_dtype if self.kv_cache_dtype != "auto" else dtype
+
+        max_pos = getattr(hf_config, "max_position_embeddings", None) or 2048
+        max_model_len = self.max_model_len or max_pos
+        if max_model_len > max_pos:
+            raise ValueError(
+                f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
+
+        on_cpu = platform == "cpu"
+        max_num_seqs = self.max_num_seqs or (_CPU_DEFAULT_MAX_NUM_SEQS if on_cpu else _ACCEL_DEFAULT_MAX_NUM_SEQS)
+        default_tokens = _CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS if on_cpu else _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS
+        max_num_batched_tokens = self.max_num_batched_tokens or default_tokens
+        if not self.enable_chunked_prefill:
+            # Without chunking a whole prompt must fit in one step.
+            max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({max_num_seqs}) so that every running request can decode in one step")
+        kv_bytes = self.kv_cache_memory_bytes
+        if kv_bytes is None and on_cpu:
+            kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
+
+        model_config = ModelConfig(
+            model=self.model or source.path, source_kind=source.kind, path=source.path, hf_config=hf_config,
+            dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
+            served_model_name=self.served_model_name or (self.model or source.default_name),
+            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
+                num_gpu_blocks_override=self.num_gpu_blocks_override),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
+                policy=self.scheduling_policy, min_token_bucket=self.min_token_bucket,
+                min_seq_bucket=self.min_seq_bucket),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
+                enable_expert_parallel=self.enable_expert_parallel),
+            attention_backend=self.attention_backend,
+            compilation_cache_dir=self.compilation_cache_dir,
+            platform=platform,
+        )
+
+
+def engine_args_from_kwargs(model: str | None, kwargs: dict) -> EngineArgs:
+    """Build EngineArgs from `LLM(model, **kwargs)`, naming any unknown keyword."""
+    unknown = sorted(set(kwargs) - EngineArgs.field_names())
+    if unknown:
+        raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
+    return EngineArgs(model=model, **kwargs)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

@@ -1,0 +1,78 @@
+"""The messages between the scheduler, the model runner and the output processor.
+
+One engine step: `Scheduler.schedule() -> SchedulerOutput`; `ModelRunner.execute(SchedulerOutput) ->
+ModelRunnerOutput`; `Scheduler.update_from_output(SchedulerOutput, ModelRunnerOutput) -> list[EngineCoreOutput]`;
+the output processor turns those into `RequestOutput`s. Pure Python, no jax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_jax.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has no state for: first scheduled, or resumed after preemption.
+
+    `token_ids` is everything known so far (prompt + outputs already generated), so a resumed request
+    recomputes its KV from scratch (preemption by recompute).
+    """
+
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int  # prefix-cache hit (tokens whose KV is already in `block_ids`)
+    sampling_params: SamplingParams
+    seed: int  # the request's sampling seed (random at arrival when the user gave none)
+
+
+@dataclass
+class CachedRequestData:
+    """A request the runner already holds: only what changed since last step."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    # req_id -> tokens to compute this step; iteration order == batch row order
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # requests the runner must drop (finished or aborted since the last step, or preempted this step)
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per scheduled request, in `num_scheduled_tokens` order."""
+
+    req_ids: list[str]
+    # the sampled token, or [] for a request whose prompt is not complete yet (partial prefill chunk)
+    sampled_token_ids: list[list[int]]
+    # per request: (token_ids, logprobs, ranks) for the sampled token then the top-N, or None
+    logprobs: list[tuple[list[int], list[float], list[int]] | None] | None = None
+    # req_id -> list of per-position (token_ids, logprobs, ranks) for prompt positions computed this step
+    prompt_logprobs: dict[str, list[tuple[list[int], list[float], list[int]]]] = field(default_factory=dict)
+
+
+@dataclass
+class EngineCoreOutput:
+    """What a step produced for one request."""
+
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    new_logprobs: list[tuple[list[int], list[float], list[int]]] | None = None
+    new_prompt_logprobs: list[tuple[list[int], list[float], list[int]]] | None = None
+    num_cached_tokens: int = 0
