@@ -1,0 +1,156 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) as a Flax NNX module over stacked layer params.
+
+Layer weights are stacked on a leading [num_layers] axis and the forward scans over them, so compile time
+does not grow with depth. The forward is pure in (params, kv_cache, StepInputs): the runner splits the module
+once (`nnx.split`) and jits `forward(graphdef, state, kv_cache, inputs)`. The KV cache is the scan's carry and
+is written through `slot_mapping` at each layer before that layer's attention reads it; nothing returns a
+per-layer copy of it. Only the `logits_indices` rows reach the LM head.
+
+Linear weights are stored [in, out] (x @ W); the loader transposes HF's [out, in].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
+
+
+@jax.tree_util.register_dataclass
+@dataclass
+class StepInputs:
+    """One step's ragged batch, padded to a (T tokens, S sequences) bucket; see DESIGN.md's step table."""
+
+    input_ids: jax.Array  # [T] int32
+    positions: jax.Array  # [T] int32
+    slot_mapping: jax.Array  # [T] int32
+    block_tables: jax.Array  # [S, max_blocks_per_seq] int32
+    seq_lens: jax.Array  # [S] int32
+    query_start_loc: jax.Array  # [S + 1] int32
+    num_seqs: jax.Array  # [1] int32
+    logits_indices: jax.Array  # [S] int32
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.02) -> nnx.Param:
+    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype))
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers' weights, stacked on axis 0."""
+
+    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs):
+        n, h, i = spec.num_layers, spec.hidden_size, spec.intermediate_size
+        self.input_norm = nnx.Param(jnp.ones((n, h), dtype))
+        self.post_attention_norm = nnx.Param(jnp.ones((n, h), dtype))
+        self.q_proj = _param(rngs, (n, h, spec.q_size), dtype)
+        self.k_proj = _param(rngs, (n, h, spec.kv_size), dtype)
+        self.v_proj = _param(rngs, (n, h, spec.kv_size), dtype)
+        self.o_proj = _param(rngs, (n, spec.q_size, h), dtype)
+        self.gate_proj = _param(rngs, (n, h, i), dtype)
+        self.up_proj = _param(rngs, (n, h, i), dtype)
+        self.down_proj = _param(rngs, (n, i, h), dtype)
+        if spec.qkv_bias:
+            self.q_bias = nnx.Param(jnp.zeros((n, spec.q_size), dtype))
+            self.k_bias = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
+            self.v_bias = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
+        if spec.o_bias:
+            self.o_bias = nnx.Param(jnp.zeros((n, h), dtype))
+        if spec.mlp_bias:
+            self.gate_bias = nnx.Param(jnp.zeros((n, i), dtype))
+            self.up_bias = nnx.Param(jnp.zeros((n, i), dtype))
+            self.down_bias = nnx.Param(jnp.zeros((n, h), dtype))
+        if spec.qk_norm:
+            self.q_norm = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
+            self.k_norm = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
+
+
+class DecoderLM(nnx.Module):
+    def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto"):
+        self.spec = spec
+        self.attention_backend = attention_backend
+        self.embed_tokens = _param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
+        self.layers = DecoderLayers(spec, dtype, rngs)
+        self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
+        if not spec.tie_word_embeddings:
+            self.lm_head = _param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
+
+    def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row."""
+        spec = self.spec
+        hidden = self.embed_tokens[...][inputs.input_ids]
+        cos, sin = _rotary_tables(spec, inputs.positions)
+        layer_weights = {name: p[...] for name, p in vars(self.layers).items() if isinstance(p, nnx.Param)}
+        windows = jnp.asarray(np.array(spec.sliding_windows, dtype=np.int32))
+
+        def layer(carry, xs):
+            hidden, kv_cache = carry
+            w, layer_index, window = xs
+            hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, layer_index,
+                                              window, cos, sin, inputs)
+            return (hidden, kv_cache), None
+
+        (hidden, kv_cache), _ = jax.lax.scan(
+            layer, (hidden, kv_cache), (layer_weights, jnp.arange(spec.num_layers, dtype=jnp.int32), windows))
+        last = _rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
+        head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
+        logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
+        return kv_cache, logits
+
+
+def _decoder_layer(spec: DecoderSpec, backend: str, w: dict, hidden: jax.Array, kv_cache: jax.Array,
+                   layer_index: jax.Array, window: jax.Array, cos: jax.Array, sin: jax.Array,
+                   inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+    t = hidden.shape[0]
+    x = _rms_norm(hidden, w["input_norm"], spec.rms_norm_eps)
+    q = _linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
+    k = _linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    v = _linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    if spec.qk_norm:
+        q = _rms_norm(q, w["q_norm"], spec.rms_norm_eps)
+        k = _rms_norm(k, w["k_norm"], spec.rms_norm_eps)
+    q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+    kv_cache = write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index=layer_index, backend=backend)
+    attn = ragged_paged_attention(
+        q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs,
+        sm_scale=spec.head_dim ** -0.5, sliding_window=window, backend=backend, layer_index=layer_index)
+    hidden = hidden + _linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias"))
+    x = _rms_norm(hidden, w["post_attention_norm"], spec.rms_norm_eps)
+    gate = _linear(x, w["gate_proj"], w.get("gate_bias"))
+    up = _linear(x, w["up_proj"], w.get("up_bias"))
+    hidden = hidden + _linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
+    return hidden, kv_cache
+
+
+def _linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None) -> jax.Array:
+    y = jnp.dot(x, weight, preferred_element_type=jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def _rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """HF's RMSNorm: normalize in float32, cast back, then scale."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def _rotary_tables(spec: DecoderSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    inv_freq = jnp.asarray(np.array(spec.inv_freq, dtype=np.float32))
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * spec.rope_attention_scaling, jnp.sin(emb) * spec.rope_attention_scaling
+
+
+def _apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """HF's rotate_half convention (non-interleaved halves), computed in float32."""
+    xf = x.astype(jnp.float32)
+    half = xf.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)

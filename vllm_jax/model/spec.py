@@ -1,0 +1,127 @@
+"""DecoderSpec: the architecture facts the decoder needs, read once from a transformers config.
+
+Llama, Mistral, Qwen2 and Qwen3 are one decoder with switches (qkv bias, q/k norm, sliding windows, rope
+scaling); the registry maps each HF `architectures` name to how its switches are set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_windows: tuple[int, ...]  # per layer, 0 = full attention
+    inv_freq: tuple[float, ...]  # rotary inverse frequencies (head_dim / 2), scaling applied
+    rope_attention_scaling: float  # multiplies cos/sin (1.0 except for YaRN-style scalings)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def spec_from_hf_config(config: Any) -> DecoderSpec:
+    architectures = list(getattr(config, "architectures", None) or [])
+    arch = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(f"unsupported model architecture {architectures or '(none given)'}; "
+                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    act = getattr(config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
+                         f"num_key_value_heads ({num_kv_heads})")
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    is_qwen2 = arch == "Qwen2ForCausalLM"
+    inv_freq, scaling = rope_inv_freq(config, head_dim)
+    return DecoderSpec(
+        architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, rms_norm_eps=float(config.rms_norm_eps),
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=is_qwen2 or attention_bias, o_bias=attention_bias and not is_qwen2,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=arch == "Qwen3ForCausalLM",
+        sliding_windows=_sliding_windows(config), inv_freq=tuple(float(x) for x in inv_freq),
+        rope_attention_scaling=scaling)
+
+
+def _sliding_windows(config: Any) -> tuple[int, ...]:
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None) or 0
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return tuple(window if t == "sliding_attention" else 0 for t in layer_types)
+    if getattr(config, "use_sliding_window", True) is False:
+        return (0,) * n
+    return (int(window),) * n
+
+
+def _rope_parameters(config: Any) -> dict:
+    """transformers 5 keeps everything in `rope_parameters`; 4.x used rope_theta + rope_scaling."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if "rope_theta" not in params:
+        params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    scaling = getattr(config, "rope_scaling", None)
+    if scaling and "rope_type" not in params:
+        params.update(scaling)
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_inv_freq(config: Any, head_dim: int) -> tuple[np.ndarray, float]:
+    """Inverse frequencies as transformers computes them (float32), with the config's rope scaling."""
+    params = _rope_parameters(config)
+    dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+    base = float(params["rope_theta"])
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        return inv_freq.astype(np.float32), 1.0
+    if rope_type == "linear":
+        return (inv_freq / float(params["factor"])).astype(np.float32), 1.0
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, params).astype(np.float32), 1.0
+    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, params: dict) -> np.ndarray:
+    """Llama 3.1 frequency-dependent scaling: long wavelengths divided by `factor`, short kept, smooth between."""
+    factor = float(params["factor"])
+    low_freq_factor = float(params["low_freq_factor"])
+    high_freq_factor = float(params["high_freq_factor"])
+    old_context = float(params["original_max_position_embeddings"])
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(medium, smoothed, scaled)

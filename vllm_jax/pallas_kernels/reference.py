@@ -1,0 +1,129 @@
+"""Ragged paged attention and the KV-cache write in plain jnp: the CPU path and the oracle for the kernels.
+
+The batch is ragged: sequence s owns query rows query_start_loc[s]:query_start_loc[s+1], and those rows are
+the last q_len(s) positions of a sequence whose KV length after this step is seq_lens[s]. Attention is split
+in two parts merged with a log-sum-exp:
+
+* the *batch* part: every query row against the keys written this step (read back from the cache at the
+  batch's own slots: a [T, T] masked product, same sequence and causal);
+* the *context* part: every query row against the KV its sequence had before this step, streamed from the
+  pages in chunks with an online softmax. Its loop runs only as many chunks as the longest context in the
+  batch needs, so a fresh prefill costs no page reads and a decode reads each page once.
+
+`kv_cache` is either one layer, [num_blocks, block_size, 2 * num_kv_heads, head_dim], or the whole stack
+[num_layers, num_blocks, block_size, 2 * num_kv_heads, head_dim] together with `layer_index`; passing the
+stack avoids slicing a layer out of the donated cache (a copy of the whole layer every step).
+K and V are interleaved on the head axis: k0, v0, k1, v1, ...
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_MASKED = -1e30  # large finite negative: fully masked rows stay finite instead of NaN
+_CONTEXT_CHUNK_BLOCKS = 8  # pages read per iteration of the context loop
+
+
+def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
+                   layer_index: jax.Array | int | None = None) -> jax.Array:
+    """Scatter this step's K/V ([T, num_kv_heads, head_dim] each) into their slots; returns the updated cache.
+
+    Padding tokens carry slots inside the null block 0, which no sequence reads.
+    """
+    num_tokens, num_kv_heads, head_dim = k.shape
+    new = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim).astype(kv_cache.dtype)
+    if layer_index is None:
+        nb, bs = kv_cache.shape[:2]
+        flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])
+        return flat.at[slot_mapping].set(new, mode="promise_in_bounds").reshape(kv_cache.shape)
+    nl, nb, bs = kv_cache.shape[:3]
+    flat = kv_cache.reshape(nl, nb * bs, *kv_cache.shape[3:])
+    return flat.at[layer_index, slot_mapping].set(new, mode="promise_in_bounds").reshape(kv_cache.shape)
+
+
+def ragged_paged_attention_xla(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
+                               query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
+                               sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
+                               layer_index: jax.Array | int | None = None) -> jax.Array:
+    """[T, num_q_heads, head_dim] attention output; see the module docstring for the layout."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    if layer_index is None:
+        kv_cache = kv_cache[None]
+        layer_index = 0
+    block_size = kv_cache.shape[2]
+    num_kv_heads = kv_cache.shape[3] // 2
+    group = num_q_heads // num_kv_heads
+    num_seqs = jnp.reshape(num_seqs, ())[()]
+
+    # Where each query row sits: its sequence, its absolute position, whether it is real.
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq_idx = jnp.clip(jnp.searchsorted(query_start_loc[1:], rows, side="right"), 0, seq_lens.shape[0] - 1)
+    valid = rows < query_start_loc[num_seqs]
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    context_lens = jnp.where(jnp.arange(seq_lens.shape[0]) < num_seqs, seq_lens - q_lens, 0)
+    q_pos = seq_lens[seq_idx] - q_lens[seq_idx] + (rows - query_start_loc[seq_idx])
+    q_pos = jnp.where(valid, q_pos, 0)
+    window = _window_value(sliding_window)
+
+    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, group, head_dim)
+
+    # Batch part: the keys written this step, read back from their slots.
+    slots = block_tables[seq_idx, q_pos // block_size] * block_size + q_pos % block_size
+    flat = kv_cache.reshape(kv_cache.shape[0], -1, *kv_cache.shape[3:])
+    batch_kv = flat[layer_index, slots].astype(jnp.float32)  # [T, 2*KVH, D]
+    k_b, v_b = batch_kv[:, 0::2], batch_kv[:, 1::2]
+    scores = _cap(jnp.einsum("tkgd,skd->tkgs", qg, k_b), soft_cap)
+    visible = ((seq_idx[:, None] == seq_idx[None, :]) & (q_pos[None, :] <= q_pos[:, None])
+               & valid[:, None] & valid[None, :] & _in_window(q_pos[:, None], q_pos[None, :], window))
+    scores = jnp.where(visible[:, None, None, :], scores, _MASKED)
+    m = scores.max(-1)
+    p = jnp.exp(scores - m[..., None])
+    l = p.sum(-1)
+    acc = jnp.einsum("tkgs,skd->tkgd", p, v_b)
+
+    # Context part: pages holding the KV each sequence had before this step, a chunk of pages at a time.
+    chunk_tokens = _CONTEXT_CHUNK_BLOCKS * block_size
+    width = block_tables.shape[1]
+    padded_width = -(-width // _CONTEXT_CHUNK_BLOCKS) * _CONTEXT_CHUNK_BLOCKS
+    tables = jnp.pad(block_tables, ((0, 0), (0, padded_width - width)))
+    row_tables = tables[seq_idx]  # [T, padded_width]
+    row_context = jnp.where(valid, context_lens[seq_idx], 0)
+    num_chunks = (row_context.max() + chunk_tokens - 1) // chunk_tokens
+
+    def context_chunk(j, carry):
+        m, l, acc = carry
+        ids = jax.lax.dynamic_slice_in_dim(row_tables, j * _CONTEXT_CHUNK_BLOCKS, _CONTEXT_CHUNK_BLOCKS, axis=1)
+        pages = kv_cache[layer_index, ids].astype(jnp.float32)  # [T, C, BS, 2*KVH, D]
+        pages = pages.reshape(num_tokens, chunk_tokens, 2 * num_kv_heads, head_dim)
+        k_c, v_c = pages[:, :, 0::2], pages[:, :, 1::2]
+        s = _cap(jnp.einsum("tkgd,tckd->tkgc", qg, k_c), soft_cap)
+        k_pos = j * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)
+        ok = (k_pos[None, :] < row_context[:, None]) & _in_window(q_pos[:, None], k_pos[None, :], window)
+        s = jnp.where(ok[:, None, None, :], s, _MASKED)
+        m_new = jnp.maximum(m, s.max(-1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[..., None])
+        return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + jnp.einsum("tkgc,tckd->tkgd", p, v_c)
+
+    m, l, acc = jax.lax.fori_loop(0, num_chunks, context_chunk, (m, l, acc))
+    out = acc / jnp.maximum(l, 1e-30)[..., None]
+    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _window_value(sliding_window: int | jax.Array | None) -> jax.Array:
+    """0 means no window; a traced per-layer value is allowed (scan over layers with mixed windows)."""
+    if sliding_window is None:
+        return jnp.int32(0)
+    return jnp.asarray(sliding_window, dtype=jnp.int32)
+
+
+def _in_window(q_pos: jax.Array, k_pos: jax.Array, window: jax.Array) -> jax.Array:
+    # vLLM's meaning: a query at p sees keys p - w + 1 .. p.
+    return (window <= 0) | (k_pos > q_pos - window)
+
+
+def _cap(scores: jax.Array, soft_cap: float | None) -> jax.Array:
+    if soft_cap is None or soft_cap <= 0:
+        return scores
+    return soft_cap * jnp.tanh(scores / soft_cap)
