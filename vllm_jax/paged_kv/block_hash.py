@@ -1,0 +1,66 @@
+"""Chained hashes of full KV blocks: the keys of the prefix cache.
+
+A block's hash covers its parent's hash, its own token ids and extra keys, so equal hashes mean equal
+whole prefixes, not just equal blocks. `cache_salt` is an extra key of the FIRST block only; the chain
+carries it into every later block, so two salts never share a cached block.
+
+Hashes are SHA-256 digests (bytes) over an explicit encoding: stable across processes and Python's
+hash randomization, and without pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+BlockHash = bytes
+ExtraKey = str | int | bytes
+
+
+def _encode_extra_key(key: ExtraKey) -> bytes:
+    if isinstance(key, bool) or not isinstance(key, (str, int, bytes)):
+        raise TypeError(f"block hash extra keys must be str, int or bytes; got {type(key).__name__}")
+    if isinstance(key, str):
+        data = key.encode("utf-8")
+        return b"s" + struct.pack("<Q", len(data)) + data
+    if isinstance(key, bytes):
+        return b"b" + struct.pack("<Q", len(key)) + key
+    return b"i" + struct.pack("<q", key)
+
+
+def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int],
+                      extra_keys: tuple[ExtraKey, ...] = ()) -> BlockHash:
+    """Hash one block given its parent's hash (None for the first block)."""
+    h = hashlib.sha256()
+    if parent_hash is None:
+        h.update(b"N")
+    else:
+        h.update(b"P" + struct.pack("<Q", len(parent_hash)) + parent_hash)
+    h.update(b"T" + struct.pack(f"<Q{len(token_ids)}q", len(token_ids), *token_ids))
+    h.update(b"E" + struct.pack("<Q", len(extra_keys)))
+    for key in extra_keys:
+        h.update(_encode_extra_key(key))
+    return h.digest()
+
+
+def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple[ExtraKey, ...]:
+    """Extra keys of block `block_index`: the salt on block 0 only (the chain carries it onward)."""
+    if block_index == 0 and cache_salt is not None:
+        return (cache_salt,)
+    return ()
+
+
+def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
+                        cache_salt: str | None = None) -> list[BlockHash]:
+    """Append to `block_hashes` (in place) the hashes of the full blocks of `token_ids` not hashed yet.
+
+    Tokens are append-only, so hashes computed earlier stay valid; only new full blocks cost work.
+    Returns the same list for convenience.
+    """
+    num_full = len(token_ids) // block_size
+    for i in range(len(block_hashes), num_full):
+        parent = block_hashes[i - 1] if i > 0 else None
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        block_hashes.append(hash_block_tokens(parent, block, block_extra_keys(i, cache_salt)))
+    return block_hashes

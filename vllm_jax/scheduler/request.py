@@ -1,0 +1,127 @@
+"""One generation request as the scheduler sees it: its tokens, progress and lifecycle status.
+
+`num_computed_tokens` counts tokens whose KV is (or, within the current step, will be) in the cache;
+the scheduler advances it when it schedules tokens, vLLM v1 style. Tokens are append-only, so the chained
+block hashes computed for the prefix cache (`block_hashes`) stay valid for the request's whole life,
+preemptions included.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from vllm_jax.paged_kv.block_hash import BlockHash
+from vllm_jax.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> str | None:
+        """vLLM's finish_reason string ("stop" / "length" / "abort"), None while unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(kw_only=True, eq=False)
+class Request:
+    """Keyword-only: the constructor has many ints and a misplaced positional one would be silent."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    seed: int  # sampling seed; the engine draws a random one at arrival when sampling_params.seed is None
+    priority: int = 0  # lower value = scheduled earlier (vLLM's meaning) under the "priority" policy
+    cache_salt: str | None = None
+    # Resolves max_tokens=None to "up to the context length"; the scheduler fills it at add_request.
+    max_model_len: int | None = None
+
+    output_token_ids: list[int] = field(default_factory=list, init=False)
+    num_computed_tokens: int = field(default=0, init=False)
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    stop_reason: int | str | None = field(default=None, init=False)
+    num_preemptions: int = field(default=0, init=False)
+    num_cached_tokens: int = field(default=-1, init=False)  # prefix-cache hit at first scheduling; -1 before
+    block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
+    _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self._all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then outputs. The live list: do not mutate it, use append_output_token_ids."""
+        return self._all_token_ids
+
+    @property
+    def max_tokens(self) -> int:
+        if self.sampling_params.max_tokens is not None:
+            return self.sampling_params.max_tokens
+        if self.max_model_len is None:
+            raise ValueError(f"request {self.request_id}: max_tokens is None and max_model_len is unknown")
+        return self.max_model_len - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Decide, after a token was appended, whether the request is done; sets status and stop_reason.
+
+    Order: min_tokens gates EOS and stop ids; EOS (unless ignore_eos); stop_token_ids (stop_reason = id);
+    then the length caps (max_tokens, max_model_len). Stop strings are the output processor's job.
+    """
+    params = request.sampling_params
+    last = request.output_token_ids[-1]
+    if request.num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = None
+            return True
+        if params.stop_token_ids and last in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last
+            return True
+    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

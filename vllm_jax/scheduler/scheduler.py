@@ -1,0 +1,262 @@
+"""Continuous batching with vLLM v1 semantics: one token budget per step shared by all requests.
+
+There are no prefill/decode phases: every request asks for the tokens it lacks (the prompt remainder,
+or 1 when decoding). RUNNING requests are served first, in order; when the KV cache cannot hold a
+running request's next tokens, a victim is preempted (by recompute: blocks freed, progress reset) and
+the allocation retried. WAITING requests are admitted only in steps without preemption, so a step
+never frees a victim's blocks just to hand them to a newcomer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from vllm_jax.config import SchedulerConfig
+from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
+from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+                                       SchedulerOutput)
+from vllm_jax.scheduler.request import Request, RequestStatus, check_stop
+
+
+def _priority_key(request: Request) -> tuple[int, float]:
+    return (request.priority, request.arrival_time)
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager, block_size: int) -> None:
+        if scheduler_config.policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {scheduler_config.policy!r}")
+        self.config = scheduler_config
+        self.kv_cache_manager = kv_cache_manager
+        self.block_size = block_size
+        self.max_model_len = scheduler_config.max_model_len
+        self.requests: dict[str, Request] = {}  # unfinished requests only
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()  # since the last schedule()
+        self.num_preemptions_total = 0
+
+    # ---- admission and bookkeeping ------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request, rejecting what could never run (ValueError with the numbers)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        prompt_len = request.num_prompt_tokens
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty; at least one prompt token is required")
+        if request.max_model_len is None:
+            request.max_model_len = self.max_model_len
+        max_tokens = request.max_tokens
+        if request.sampling_params.max_tokens is None and max_tokens < 1:
+            raise ValueError(f"prompt has {prompt_len} tokens, which leaves no room for output within "
+                             f"max_model_len {self.max_model_len}")
+        if prompt_len + max_tokens > self.max_model_len:
+            raise ValueError(f"prompt has {prompt_len} tokens and max_tokens is {max_tokens}, which exceeds "
+                             f"max_model_len {self.max_model_len}")
+        usable_blocks = self.kv_cache_manager.num_blocks - 1
+        needed_blocks = -(-(prompt_len + max_tokens) // self.block_size)
+        if needed_blocks > usable_blocks:
+            raise ValueError(f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) needs {needed_blocks} "
+                             f"KV blocks, but the KV cache has only {usable_blocks} blocks of {self.block_size} "
+                             f"tokens")
+        if not self.config.enable_chunked_prefill and prompt_len > self.config.max_num_batched_tokens:
+            raise ValueError(f"prompt has {prompt_len} tokens, more than max_num_batched_tokens "
+                             f"({self.config.max_num_batched_tokens}), and chunked prefill is disabled")
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, req_ids: str | Iterable[str], status: RequestStatus) -> list[str]:
+        """End requests from outside (abort, stop string): blocks are freed now. Unknown ids are ignored.
+
+        Call between update_from_output() and the next schedule(), never between schedule() and
+        update_from_output() of the same step. Returns the ids actually finished.
+        """
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        if isinstance(req_ids, str):
+            req_ids = [req_ids]
+        done = []
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._free_request(request)
+            done.append(req_id)
+        return done
+
+    def abort(self, req_id: str) -> None:
+        self.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def has_finished_requests(self) -> bool:
+        """Finished ids not yet reported to the runner (one more schedule() delivers them)."""
+        return bool(self.finished_req_ids)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    # ---- one step -----------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        chunking = self.config.enable_chunked_prefill
+        num_scheduled: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        scheduled_running: list[Request] = []
+        preempted: list[Request] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the
+            # budget cap below only chunks where chunking is on (or a too-long resumed request, see below).
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget,
+                          self.max_model_len - request.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+                if blocks is not None:
+                    break
+                victim = self._pick_victim()
+                victim_index = self.running.index(victim)
+                self.running.pop(victim_index)
+                if victim_index < i:  # already scheduled this step: give its tokens back
+                    i -= 1
+                    scheduled_running.remove(victim)
+                    budget += num_scheduled.pop(victim.request_id)
+                    new_block_ids.pop(victim.request_id)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if blocks is None:
+                break
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = num_new
+            new_block_ids[request.request_id] = blocks
+            budget -= num_new
+            i += 1
+
+        scheduled_new: list[Request] = []
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                request = self._peek_waiting()
+                hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+                num_new = request.num_tokens - num_hit
+                if num_new > budget:
+                    # Without chunking a prompt runs whole, unless it could never fit whole (a resumed
+                    # request whose outputs pushed it past the budget): chunking it then beats starving.
+                    if not chunking and num_new <= self.config.max_num_batched_tokens:
+                        break
+                    num_new = budget
+                blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks)
+                if blocks is None:
+                    break
+                self.waiting.remove(request)
+                self.running.append(request)
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_hit
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit
+                scheduled_new.append(request)
+                num_scheduled[request.request_id] = num_new
+                budget -= num_new
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=[NewRequestData(
+                req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
+                block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed)
+                for r in scheduled_new],
+            scheduled_cached_reqs=[CachedRequestData(
+                req_id=r.request_id, new_block_ids=new_block_ids[r.request_id],
+                num_computed_tokens=r.num_computed_tokens) for r in scheduled_running],
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in preempted},
+        )
+        self.finished_req_ids = set()
+        # vLLM v1: progress advances at scheduling time; the output above carries the values before it.
+        for request in scheduled_running + scheduled_new:
+            request.num_computed_tokens += num_scheduled[request.request_id]
+        return output
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=_priority_key)
+        return self.running[-1]
+
+    def _peek_waiting(self) -> Request:
+        if self.config.policy == "priority":
+            return min(self.waiting, key=_priority_key)
+        return self.waiting[0]
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption by recompute: free everything, restart from token 0 (prefix cache may help)."""
+        self.kv_cache_manager.free(request)  # before resetting num_computed_tokens (see free())
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(request)
+
+    # ---- after the step ----------------------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop checks, free finished requests' blocks at once."""
+        row = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        outputs: list[EngineCoreOutput] = []
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            i = row.get(req_id)
+            if request is None or i is None:  # finished meanwhile (e.g. aborted), or the runner skipped it
+                continue
+            sampled = runner_output.sampled_token_ids[i]
+            prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
+            if not sampled and prompt_logprobs is None:
+                continue
+            new_tokens: list[int] = []
+            for token in sampled:
+                request.append_output_token_ids(token)
+                new_tokens.append(token)
+                if check_stop(request, self.max_model_len):
+                    break
+            logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
+            outputs.append(EngineCoreOutput(
+                req_id=req_id, new_token_ids=new_tokens, finish_reason=request.status.finish_reason,
+                stop_reason=request.stop_reason, new_logprobs=[logprobs] if logprobs is not None else None,
+                new_prompt_logprobs=prompt_logprobs, num_cached_tokens=max(request.num_cached_tokens, 0)))
+            if request.is_finished:
+                self.running.remove(request)
+                self._free_request(request)
+        return outputs
