@@ -8,7 +8,7 @@ reads its architecture config and checks every value, raising `ValueError` namin
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
@@ -106,11 +106,10 @@ class EngineArgs:
     compilation_cache_dir: str | None = None
     min_token_bucket: int = 16
     min_seq_bucket: int = 8
-    extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def field_names(cls) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return {f.name for f in dataclasses.fields(cls)}
 
     def create_config(self) -> EngineConfig:
         import jax

@@ -1,0 +1,144 @@
+"""LLMEngine: the synchronous step loop (schedule -> run the jitted step -> update -> detokenize).
+
+It owns the tokenizer, the scheduler with its KV-cache manager, the model runner and the output processor.
+Prompt handling (text, token ids, chat), sampling-param checks that need the model (vocab, max_logprobs),
+n > 1 fan-out and request seeds happen here, before anything reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from vllm_jax.config import EngineArgs, EngineConfig
+from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
+from vllm_jax.model.runner import ModelRunner
+from vllm_jax.model.tokenizer import generation_eos_token_ids, load_tokenizer
+from vllm_jax.outputs import RequestOutput
+from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
+from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.scheduler.request import Request, RequestStatus
+from vllm_jax.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | list[int] | dict
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, *, warmup: bool = True, show_progress: bool = True):
+        self.config = config
+        mc = config.model_config
+        self.tokenizer = load_tokenizer(mc)
+        self.runner = ModelRunner(config)
+        self.vocab_size = self.runner.vocab_size
+        self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
+                                               config.cache_config.enable_prefix_caching, mc.max_model_len)
+        self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, config.cache_config.block_size)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_id = eos if eos is not None else getattr(mc.hf_config, "eos_token_id", None)
+        if isinstance(self.eos_token_id, list):
+            self.eos_token_id = self.eos_token_id[0] if self.eos_token_id else None
+        self.extra_stop_ids = generation_eos_token_ids(mc) - {self.eos_token_id}
+        self._seed_rng = random.Random(mc.seed)
+        self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, **kwargs: Any) -> LLMEngine:
+        return cls(args.create_config(), **kwargs)
+
+    # --- requests ---
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None) -> None:
+        params = params.clone() if params is not None else SamplingParams()
+        text, token_ids = self._tokenize_prompt(prompt)
+        self._check_params(params)
+        arrival = time.time() if arrival_time is None else arrival_time
+        n = params.n
+        child_ids = child_request_ids(request_id, n) if n > 1 else [request_id]
+        base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        requests = [Request(request_id=cid, prompt_token_ids=token_ids, sampling_params=params,
+                            eos_token_id=self.eos_token_id, arrival_time=arrival, seed=base_seed + i,
+                            priority=priority, cache_salt=cache_salt) for i, cid in enumerate(child_ids)]
+        added: list[str] = []
+        try:
+            for req in requests:
+                self.scheduler.add_request(req)
+                added.append(req.request_id)
+        except ValueError:
+            self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
+            raise
+        self.output_processor.add_request(request_id, text, token_ids, params, arrival,
+                                          child_ids if n > 1 else None)
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        child_ids = self.output_processor.abort_requests(ids)
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    # --- the step ---
+    def step(self) -> list[RequestOutput]:
+        sched_out = self.scheduler.schedule()
+        runner_out = self.runner.execute(sched_out)
+        core_outputs = self.scheduler.update_from_output(sched_out, runner_out)
+        processed = self.output_processor.process_outputs(core_outputs)
+        if processed.reqs_to_abort:
+            self.scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        return processed.request_outputs
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    # --- input checks ---
+    def _tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+            return None, list(prompt)
+        raise TypeError(f"prompt must be a string, a list of token ids or a dict; got {type(prompt).__name__}")
+
+    def _check_params(self, params: SamplingParams) -> None:
+        max_lp = self.config.model_config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > max_lp:
+                raise ValueError(f"{name}={value} exceeds max_logprobs={max_lp}")
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported yet")
+        params.verify_token_ids(self.vocab_size)
+        if not params.ignore_eos and self.extra_stop_ids:
+            params.stop_token_ids = sorted(set(params.stop_token_ids or []) | self.extra_stop_ids)
+        if params.bad_words:
+            params.bad_words_token_ids = self._bad_words_ids(params.bad_words)
+        params.all_stop_token_ids = set(params.stop_token_ids or []) | (
+            {self.eos_token_id} if self.eos_token_id is not None else set())
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word as it tokenizes alone and after a space (vLLM bans both spellings)."""
+        out: list[list[int]] = []
+        for word in words:
+            for variant in (word.lstrip(), " " + word.lstrip()):
+                ids = list(self.tokenizer.encode(variant, add_special_tokens=False))
+                if ids and ids not in out:
+                    out.append(ids)
+        return out

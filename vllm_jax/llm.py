@@ -1,0 +1,94 @@
+"""The offline API, as in vLLM: `LLM(model, **engine_args).generate(prompts, sampling_params)` and `.chat(...)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from vllm_jax.config import engine_args_from_kwargs
+from vllm_jax.engine.llm_engine import LLMEngine, PromptType
+from vllm_jax.outputs import RequestOutput
+from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        args = engine_args_from_kwargs(model, kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(args)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; results come back in input order."""
+        prompt_list = _as_prompt_list(prompts)
+        params = _per_prompt(sampling_params, len(prompt_list))
+        return self._run(prompt_list, params, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts = []
+        for conv in conversations:
+            ids = tokenizer.apply_chat_template(conv, chat_template=chat_template, tokenize=True,
+                                                add_generation_prompt=add_generation_prompt,
+                                                continue_final_message=continue_final_message)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                p = p.clone()
+                p.output_kind = RequestOutputKind.FINAL_ONLY
+                rid = str(next(self._counter))
+                engine.add_request(rid, prompt, p)
+                ids.append(rid)
+            results: dict[str, RequestOutput] = {}
+            with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished:
+                            results[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
+            engine.abort_request(ids)
+            raise
+        return [results[rid] for rid in ids]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # a single prompt given as token ids
+    return prompts
+
+
+def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling params for {n} prompts")
+    return params

@@ -1,0 +1,196 @@
+"""ModelRunner: persistent per-request state, padded bucketed inputs, the jitted step, warm-up.
+
+Research use, without the scheduler or the server::
+
+    from vllm_jax import EngineArgs
+    from vllm_jax.model.runner import ModelRunner
+    from vllm_jax.model.batch import RowChunk, pack_step_inputs
+
+    runner = ModelRunner(EngineArgs(model="path/to/hf_dir").create_config())
+    inputs = pack_step_inputs([RowChunk(token_ids=[1, 2, 3], num_computed=0, block_ids=[1])],
+                              block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
+                              num_tokens_padded=16, num_seqs_padded=8)
+    logits = runner.step(inputs)  # [8, vocab] float32; the KV cache is updated in place (donated)
+
+The step is a pure function of (params, kv_cache, inputs); the cache is donated so XLA updates it in place.
+Every (token bucket, sequence bucket) pair and every sampler variant is compiled by `warmup()`;
+`num_compilations` counts traces and must not move afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from vllm_jax.config import EngineConfig
+from vllm_jax.model.batch import RowChunk, pack_step_inputs
+from vllm_jax.model.buckets import pick_bucket, power_of_two_buckets, seq_bucket_for
+from vllm_jax.model.decoder import StepInputs
+from vllm_jax.model.loader import build_model
+from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.sampler import SamplingTensors, sample
+from vllm_jax.model.sampling_metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
+from vllm_jax.model.source import ModelSource
+from vllm_jax.paged_kv import kv_cache_alloc
+from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling_params: SamplingParams
+    seed: int
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, *, random_weights: bool = False):
+        self.config = config
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        if config.compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        _, self.spec = resolve_architecture(mc.hf_config)
+        source = None if random_weights else ModelSource(mc.source_kind, mc.path, mc.served_model_name)
+        t0 = time.perf_counter()
+        model = build_model(self.spec, mc.dtype, source, attention_backend=config.attention_backend, seed=mc.seed)
+        self.load_seconds = time.perf_counter() - t0
+        self.graphdef, self.params = nnx.split(model)
+        self.vocab_size = self.spec.vocab_size
+        self.block_size = cc.block_size
+        self.max_blocks_per_seq = -(-mc.max_model_len // cc.block_size)
+        self.max_logprobs = mc.max_logprobs
+
+        per_block = kv_cache_alloc.bytes_per_block(self.spec.num_layers, cc.block_size, self.spec.num_kv_heads,
+                                                   self.spec.head_dim, mc.kv_cache_dtype)
+        reserve = kv_cache_alloc.activation_reserve_bytes(config, self.spec.hidden_size,
+                                                          self.spec.intermediate_size, self.vocab_size)
+        self.num_blocks = kv_cache_alloc.num_kv_blocks(config, per_block, reserve)
+        kv_cache_alloc.check_capacity(config, self.num_blocks)
+        kv_cache_alloc.log_capacity(config, self.num_blocks, per_block)
+        self.kv_shape = kv_cache_alloc.KVCacheShape(self.spec.num_layers, self.num_blocks, cc.block_size,
+                                                    self.spec.num_kv_heads, self.spec.head_dim, mc.kv_cache_dtype)
+        self.kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape)
+
+        self.token_buckets = power_of_two_buckets(sc.min_token_bucket, sc.max_num_batched_tokens)
+        self.seq_buckets = power_of_two_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs)
+        self.num_compilations = 0
+        self.requests: dict[str, CachedRequestState] = {}
+        self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
+        self._sample = jax.jit(self._sample_impl, static_argnums=(2,))
+
+    # --- the pure device functions (counted at trace time) ---
+    def _forward_impl(self, params, kv_cache, inputs: StepInputs):
+        self.num_compilations += 1
+        return nnx.merge(self.graphdef, params)(kv_cache, inputs)
+
+    def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
+        self.num_compilations += 1
+        return sample(logits, tensors, num_logprobs)
+
+    def seq_bucket(self, num_tokens_padded: int) -> int:
+        return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
+
+    # --- research entry point ---
+    def step(self, inputs: StepInputs) -> jax.Array:
+        """Run the forward on bucket-shaped inputs; updates the KV cache; returns [S, vocab] float32 logits."""
+        self.kv_cache, logits = self._forward(self.params, self.kv_cache, inputs)
+        return logits
+
+    # --- engine entry point ---
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(sched)
+        req_ids = list(sched.num_scheduled_tokens)
+        if not req_ids:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        rows, sampling_rows, completes = [], [], []
+        for rid in req_ids:
+            st = self.requests[rid]
+            n = sched.num_scheduled_tokens[rid]
+            start = st.num_computed_tokens
+            rows.append(RowChunk(st.token_ids[start:start + n], start, st.block_ids))
+            completes.append(start + n >= len(st.token_ids))
+            sampling_rows.append(RowSamplingInput(st.sampling_params, st.seed, st.token_ids[:st.num_prompt_tokens],
+                                                  st.output_token_ids, start + n))
+        num_tokens = pick_bucket(self.token_buckets, sched.total_num_scheduled_tokens)
+        num_seqs = self.seq_bucket(num_tokens)
+        inputs = pack_step_inputs(rows, block_size=self.block_size, max_blocks_per_seq=self.max_blocks_per_seq,
+                                  num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+        logits = self.step(inputs)
+        tensors, _, asked = build_sampling_tensors(sampling_rows, num_seqs, self.vocab_size)
+        k = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
+        out = jax.device_get(self._sample(logits, tensors, k))
+        token_ids = out.token_ids.tolist()
+
+        sampled, logprobs = [], []
+        for i, rid in enumerate(req_ids):
+            st = self.requests[rid]
+            st.num_computed_tokens += sched.num_scheduled_tokens[rid]
+            if not completes[i]:
+                sampled.append([])
+                logprobs.append(None)
+                continue
+            tok = token_ids[i]
+            st.token_ids.append(tok)
+            st.output_token_ids.append(tok)
+            sampled.append([tok])
+            n_lp = st.sampling_params.logprobs
+            if n_lp is None or out.logprobs is None:
+                logprobs.append(None)
+            else:
+                logprobs.append((out.logprob_token_ids[i, :1 + n_lp].tolist(), out.logprobs[i, :1 + n_lp].tolist(),
+                                 out.ranks[i, :1 + n_lp].tolist()))
+        has_logprobs = any(lp is not None for lp in logprobs)
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
+                                 logprobs=logprobs if has_logprobs else None)
+
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for rid in sched.finished_req_ids | sched.preempted_req_ids:
+            self.requests.pop(rid, None)
+        for new in sched.scheduled_new_reqs:
+            self.requests[new.req_id] = CachedRequestState(
+                new.req_id, list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
+                new.num_computed_tokens, new.sampling_params, new.seed,
+                output_token_ids=list(new.token_ids[new.num_prompt_tokens:]))
+        for cached in sched.scheduled_cached_reqs:
+            st = self.requests[cached.req_id]
+            st.block_ids.extend(cached.new_block_ids)
+            st.num_computed_tokens = cached.num_computed_tokens
+
+    # --- warm-up ---
+    def warmup(self, show_progress: bool = True) -> float:
+        """Compile every token bucket's forward and every sampler variant; returns the seconds it took."""
+        t0 = time.perf_counter()
+        pairs = [(t, self.seq_bucket(t)) for t in self.token_buckets]
+        greedy = SamplingParams(temperature=0.0)
+        full = SamplingParams(temperature=0.0, repetition_penalty=1.1)
+        for num_tokens, num_seqs in tqdm(pairs, desc="warm-up: compiling buckets", disable=not show_progress):
+            inputs = pack_step_inputs([], block_size=self.block_size, max_blocks_per_seq=self.max_blocks_per_seq,
+                                      num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+            self.step(inputs)
+        for num_seqs in sorted({s for _, s in pairs}):
+            logits = jnp.zeros((num_seqs, self.vocab_size), jnp.float32)
+            for params in (greedy, full):
+                row = RowSamplingInput(params, 0, [0], [], 1)
+                tensors, _, _ = build_sampling_tensors([row], num_seqs, self.vocab_size)
+                for k in (NO_LOGPROBS, self.max_logprobs):
+                    jax.block_until_ready(self._sample(logits, tensors, k))
+        jax.block_until_ready(self.kv_cache)
+        seconds = time.perf_counter() - t0
+        logger.info("warm-up compiled %d programs in %.1f s", self.num_compilations, seconds)
+        return seconds
