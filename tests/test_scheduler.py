@@ -414,3 +414,8 @@ def test_random_workload_drains_with_every_block_free(seed, num_blocks, budget, 
     assert sched.kv_cache_manager.num_free_blocks == num_blocks - 1
     runner.execute(sched.schedule())  # deliver the last finished ids
     assert runner.block_tables == {}
+
+
+def test_last_token_that_is_eos_at_max_tokens_reports_length_like_vllm():
+    produced, final = _run_one(token_seq=(5, EOS), max_tokens=2)
+    assert produced == [5, EOS] and final.finish_reason == "length"

@@ -94,6 +94,9 @@ class LLMEngine:
         processed = self.output_processor.process_outputs(core_outputs)
         if processed.reqs_to_abort:
             self.scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        if not self.scheduler.has_unfinished_requests():
+            # Idle from now on: an empty schedule hands the runner the finished ids so it drops their state.
+            self.runner.execute(self.scheduler.schedule())
         return processed.request_outputs
 
     def reset_prefix_cache(self) -> bool:

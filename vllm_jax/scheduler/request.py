@@ -107,21 +107,23 @@ class Request:
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Decide, after a token was appended, whether the request is done; sets status and stop_reason.
 
-    Order: min_tokens gates EOS and stop ids; EOS (unless ignore_eos); stop_token_ids (stop_reason = id);
-    then the length caps (max_tokens, max_model_len). Stop strings are the output processor's job.
+    vLLM v1's order: the length caps first (max_tokens, max_model_len), so a last token that is also EOS
+    reports "length"; then min_tokens gates EOS (unless ignore_eos) and stop_token_ids (stop_reason = id).
+    Stop strings are the output processor's job.
     """
-    params = request.sampling_params
-    last = request.output_token_ids[-1]
-    if request.num_output_tokens >= params.min_tokens:
-        if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = None
-            return True
-        if params.stop_token_ids and last in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = last
-            return True
     if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    params = request.sampling_params
+    if request.num_output_tokens < params.min_tokens:
+        return False
+    last = request.output_token_ids[-1]
+    if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = None
+        return True
+    if params.stop_token_ids and last in params.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last
         return True
     return False
