@@ -1,0 +1,242 @@
+"""The device-side sampler: batched, float32, pure functions that trace once per (S, V, variant, K).
+
+Order follows vLLM v1: logprobs from the raw logits; logit_bias (which already carries the -inf masks for
+allowed_token_ids, bad words and min_tokens stop ids); repetition -> frequency -> presence penalties; greedy rows
+take the argmax; other rows divide by temperature, apply min_p, then top-k and top-p, then Gumbel-max.
+
+Randomness is counter-based: a row's noise is drawn from `fold_in(key(seed), position)`, so a seeded request
+samples the same token whatever batch it shares, wherever in the batch it sits and however it was chunked.
+
+Jitting: `jax.jit(sample, static_argnames="num_logprobs")`. The pytree structure of `SamplingTensors` (basic:
+full fields None; full: all set) is part of the trace, so the basic and full variants compile separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+GREEDY_TEMPERATURE = 1e-5  # rows below this are greedy (matches SamplingParams.is_greedy)
+TOP_CANDIDATES = 256  # top-k/top-p seek their cutoff among this many largest logits before bisecting the row
+
+_FULL_FIELDS = ("logit_bias", "prompt_mask", "output_counts", "presence_penalties", "frequency_penalties",
+                "repetition_penalties")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingTensors:
+    """Per-row sampling parameters, S rows (padding rows: temperature 0 and neutral values).
+
+    The full part is None in the basic variant; in the full variant every full field is set.
+    """
+
+    temperature: Any  # [S] f32; < GREEDY_TEMPERATURE means greedy
+    top_p: Any  # [S] f32; 1.0 = off
+    top_k: Any  # [S] int32; 0 = off
+    min_p: Any  # [S] f32; 0.0 = off
+    seeds: Any  # [S] uint32
+    positions: Any  # [S] int32; position of the token being sampled (the RNG counter)
+    logit_bias: Any = None  # [S, V] f32, additive, -inf for banned tokens
+    prompt_mask: Any = None  # [S, V] bool, token occurs in the prompt
+    output_counts: Any = None  # [S, V] int32, occurrences in the output so far
+    presence_penalties: Any = None  # [S] f32
+    frequency_penalties: Any = None  # [S] f32
+    repetition_penalties: Any = None  # [S] f32
+
+    @property
+    def is_full(self) -> bool:
+        return self.logit_bias is not None
+
+
+jax.tree_util.register_dataclass(
+    SamplingTensors,
+    data_fields=[f.name for f in dataclasses.fields(SamplingTensors)],
+    meta_fields=[],
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerOutput:
+    """Sampled ids, plus (when asked) the sampled token's and the top-K tokens' raw logprobs and ranks."""
+
+    token_ids: Any  # [S] int32
+    logprob_token_ids: Any = None  # [S, 1+K] int32: sampled token first, then the top-K ids
+    logprobs: Any = None  # [S, 1+K] f32
+    ranks: Any = None  # [S, 1+K] int32, 1-based
+
+
+jax.tree_util.register_dataclass(
+    SamplerOutput,
+    data_fields=[f.name for f in dataclasses.fields(SamplerOutput)],
+    meta_fields=[],
+)
+
+
+def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = None) -> SamplerOutput:
+    """Sample one token per row of `logits` [S, V].
+
+    `num_logprobs` (static) is K: None or negative -> no logprobs; 0 -> the sampled token's logprob and rank
+    only ([S, 1]); K > 0 -> [S, 1+K]. K is clamped to V.
+    """
+    logits = logits.astype(jnp.float32)
+    processed = apply_logits_processors(logits, t)
+    greedy = t.temperature < GREEDY_TEMPERATURE
+    greedy_ids = jnp.argmax(processed, axis=-1).astype(jnp.int32)
+    random_ids = jax.lax.cond(
+        jnp.all(greedy),
+        lambda: greedy_ids,
+        lambda: _random_sample(processed, t, greedy),
+    )
+    token_ids = jnp.where(greedy, greedy_ids, random_ids)
+    if num_logprobs is None or num_logprobs < 0:
+        return SamplerOutput(token_ids=token_ids)
+    ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
+    return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks)
+
+
+def compute_logprobs(logits: jax.Array, token_ids: jax.Array, num_logprobs: int) -> tuple[jax.Array, jax.Array,
+                                                                                          jax.Array]:
+    """Raw-distribution logprobs and 1-based ranks of `token_ids` [N] and of the top-K tokens of `logits` [N, V].
+
+    Returns (ids, logprobs, ranks), each [N, 1+K] with the given token in column 0. A token's rank is
+    1 + the number of tokens with a strictly larger logit, so tied tokens share a rank, and a token gets the
+    same rank whether it is the given token or one of the top-K. Among ties, top-K lists lower ids first.
+    """
+    logits = logits.astype(jnp.float32)
+    num_logprobs = min(max(int(num_logprobs), 0), logits.shape[-1])
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    token_ids = token_ids.astype(jnp.int32)[:, None]
+    token_logit = jnp.take_along_axis(logits, token_ids, axis=-1)  # [N, 1]
+    token_lp = jnp.take_along_axis(logprobs, token_ids, axis=-1)
+    token_rank = 1 + jnp.sum(logits > token_logit, axis=-1, dtype=jnp.int32)[:, None]
+    if num_logprobs == 0:
+        return token_ids, token_lp, token_rank
+    top_logits, top_ids = jax.lax.top_k(logits, num_logprobs)  # sorted descending
+    top_ids = top_ids.astype(jnp.int32)
+    top_lp = jnp.take_along_axis(logprobs, top_ids, axis=-1)
+    # Every token with a larger logit than a top-K entry is itself in the top-K, so K x K comparisons suffice.
+    top_rank = 1 + jnp.sum(top_logits[:, None, :] > top_logits[:, :, None], axis=-1, dtype=jnp.int32)
+    return (jnp.concatenate([token_ids, top_ids], axis=-1),
+            jnp.concatenate([token_lp, top_lp], axis=-1),
+            jnp.concatenate([token_rank, top_rank], axis=-1))
+
+
+def apply_logits_processors(logits: jax.Array, t: SamplingTensors) -> jax.Array:
+    """logit_bias (with its -inf masks), then repetition -> frequency -> presence penalties; identity if basic."""
+    if not t.is_full:
+        return logits
+    logits = logits + t.logit_bias
+    seen = t.prompt_mask | (t.output_counts > 0)
+    rep = jnp.where(seen, t.repetition_penalties[:, None], 1.0)
+    logits = jnp.where(logits > 0, logits / rep, logits * rep)
+    logits = logits - t.frequency_penalties[:, None] * t.output_counts.astype(jnp.float32)
+    logits = logits - t.presence_penalties[:, None] * (t.output_counts > 0).astype(jnp.float32)
+    return logits
+
+
+def gumbel_noise(seeds: jax.Array, positions: jax.Array, vocab_size: int) -> jax.Array:
+    """[S, V] standard Gumbel noise; row i depends only on (seeds[i], positions[i], vocab_size)."""
+
+    def row(seed: jax.Array, position: jax.Array) -> jax.Array:
+        key = jax.random.fold_in(jax.random.key(seed), position)
+        return jax.random.gumbel(key, (vocab_size,), jnp.float32)
+
+    return jax.vmap(row)(seeds.astype(jnp.uint32), positions.astype(jnp.int32))
+
+
+def _random_sample(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.Array:
+    """Temperature, min_p, top-k/top-p, then Gumbel-max. Greedy rows pass through harmlessly (T treated as 1)."""
+    temperature = jnp.where(greedy, 1.0, t.temperature)
+    logits = logits / temperature[:, None]
+    logits = jax.lax.cond(jnp.any(t.min_p > 0), _apply_min_p, lambda x, _: x, logits, t.min_p)
+    use_top = jnp.any((t.top_k > 0) | (t.top_p < 1.0))
+    logits = jax.lax.cond(use_top, apply_top_k_top_p, lambda x, _k, _p: x, logits, t.top_k, t.top_p)
+    noise = gumbel_noise(t.seeds, t.positions, logits.shape[-1])
+    return jnp.argmax(logits + noise, axis=-1).astype(jnp.int32)
+
+
+def _apply_min_p(logits: jax.Array, min_p: jax.Array) -> jax.Array:
+    """Drop tokens whose probability is below min_p * (the top token's probability)."""
+    rel_prob = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # p / p_max
+    return jnp.where(rel_prob < min_p[:, None], -jnp.inf, logits)
+
+
+def apply_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array,
+                      num_candidates: int = TOP_CANDIDATES) -> jax.Array:
+    """Top-k, then top-p over what top-k kept (vLLM's order), as one per-row logit threshold: logits below -> -inf.
+
+    Top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p (the top token always
+    stays). Tokens tied with the threshold are kept, so the result does not depend on sort order among ties.
+    Sorting [S, V] is slow (seconds on CPU at real vocab sizes), so the cutoff is first sought among the
+    `num_candidates` largest logits; only if some row's cutoff lies beyond them does an exact bisection run.
+    """
+    active = (top_k > 0) | (top_p < 1.0)
+    top_k = jnp.minimum(top_k, logits.shape[-1])
+    width = min(num_candidates, logits.shape[-1])
+    candidates = jax.lax.top_k(logits, width)[0]  # [S, W] sorted descending
+    threshold, exact = _candidate_threshold(candidates, jax.nn.logsumexp(logits, axis=-1), top_k, top_p)
+    threshold = jax.lax.cond(jnp.all(exact | ~active), lambda: threshold,
+                             lambda: _bisection_threshold(logits, top_k, top_p))
+    threshold = jnp.where(active, threshold, -jnp.inf)
+    return jnp.where(logits < threshold[:, None], -jnp.inf, logits)
+
+
+def _candidate_threshold(sorted_desc: jax.Array, lse_all: jax.Array, top_k: jax.Array,
+                         top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-row smallest kept logit from the W largest logits [S, W], and whether the cutoff lies within them."""
+    width = sorted_desc.shape[-1]
+    index = jnp.arange(width, dtype=jnp.int32)[None, :]
+    k_on = top_k > 0
+    in_top_k = ~k_on[:, None] | (index < top_k[:, None])
+    # top-p renormalizes over what top-k kept; without top-k that is the whole row.
+    lse = jnp.where(k_on, jax.nn.logsumexp(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1), lse_all)
+    probs = jnp.where(in_top_k, jnp.exp(sorted_desc - lse[:, None]), 0.0)
+    cum = jnp.cumsum(probs, axis=-1)
+    mass_before = jnp.concatenate([jnp.zeros_like(cum[:, :1]), cum[:, :-1]], axis=-1)  # exclusive cumsum
+    p_off = top_p >= 1.0
+    keep = in_top_k & ((mass_before < top_p[:, None]) | p_off[:, None])
+    count = jnp.maximum(jnp.sum(keep, axis=-1, dtype=jnp.int32), 1)
+    threshold = jnp.take_along_axis(sorted_desc, count[:, None] - 1, axis=-1)[:, 0]
+    kept_mass = jnp.take_along_axis(cum, count[:, None] - 1, axis=-1)[:, 0]
+    exact = jnp.where(k_on, top_k <= width, p_off | (count < width) | (kept_mass >= top_p))
+    return threshold, exact
+
+
+def _bisection_threshold(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """The same threshold without sorting: the smallest float t with count(> t) < k, then the smallest t with
+    top-k-renormalized mass(> t) < p, each found by 32 bisection steps over the order-preserving uint32 keys."""
+
+    def search(pred: Callable[[jax.Array], jax.Array]) -> jax.Array:
+        def body(_: int, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            lo, hi = bounds
+            mid = lo + (hi - lo) // 2
+            ok = pred(_from_key(mid)[:, None])[:, 0]
+            return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+
+        bounds = (_to_key(jnp.min(logits, axis=-1)), _to_key(jnp.max(logits, axis=-1)))  # pred(max) holds
+        return _from_key(jax.lax.fori_loop(0, 32, body, bounds)[1])
+
+    k_on = (top_k > 0)[:, None]
+    t_k = search(lambda t: ~k_on | (jnp.sum(logits > t, axis=-1, keepdims=True) < top_k[:, None]))[:, None]
+    kept = logits >= t_k
+    lse = jax.nn.logsumexp(jnp.where(kept, logits, -jnp.inf), axis=-1, keepdims=True)
+    probs = jnp.where(kept, jnp.exp(logits - lse), 0.0)
+    p_off = (top_p >= 1.0)[:, None]
+    t_p = search(lambda t: p_off | (jnp.sum(jnp.where(logits > t, probs, 0.0), axis=-1, keepdims=True)
+                                    < top_p[:, None]))
+    return jnp.maximum(t_k[:, 0], t_p)
+
+
+def _to_key(x: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order (negative floats flipped below positive ones)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _from_key(key: jax.Array) -> jax.Array:
+    bits = jnp.where(key >> 31 == 1, key & jnp.uint32(0x7FFFFFFF), ~key)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
