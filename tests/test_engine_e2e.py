@@ -143,3 +143,20 @@ def test_no_compilation_after_warmup_over_a_random_workload_of_100_requests(llm)
     assert len(outputs) == 100 and all(o.finished for o in outputs)
     assert runner.num_compilations == before
     _assert_drained(llm)
+
+
+def test_prompt_logprobs_over_chunked_prefill_equal_transformers(llm, checkpoint):
+    _, hf = checkpoint
+    prompt = np.random.default_rng(8).integers(3, VOCAB_SIZE, 100).tolist()  # > 64-token budget: two chunks
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1).numpy()
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for pos in range(1, len(prompt)):
+        entries, row = out.prompt_logprobs[pos], ref[pos - 1]
+        assert prompt[pos] in entries
+        assert set(entries) == set(np.argsort(-row)[:2].tolist()) | {prompt[pos]}
+        for tid, lp in entries.items():
+            assert abs(lp.logprob - row[tid]) < 1e-4
+    _assert_drained(llm)

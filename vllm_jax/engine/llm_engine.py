@@ -126,8 +126,6 @@ class LLMEngine:
             value = getattr(params, name)
             if value is not None and value > max_lp:
                 raise ValueError(f"{name}={value} exceeds max_logprobs={max_lp}")
-        if params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported yet")
         params.verify_token_ids(self.vocab_size)
         if not params.ignore_eos and self.extra_stop_ids:
             params.stop_token_ids = sorted(set(params.stop_token_ids or []) | self.extra_stop_ids)

@@ -19,6 +19,7 @@ Every (token bucket, sequence bucket) pair and every sampler variant is compiled
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from vllm_jax.model.buckets import pick_bucket, power_of_two_buckets, seq_bucket
 from vllm_jax.model.decoder import StepInputs
 from vllm_jax.model.loader import build_model
 from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.sampler import SamplingTensors, sample
+from vllm_jax.model.sampler import SamplingTensors, compute_logprobs, sample
 from vllm_jax.model.sampling_metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
 from vllm_jax.model.source import ModelSource
 from vllm_jax.paged_kv import kv_cache_alloc
@@ -93,6 +94,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
         self._sample = jax.jit(self._sample_impl, static_argnums=(2,))
+        self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,))
 
     # --- the pure device functions (counted at trace time) ---
     def _forward_impl(self, params, kv_cache, inputs: StepInputs):
@@ -105,6 +107,10 @@ class ModelRunner:
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
+
+    def _prompt_logprobs_impl(self, logits, targets, num_logprobs: int):
+        self.num_compilations += 1
+        return compute_logprobs(logits, targets, num_logprobs)
 
     # --- research entry point ---
     def step(self, inputs: StepInputs) -> jax.Array:
@@ -131,7 +137,12 @@ class ModelRunner:
         num_seqs = self.seq_bucket(num_tokens)
         inputs = pack_step_inputs(rows, block_size=self.block_size, max_blocks_per_seq=self.max_blocks_per_seq,
                                   num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
-        logits = self.step(inputs)
+        wants_prompt_lp = [self._wants_prompt_logprobs(rid) for rid in req_ids]
+        prompt_logprobs = {}
+        if any(wants_prompt_lp):
+            logits, prompt_logprobs = self._step_with_prompt_logprobs(inputs, req_ids, wants_prompt_lp)
+        else:
+            logits = self.step(inputs)
         tensors, _, asked = build_sampling_tensors(sampling_rows, num_seqs, self.vocab_size)
         k = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
         out = jax.device_get(self._sample(logits, tensors, k))
@@ -157,7 +168,35 @@ class ModelRunner:
                                  out.ranks[i, :1 + n_lp].tolist()))
         has_logprobs = any(lp is not None for lp in logprobs)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
-                                 logprobs=logprobs if has_logprobs else None)
+                                 logprobs=logprobs if has_logprobs else None, prompt_logprobs=prompt_logprobs)
+
+    def _wants_prompt_logprobs(self, req_id: str) -> bool:
+        st = self.requests[req_id]
+        return st.sampling_params.prompt_logprobs is not None and st.num_computed_tokens < st.num_prompt_tokens
+
+    def _step_with_prompt_logprobs(self, inputs: StepInputs, req_ids: list[str], wanted: list[bool]):
+        """The forward with the LM head on every token (a separate program, compiled on first use), then the
+        logprobs of each prompt token given its prefix; the sampling rows are gathered from the same logits."""
+        num_tokens = inputs.input_ids.shape[0]
+        last_rows = inputs.logits_indices
+        all_rows = dataclasses.replace(inputs, logits_indices=np.arange(num_tokens, dtype=np.int32))
+        all_logits = self.step(all_rows)
+        targets = np.zeros(num_tokens, np.int32)
+        spans = {}
+        qsl = inputs.query_start_loc
+        for i, rid in enumerate(req_ids):
+            if not wanted[i]:
+                continue
+            st = self.requests[rid]
+            start, n = st.num_computed_tokens, int(qsl[i + 1] - qsl[i])
+            # logits at position p score the token at p + 1; only prompt tokens are scored
+            count = max(0, min(start + n, st.num_prompt_tokens - 1) - start)
+            targets[qsl[i]:qsl[i] + count] = st.token_ids[start + 1:start + 1 + count]
+            spans[rid] = (int(qsl[i]), count, st.sampling_params.prompt_logprobs)
+        ids, lps, ranks = jax.device_get(self._prompt_logprobs(all_logits, targets, self.max_logprobs))
+        result = {rid: [(ids[j, :1 + k].tolist(), lps[j, :1 + k].tolist(), ranks[j, :1 + k].tolist())
+                        for j in range(first, first + count)] for rid, (first, count, k) in spans.items()}
+        return all_logits[jnp.asarray(last_rows)], result
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_req_ids | sched.preempted_req_ids:
