@@ -21,8 +21,8 @@ from vllm_jax.model.source import ModelSourceError, load_hf_config, resolve_mode
 
 def _params(path: str, dtype: str = "float32") -> dict:
     source = resolve_model_source(path)
-    _, spec = resolve_architecture(load_hf_config(source))
-    return nnx.to_pure_dict(nnx.state(build_model(spec, dtype, source)))
+    entry, spec = resolve_architecture(load_hf_config(source))
+    return nnx.to_pure_dict(nnx.state(build_model(entry, spec, dtype, source)))
 
 
 def _flat(tree: dict) -> dict:

@@ -21,8 +21,8 @@ MAX_BLOCKS = 16
 
 def _load(path):
     source = resolve_model_source(str(path))
-    _, spec = resolve_architecture(load_hf_config(source))
-    model = build_model(spec, "float32", source)
+    entry, spec = resolve_architecture(load_hf_config(source))
+    model = build_model(entry, spec, "float32", source)
     graphdef, params = nnx.split(model)
     forward = jax.jit(lambda p, kv, x: nnx.merge(graphdef, p)(kv, x), donate_argnums=1)
     kv = jnp.zeros((spec.num_layers, 64, BLOCK_SIZE, 2 * spec.num_kv_heads, spec.head_dim), jnp.float32)

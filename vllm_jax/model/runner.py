@@ -66,10 +66,11 @@ class ModelRunner:
             jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        _, self.spec = resolve_architecture(mc.hf_config)
+        self.model_entry, self.spec = resolve_architecture(mc.hf_config)
         source = None if random_weights else ModelSource(mc.source_kind, mc.path, mc.served_model_name)
         t0 = time.perf_counter()
-        model = build_model(self.spec, mc.dtype, source, attention_backend=config.attention_backend, seed=mc.seed)
+        model = build_model(self.model_entry, self.spec, mc.dtype, source,
+                            attention_backend=config.attention_backend, seed=mc.seed)
         self.load_seconds = time.perf_counter() - t0
         self.graphdef, self.params = nnx.split(model)
         self.vocab_size = self.spec.vocab_size
