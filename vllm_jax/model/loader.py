@@ -26,13 +26,13 @@ from vllm_jax.model.source import ModelSource, ModelSourceError
 NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
-ShardingFor = Callable[[tuple[str, ...]], jax.sharding.Sharding]
+ShardingFor = Callable[[tuple[str, ...], tuple[int, ...]], jax.sharding.Sharding]
 
 
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
                 attention_backend: str = "auto", seed: int = 0, sharding_for: ShardingFor | None = None) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
-    placed on `sharding_for(path)` (default: the first device)."""
+    placed on `sharding_for(path, shape)` (default: the first device)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     sharding_for = sharding_for or _first_device
     make = lambda rngs: entry.model_class(spec, jdtype, rngs=rngs, attention_backend=attention_backend)  # noqa: E731
@@ -40,7 +40,7 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
         model = make(nnx.Rngs(seed))
         graphdef, state = nnx.split(model)
         pure = nnx.to_pure_dict(state)
-        placed = {path: jax.device_put(value, sharding_for(path)) for path, value in _flatten(pure).items()}
+        placed = {path: jax.device_put(value, sharding_for(path, value.shape)) for path, value in _flatten(pure).items()}
         nnx.replace_by_pure_dict(state, _unflatten(placed))
         return nnx.merge(graphdef, state)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))))
@@ -56,7 +56,7 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
     for path, src in sources.items():
         shape = tuple(shapes[path].shape)
         arrays[path] = jax.make_array_from_callback(
-            shape, sharding_for(path),
+            shape, sharding_for(path, shape),
             lambda index, src=src, shape=shape: src.read(checkpoint, index, shape, np_dtype))
     nnx.replace_by_pure_dict(state, _unflatten(arrays))
     return nnx.merge(graphdef, state)
@@ -88,7 +88,7 @@ def check_checkpoint(checkpoint: Checkpoint, sources: dict[tuple[str, ...], Para
                                    f"implies {shape}")
 
 
-def _first_device(path: tuple[str, ...]) -> jax.sharding.Sharding:
+def _first_device(path: tuple[str, ...], shape: tuple[int, ...]) -> jax.sharding.Sharding:
     return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 

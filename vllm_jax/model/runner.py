@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
@@ -42,6 +43,7 @@ from vllm_jax.model.source import ModelSource
 from vllm_jax.paged_kv import kv_cache_alloc
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 
 logger = logging.getLogger(__name__)
 
@@ -59,18 +61,22 @@ class CachedRequestState:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, *, random_weights: bool = False):
+    def __init__(self, config: EngineConfig, *, random_weights: bool = False, devices: list | None = None):
         self.config = config
-        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        mc, cc, sc, pc = config.model_config, config.cache_config, config.scheduler_config, config.parallel_config
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         self.model_entry, self.spec = resolve_architecture(mc.hf_config)
+        tp = pc.tensor_parallel_size
+        self.mesh = make_mesh(tp, 1, pc.enable_expert_parallel, devices=devices)
+        check_tensor_parallel_layout(self.spec, tp)
         source = None if random_weights else ModelSource(mc.source_kind, mc.path, mc.served_model_name)
         t0 = time.perf_counter()
         model = build_model(self.model_entry, self.spec, mc.dtype, source,
-                            attention_backend=config.attention_backend, seed=mc.seed)
+                            attention_backend=config.attention_backend, seed=mc.seed,
+                            sharding_for=self._param_sharding)
         self.load_seconds = time.perf_counter() - t0
         self.graphdef, self.params = nnx.split(model)
         self.vocab_size = self.spec.vocab_size
@@ -78,8 +84,11 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-mc.max_model_len // cc.block_size)
         self.max_logprobs = mc.max_logprobs
 
+        kv_spec = kv_cache_partition_spec(self.spec, tp)
+        kv_shards = tp if kv_spec != PartitionSpec() else 1
+        # the budget is per device, like vLLM's: a sharded cache puts 1/tp of each block on each device
         per_block = kv_cache_alloc.bytes_per_block(self.spec.num_layers, cc.block_size, self.spec.num_kv_heads,
-                                                   self.spec.head_dim, mc.kv_cache_dtype)
+                                                   self.spec.head_dim, mc.kv_cache_dtype) // kv_shards
         reserve = kv_cache_alloc.activation_reserve_bytes(config, self.spec.hidden_size,
                                                           self.spec.intermediate_size, self.vocab_size)
         self.num_blocks = kv_cache_alloc.num_kv_blocks(config, per_block, reserve)
@@ -87,7 +96,7 @@ class ModelRunner:
         kv_cache_alloc.log_capacity(config, self.num_blocks, per_block)
         self.kv_shape = kv_cache_alloc.KVCacheShape(self.spec.num_layers, self.num_blocks, cc.block_size,
                                                     self.spec.num_kv_heads, self.spec.head_dim, mc.kv_cache_dtype)
-        self.kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape)
+        self.kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape, NamedSharding(self.mesh, kv_spec))
 
         self.token_buckets = power_of_two_buckets(sc.min_token_bucket, sc.max_num_batched_tokens)
         self.seq_buckets = power_of_two_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs)
@@ -105,6 +114,11 @@ class ModelRunner:
     def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
         self.num_compilations += 1
         return sample(logits, tensors, num_logprobs)
+
+    def _param_sharding(self, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
+        pc = self.config.parallel_config
+        spec = param_partition_spec(path, shape, self.spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
+        return NamedSharding(self.mesh, spec)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)

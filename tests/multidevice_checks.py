@@ -1,0 +1,97 @@
+"""Checks that need 8 (fake CPU) devices. XLA_FLAGS must be set before jax is imported, so the tests run this
+file in a subprocess: `python -m tests.multidevice_checks CHECK WORKDIR` prints one JSON object."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from tests.tiny_models import VOCAB_SIZE, make_tiny_checkpoint  # noqa: E402
+
+ENGINE_ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8,
+                   max_num_batched_tokens=32)
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (5, 20, 33)]
+
+
+def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
+    from vllm_jax import SamplingParams
+    from vllm_jax.llm import LLM
+
+    llm = LLM(model_dir, **{**ENGINE_ARGS, **args})
+    outs = llm.generate(_prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], llm
+
+
+def _spec_list(sharding) -> list:
+    """PartitionSpec as a list without trailing None (P(None, 'model') and P(None, 'model', None) are equal)."""
+    parts = list(sharding.spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return parts
+
+
+def _specs(llm) -> dict[str, list]:
+    from flax import nnx
+
+    runner = llm.llm_engine.runner
+    state = nnx.to_pure_dict(runner.params)
+    specs = {"kv_cache": _spec_list(runner.kv_cache.sharding)}
+    specs["embed_tokens"] = _spec_list(state["embed_tokens"].sharding)
+    for name in ("q_proj", "k_proj", "o_proj", "gate_proj", "down_proj", "input_norm"):
+        specs[name] = _spec_list(state["layers"][name].sharding)
+    return specs
+
+
+def check_tensor_parallel(workdir: Path) -> dict:
+    """Greedy tokens for TP 1/2/4 (llama: 4 q heads, 2 kv heads, so TP=4 replicates KV) and TP 1/2 (qwen3),
+    the param shardings, which checkpoint slices each device read, and the start-up errors."""
+    from vllm_jax.model import checkpoint
+
+    result: dict = {}
+    llama = workdir / "llama"
+    make_tiny_checkpoint("llama", llama, seed=1)
+    reads: list[tuple[str, list]] = []
+    original_read = checkpoint.SafetensorsCheckpoint.read
+
+    def recording_read(self, name, index):
+        reads.append((name, [[s.start, s.stop] for s in index]))
+        return original_read(self, name, index)
+
+    checkpoint.SafetensorsCheckpoint.read = recording_read
+    for tp in (1, 2, 4):
+        reads.clear()
+        tokens, llm = _greedy(str(llama), tensor_parallel_size=tp)
+        result[f"llama_tp{tp}"] = tokens
+        result[f"llama_tp{tp}_specs"] = _specs(llm)
+        result[f"llama_tp{tp}_q_proj_reads"] = [i for n, i in reads if n == "model.layers.0.self_attn.q_proj.weight"]
+    checkpoint.SafetensorsCheckpoint.read = original_read
+    qwen3 = workdir / "qwen3"
+    make_tiny_checkpoint("qwen3", qwen3, seed=2)
+    for tp in (1, 2):
+        result[f"qwen3_tp{tp}"] = _greedy(str(qwen3), tensor_parallel_size=tp)[0]
+    for tp in (3, 16):
+        try:
+            _greedy(str(llama), tensor_parallel_size=tp)
+            result[f"error_tp{tp}"] = None
+        except ValueError as exc:
+            result[f"error_tp{tp}"] = str(exc)
+    return result
+
+
+CHECKS = {"tensor_parallel": check_tensor_parallel}
+
+if __name__ == "__main__":
+    print(json.dumps(CHECKS[sys.argv[1]](Path(sys.argv[2]))))

@@ -1,0 +1,67 @@
+"""Tensor parallelism on 8 fake CPU devices (run in a subprocess: XLA_FLAGS must precede the jax import)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_jax.sharding.rules import param_partition_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_check(name: str, workdir: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tests.multidevice_checks", name, str(workdir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tp(tmp_path_factory) -> dict:
+    return run_check("tensor_parallel", tmp_path_factory.mktemp("tp"))
+
+
+def test_tp2_and_tp4_greedy_tokens_equal_tp1(tp):
+    assert tp["llama_tp1"] == tp["llama_tp2"] == tp["llama_tp4"]
+    assert tp["qwen3_tp1"] == tp["qwen3_tp2"]
+
+
+def test_param_and_kv_shardings_follow_the_rules(tp):
+    two = tp["llama_tp2_specs"]
+    assert two["q_proj"] == [None, None, "model"] and two["gate_proj"] == [None, None, "model"]
+    assert two["o_proj"] == [None, "model"] and two["down_proj"] == [None, "model"]
+    assert two["k_proj"] == [None, None, "model"]
+    assert two["embed_tokens"] == ["model"]
+    assert two["input_norm"] == []
+    assert two["kv_cache"] == [None, None, None, "model"]
+
+
+def test_tp_above_num_kv_heads_replicates_kv_heads_and_cache(tp):
+    four = tp["llama_tp4_specs"]
+    assert four["k_proj"] == [] and four["kv_cache"] == []
+    assert four["q_proj"] == [None, None, "model"]
+
+
+def test_each_device_reads_only_its_slice_of_a_column_parallel_weight(tp):
+    # HF q_proj.weight is [out=64, in=64]; column-parallel splits `out` (rows of the HF tensor)
+    assert tp["llama_tp1_q_proj_reads"] == [[[None, None], [None, None]]]
+    halves = sorted(r[0] for r in tp["llama_tp2_q_proj_reads"])
+    assert halves == [[0, 32], [32, 64]]
+
+
+def test_impossible_layouts_fail_at_start_up(tp):
+    assert "must divide the model's num_attention_heads" in tp["error_tp3"]
+    assert "needs 16 devices but only 8" in tp["error_tp16"]
+
+
+def test_rules_replicate_a_dim_tp_does_not_divide():
+    class Spec:
+        num_heads, num_kv_heads = 4, 2
+
+    assert tuple(param_partition_spec(("embed_tokens",), (321, 64), Spec, 2)) == ()
+    assert tuple(param_partition_spec(("embed_tokens",), (320, 64), Spec, 2)) == ("model", None)

@@ -1,0 +1,77 @@
+"""Partition rules: param path (regex) -> PartitionSpec over the "model" axis, and the KV cache's spec.
+
+Megatron-style tensor parallelism expressed as shardings: q/k/v and gate/up are column-parallel (output dim
+split), o_proj and down row-parallel (input dim split), embedding and LM head vocab-parallel; GSPMD inserts the
+all-reduces. The KV cache is split on its (interleaved K/V) head axis like k/v. When tp does not divide the
+number of KV heads, k/v projections and the KV cache are replicated instead: every device computes and stores
+all KV heads (correct, memory-costlier). A dim that tp does not divide stays replicated rather than erroring.
+Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jax.sharding import PartitionSpec as P
+
+from vllm_jax.sharding.mesh import MODEL_AXIS
+
+# (regex on "a/b" param path, index of the dim to shard counted from the END, or None = replicate)
+_COLUMN, _ROW = -1, -2
+PARAM_RULES: list[tuple[str, int | None]] = [
+    (r"^embed_tokens$", -2),  # [V, H]: vocab-parallel
+    (r"^lm_head$", _COLUMN),  # [H, V]: vocab-parallel
+    (r"^layers/(q_proj|gate_proj|up_proj)$", _COLUMN),
+    (r"^layers/(k_proj|v_proj)$", _COLUMN),  # replicated when tp does not divide num_kv_heads (below)
+    (r"^layers/(q_bias|gate_bias|up_bias)$", -1),
+    (r"^layers/(k_bias|v_bias)$", -1),
+    (r"^layers/(o_proj|down_proj)$", _ROW),
+    (r"^layers/experts_(gate|up)$", _COLUMN),  # MoE [L, E, H, I] without EP: split I
+    (r"^layers/experts_down$", _ROW),  # [L, E, I, H]
+    (r".*", None),  # norms, o/down biases, router, q/k norms: replicated
+]
+_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias)$")
+_EXPERT_PARAMS = re.compile(r"^layers/experts_")
+
+
+def check_tensor_parallel_layout(spec: Any, tp: int) -> None:
+    """Start-up check: tp must split the query heads evenly."""
+    if spec.num_heads % tp:
+        raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's num_attention_heads "
+                         f"({spec.num_heads})")
+
+
+def kv_heads_sharded(spec: Any, tp: int) -> bool:
+    return spec.num_kv_heads % tp == 0
+
+
+def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: Any, tp: int,
+                         expert_parallel: bool = False) -> P:
+    if tp == 1:
+        return P()
+    name = "/".join(path)
+    if expert_parallel and _EXPERT_PARAMS.match(name):
+        return _spec_at(len(shape), 1, shape, tp)  # [L, E, ...]: split the experts
+    if _KV_PARAMS.match(name) and not kv_heads_sharded(spec, tp):
+        return P()
+    for pattern, dim in PARAM_RULES:
+        if re.match(pattern, name):
+            return P() if dim is None else _spec_at(len(shape), len(shape) + dim, shape, tp)
+    return P()
+
+
+def kv_cache_partition_spec(spec: Any, tp: int) -> P:
+    """[layers, blocks, block_size, 2 * kv_heads, head_dim]: split the interleaved head axis (k_i, v_i stay
+    together since each shard holds whole pairs)."""
+    if tp == 1 or not kv_heads_sharded(spec, tp):
+        return P()
+    return P(None, None, None, MODEL_AXIS, None)
+
+
+def _spec_at(ndim: int, axis: int, shape: tuple[int, ...], tp: int) -> P:
+    if shape[axis] % tp:
+        return P()
+    parts: list[str | None] = [None] * ndim
+    parts[axis] = MODEL_AXIS
+    return P(*parts)
