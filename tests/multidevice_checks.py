@@ -91,7 +91,31 @@ def check_tensor_parallel(workdir: Path) -> dict:
     return result
 
 
-CHECKS = {"tensor_parallel": check_tensor_parallel}
+def check_orbax_restore_into_another_mesh(workdir: Path) -> dict:
+    """Convert on one device, restore into a TP=2 mesh: same params, same greedy tokens, sharded placement."""
+    from flax import nnx
+
+    from vllm_jax.model.convert import convert
+
+    model_dir = workdir / "llama"
+    make_tiny_checkpoint("llama", model_dir, seed=4)
+    converted, _ = convert(str(model_dir), str(workdir / "converted"))
+    direct_tokens, direct = _greedy(str(model_dir))
+    restored_tokens, restored = _greedy(str(converted), tensor_parallel_size=2)
+    a = nnx.to_pure_dict(direct.llm_engine.runner.params)
+    b = nnx.to_pure_dict(restored.llm_engine.runner.params)
+    same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(_leaves(a), _leaves(b)))
+    return {"direct": direct_tokens, "restored_tp2": restored_tokens, "params_equal": same,
+            "restored_specs": _specs(restored), "source_kind": restored.llm_engine.config.model_config.source_kind}
+
+
+def _leaves(tree: dict) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+CHECKS = {"tensor_parallel": check_tensor_parallel, "orbax": check_orbax_restore_into_another_mesh}
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[1]](Path(sys.argv[2]))))

@@ -65,3 +65,11 @@ def test_rules_replicate_a_dim_tp_does_not_divide():
 
     assert tuple(param_partition_spec(("embed_tokens",), (321, 64), Spec, 2)) == ()
     assert tuple(param_partition_spec(("embed_tokens",), (320, 64), Spec, 2)) == ("model", None)
+
+
+def test_orbax_converted_params_restore_into_a_tp2_mesh_unchanged(tmp_path):
+    result = run_check("orbax", tmp_path)
+    assert result["source_kind"] == "orbax"
+    assert result["params_equal"]
+    assert result["restored_tp2"] == result["direct"]
+    assert result["restored_specs"]["q_proj"] == [None, None, "model"]

@@ -10,6 +10,7 @@ only, no pickle, no remote code.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,6 +19,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from vllm_jax.model import orbax_io
 from vllm_jax.model.checkpoint import Checkpoint, open_checkpoint
 from vllm_jax.model.param_source import ParamSource
 from vllm_jax.model.registry import ModelEntry
@@ -44,6 +46,9 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
         nnx.replace_by_pure_dict(state, _unflatten(placed))
         return nnx.merge(graphdef, state)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))))
+    if source.kind == "orbax":
+        nnx.replace_by_pure_dict(state, _restore_converted(source, nnx.to_pure_dict(state), sharding_for, dtype))
+        return nnx.merge(graphdef, state)
     shapes = _flatten(nnx.to_pure_dict(state))
     checkpoint = open_checkpoint(source)
     sources = {path: src for path, src in entry.param_sources(spec).items() if path in shapes}
@@ -60,6 +65,21 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
             lambda index, src=src, shape=shape: src.read(checkpoint, index, shape, np_dtype))
     nnx.replace_by_pure_dict(state, _unflatten(arrays))
     return nnx.merge(graphdef, state)
+
+
+def _restore_converted(source: ModelSource, shapes: dict, sharding_for: ShardingFor, dtype: str) -> dict:
+    """Params from a `vllm-jax convert` directory, restored onto their shardings, cast if --dtype differs."""
+    directory = Path(source.path)
+    stored = orbax_io.converted_dtype(directory)
+    abstract = orbax_io.abstract_like(shapes, sharding_for, jnp.dtype(NP_DTYPES[stored]))
+    try:
+        restored = orbax_io.restore_params(directory, abstract)
+    except Exception as exc:
+        raise ModelSourceError(f"{directory / orbax_io.PARAMS_DIR}: cannot restore the converted params ({exc}); "
+                               "convert the model again with `vllm-jax convert`") from exc
+    if stored != dtype:
+        restored = jax.tree.map(lambda a: a.astype(NP_DTYPES[dtype]), restored)
+    return restored
 
 
 def check_checkpoint(checkpoint: Checkpoint, sources: dict[tuple[str, ...], ParamSource],

@@ -24,8 +24,8 @@ class ModelSourceError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    kind: str  # "hf" | "gguf"
-    path: str  # directory for hf, file for gguf
+    kind: str  # "hf" | "gguf" | "orbax" (a directory written by `vllm-jax convert`)
+    path: str  # directory for hf and orbax, file for gguf
     default_name: str
 
 
@@ -57,7 +57,9 @@ def resolve_model_source(model: str | None) -> ModelSource:
             if len(ggufs) == 1:
                 return ModelSource("gguf", str(ggufs[0]), ggufs[0].stem)
             raise ModelSourceError(f"{path}: no config.json in this directory (nor a single .gguf file)")
-        return ModelSource("hf", str(path), path.name)
+        from vllm_jax.model.orbax_io import is_converted_checkpoint
+
+        return ModelSource("orbax" if is_converted_checkpoint(path) else "hf", str(path), path.name)
     if model.startswith((".", "/", "~")) or os.sep + os.sep in model or model.count("/") > 1:
         raise ModelSourceError(f"{model}: no such file or directory")
     return ModelSource("hf", _hub_cache_dir(model), model)

@@ -27,7 +27,7 @@ def load_tokenizer(model_config: ModelConfig) -> Any:
 def generation_eos_token_ids(model_config: ModelConfig) -> set[int]:
     """Extra EOS ids from generation_config.json (e.g. Llama 3's <|eot_id|>), which also end generation."""
     ids: set[int] = set()
-    if model_config.source_kind == "hf":
+    if model_config.source_kind in ("hf", "orbax"):
         gen = Path(model_config.path) / "generation_config.json"
         if gen.is_file():
             try:
