@@ -1,0 +1,191 @@
+"""Prometheus metrics under vLLM's exposition names, with values that add up to what the engine actually did."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.tiny_models import make_tiny_checkpoint
+from vllm_jax import EngineArgs, RequestOutputKind, SamplingParams
+from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.engine.llm_engine import LLMEngine
+from vllm_jax.engine.stats import EngineStats, FinishedRequestStats, IterationStats
+from vllm_jax.server.metrics import EngineMetrics
+
+ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8, max_num_batched_tokens=32)
+GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
+COUNTERS = ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+            "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"]
+HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+              "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:iteration_tokens_total"]
+
+
+def samples(metrics: EngineMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Parse the exposition back: (sample name, sorted labels without model_name/engine) -> value."""
+    text = metrics.render().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine")))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def value(parsed: dict, name: str, **labels: str) -> float:
+    return parsed[(name, tuple(sorted(labels.items())))]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                          output_kind=RequestOutputKind.FINAL_ONLY)
+
+
+# ---- EngineMetrics alone ------------------------------------------------------------------------------------------
+
+
+def test_every_vllm_series_is_exposed_with_model_name_before_any_request():
+    metrics = EngineMetrics("my-model", stats_source=lambda: EngineStats(num_requests_waiting=3, kv_cache_usage=0.25))
+    text = metrics.render().decode()
+    parsed = samples(metrics)
+    for name in GAUGES + COUNTERS:
+        assert any(key[0] == name for key in parsed), name
+    for name in HISTOGRAMS:
+        assert (f"{name}_count", ()) in parsed and (f"{name}_bucket", (("le", "+Inf"),)) in parsed, name
+    assert 'model_name="my-model"' in text
+    assert value(parsed, "vllm:num_requests_waiting") == 3 and value(parsed, "vllm:kv_cache_usage_perc") == 0.25
+    for reason in ("stop", "length", "abort"):  # present at 0 from the start, like vLLM
+        assert value(parsed, "vllm:request_success_total", finished_reason=reason) == 0
+    assert metrics.content_type.startswith("text/plain")
+
+
+def test_observe_turns_iteration_stats_into_counts_and_observations():
+    metrics = EngineMetrics("m")
+    metrics.observe(IterationStats(
+        num_scheduled_tokens=40, num_prompt_tokens=30, num_generation_tokens=2, num_preemptions=1,
+        prefix_cache_queries=30, prefix_cache_hits=16, time_to_first_tokens_s=[0.05, 0.2],
+        inter_token_latencies_s=[0.02], finished_requests=[FinishedRequestStats(("stop", "length"), 30, 9, 1.2, 0.1)]))
+    metrics.observe(IterationStats())  # an empty iteration changes nothing and observes no iteration size
+    p = samples(metrics)
+    assert value(p, "vllm:prompt_tokens_total") == 30 and value(p, "vllm:generation_tokens_total") == 2
+    assert value(p, "vllm:num_preemptions_total") == 1
+    assert value(p, "vllm:prefix_cache_queries_total") == 30 and value(p, "vllm:prefix_cache_hits_total") == 16
+    assert value(p, "vllm:request_success_total", finished_reason="stop") == 1
+    assert value(p, "vllm:request_success_total", finished_reason="length") == 1
+    assert value(p, "vllm:time_to_first_token_seconds_count") == 2
+    assert value(p, "vllm:time_to_first_token_seconds_bucket", le="0.1") == 1
+    assert value(p, "vllm:inter_token_latency_seconds_sum") == pytest.approx(0.02)
+    assert value(p, "vllm:e2e_request_latency_seconds_count") == 1
+    assert value(p, "vllm:request_queue_time_seconds_sum") == pytest.approx(0.1)
+    assert value(p, "vllm:iteration_tokens_total_count") == 1 and value(p, "vllm:iteration_tokens_total_sum") == 40
+
+
+def test_two_metrics_objects_do_not_share_a_registry():
+    a, b = EngineMetrics("a"), EngineMetrics("b")
+    a.observe(IterationStats(num_generation_tokens=5))
+    assert value(samples(a), "vllm:generation_tokens_total") == 5
+    assert value(samples(b), "vllm:generation_tokens_total") == 0
+
+
+# ---- through a running engine -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama_metrics")
+    make_tiny_checkpoint("llama", path, seed=4)
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(path), **ARGS),
+                                    engine_factory=lambda cfg: LLMEngine(cfg, warmup=False, show_progress=False))
+    llm.start()
+    llm.wait_until_ready(timeout=120)
+    yield llm
+    asyncio.run(llm.shutdown())
+
+
+async def _run(engine: AsyncLLM, prompt: list[int], max_tokens: int, request_id: str):
+    return [o async for o in engine.generate(prompt, greedy(max_tokens), request_id)][-1]
+
+
+def test_counts_and_histograms_add_up_after_a_few_requests(engine):
+    shared = list(range(10, 30))  # 20 tokens: two full blocks of 8 are reusable by the second request
+    jobs = [([5, 6, 7], 4), (list(range(40, 55)), 6), (shared, 5)]
+
+    async def main():
+        first = await asyncio.gather(*(_run(engine, p, n, f"m{i}") for i, (p, n) in enumerate(jobs)))
+        second = await _run(engine, shared + [99], 3, "m-prefix")
+        return first + [second]
+
+    before = samples(engine.metrics)
+    outs = asyncio.run(main())
+    after = samples(engine.metrics)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    prompts = [p for p, _ in jobs] + [shared + [99]]
+    generated = [n for _, n in jobs] + [3]
+    assert [len(o.outputs[0].token_ids) for o in outs] == generated
+    assert delta("vllm:prompt_tokens_total") == sum(map(len, prompts))
+    assert delta("vllm:generation_tokens_total") == sum(generated)
+    assert delta("vllm:request_success_total", finished_reason="length") == 4
+    assert delta("vllm:time_to_first_token_seconds_count") == 4
+    assert delta("vllm:e2e_request_latency_seconds_count") == 4
+    assert delta("vllm:request_queue_time_seconds_count") == 4
+    assert delta("vllm:inter_token_latency_seconds_count") == sum(n - 1 for n in generated)
+    assert delta("vllm:prefix_cache_hits_total") == 16 == outs[-1].num_cached_tokens
+    assert delta("vllm:prefix_cache_queries_total") >= sum(map(len, prompts))
+    # every token the engine computed went through some step: prompts (minus cache hits) plus all decodes
+    assert delta("vllm:iteration_tokens_total_sum") == sum(map(len, prompts)) - 16 + sum(n - 1 for n in generated)
+    e2e_sum = delta("vllm:e2e_request_latency_seconds_sum")
+    assert 0 < delta("vllm:time_to_first_token_seconds_sum") <= e2e_sum
+    assert value(after, "vllm:num_preemptions_total") == engine.get_stats().num_preemptions == 0
+    for name in GAUGES:
+        assert value(after, name) == 0  # idle again
+
+
+def test_gauges_show_a_request_in_flight_and_its_kv_blocks(engine):
+    gate, entered = threading.Event(), threading.Event()
+    parked: list[dict] = []
+
+    def hold() -> None:
+        if len(parked) == 0 and engine.get_stats().num_requests_running:
+            entered.set()
+            gate.wait(30)
+
+    engine.fault_hook = hold
+
+    async def main():
+        task = asyncio.create_task(_run(engine, list(range(3, 20)), 10, "gauged"))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        parked.append(samples(engine.metrics))
+        gate.set()
+        return await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+        engine.fault_hook = None
+    during = parked[0]
+    assert value(during, "vllm:num_requests_running") == 1 and value(during, "vllm:num_requests_waiting") == 0
+    assert value(during, "vllm:kv_cache_usage_perc") == pytest.approx(3 / 63)  # 17 prompt + 1 token: 3 blocks
+
+
+def test_a_cancelled_request_counts_as_abort(engine):
+    before = value(samples(engine.metrics), "vllm:request_success_total", finished_reason="abort")
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+    async def main():
+        async with contextlib.aclosing(engine.generate([8, 9], params, "quitter")) as gen:
+            async for _ in gen:
+                break
+        while engine.get_stats().num_requests_running:
+            await asyncio.sleep(0.005)
+
+    asyncio.run(main())
+    after = samples(engine.metrics)
+    assert value(after, "vllm:request_success_total", finished_reason="abort") == before + 1
+    assert value(after, "vllm:num_requests_running") == 0 and value(after, "vllm:kv_cache_usage_perc") == 0

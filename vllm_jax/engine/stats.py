@@ -1,0 +1,162 @@
+"""Serving statistics: the engine snapshot behind the gauges, and the per-step events behind counters and histograms.
+
+Three kinds of data, all produced on the engine thread:
+- `EngineStats`: a frozen snapshot (queue lengths, KV usage, cumulative prefix-cache and preemption counts),
+  replaced after every loop iteration; `/metrics` reads the latest one from another thread.
+- `IterationStats`: what one engine step did (tokens scheduled, prompt / generation tokens, TTFTs, inter-token
+  latencies, finished requests). The metrics turn it into counter increments and histogram observations.
+- `RequestTimer`: one request's timestamps (arrival, first scheduled, first / last token, finish).
+
+Definitions, close to vLLM v1's: prompt tokens are counted once per request when its first token arrives (the
+whole prompt, cached tokens included); generation tokens as the engine core produces them (tokens after a stop
+string included); a step's iteration tokens are the tokens it scheduled (prefill chunks plus decodes). TTFT and
+end-to-end latency run from arrival; queue time from arrival to first scheduling (requests that never ran have
+none); inter-token latency is observed once per request per step that gave it tokens, after its first. With
+n > 1 the request (not each completion) is timed, and `vllm:request_success` counts each completion.
+All intervals use `time.monotonic()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from vllm_jax.engine.llm_engine import LLMEngine
+    from vllm_jax.scheduler.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Engine state at the end of the latest loop iteration (all zero before the engine is built)."""
+
+    num_requests_running: int = 0  # scheduler requests (n > 1 counts each completion, as in vLLM)
+    num_requests_waiting: int = 0  # not scheduled yet, or preempted back to the queue
+    kv_cache_usage: float = 0.0  # fraction of the usable KV blocks held by requests, 0..1
+    prefix_cache_queries: int = 0  # cumulative, in tokens
+    prefix_cache_hits: int = 0  # cumulative, in tokens
+    num_preemptions: int = 0  # cumulative
+    num_blocks_free: int = 0  # free (or cached but unreferenced) blocks; the null block is never free
+    num_blocks_total: int = 0  # every block of the cache, the null block included
+    num_steps: int = 0  # engine steps run so far (stays put while the engine sleeps)
+
+
+@dataclass(frozen=True)
+class FinishedRequestStats:
+    finish_reasons: tuple[str, ...]  # one per completion: "stop" / "length" / "abort"
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    e2e_latency_s: float
+    queue_time_s: float | None  # None when the request was never scheduled
+
+
+@dataclass
+class IterationStats:
+    """One loop iteration of the engine thread: the step plus the adds / aborts applied before it."""
+
+    num_scheduled_tokens: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    time_to_first_tokens_s: list[float] = field(default_factory=list)
+    inter_token_latencies_s: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+class RequestTimer:
+    """One request's timeline; the engine thread feeds it, `IterationStats` receives what it observes."""
+
+    def __init__(self, arrival: float, num_completions: int):
+        self.arrival = arrival
+        self.num_completions = num_completions
+        self.num_prompt_tokens = 0  # known once the engine has tokenized the prompt
+        self.scheduled: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.num_generation_tokens = 0
+        self.finish_reasons: dict[int, str] = {}  # completion index -> finish reason
+
+    def on_scheduled(self, now: float) -> bool:
+        """Record the first scheduling; True the first time only."""
+        if self.scheduled is not None:
+            return False
+        self.scheduled = now
+        return True
+
+    def on_tokens(self, now: float, num_tokens: int, it: IterationStats) -> None:
+        self.num_generation_tokens += num_tokens
+        it.num_generation_tokens += num_tokens
+        if self.first_token is None:
+            self.first_token = now
+            it.num_prompt_tokens += self.num_prompt_tokens
+            it.time_to_first_tokens_s.append(now - self.arrival)
+        else:
+            it.inter_token_latencies_s.append(now - self.last_token)
+        self.last_token = now
+
+    def on_finished(self, now: float, it: IterationStats, default_reason: str = "abort") -> None:
+        """Close the timeline; completions without a finish reason get `default_reason`."""
+        reasons = tuple(self.finish_reasons.get(i, default_reason) for i in range(self.num_completions))
+        queue = None if self.scheduled is None else self.scheduled - self.arrival
+        it.finished_requests.append(FinishedRequestStats(reasons, self.num_prompt_tokens,
+                                                         self.num_generation_tokens, now - self.arrival, queue))
+
+
+class StepProbe:
+    """Records what `LLMEngine.step()` scheduled and produced, which its return value (RequestOutputs) lacks.
+
+    It shadows the engine's `scheduler.schedule` and `scheduler.update_from_output` with recording wrappers on
+    the scheduler instance; behaviour is unchanged. Call `begin()` before each step and read `scheduled` /
+    `core_outputs` after it.
+    """
+
+    def __init__(self, engine: LLMEngine):
+        scheduler = engine.scheduler
+        self._schedule: Callable[[], SchedulerOutput] = scheduler.schedule
+        self._update: Callable[[SchedulerOutput, ModelRunnerOutput], list[EngineCoreOutput]] = (
+            scheduler.update_from_output)
+        self.scheduled: list[SchedulerOutput] = []
+        self.core_outputs: list[EngineCoreOutput] = []
+        scheduler.schedule = self._record_schedule
+        scheduler.update_from_output = self._record_update
+
+    def begin(self) -> None:
+        self.scheduled = []
+        self.core_outputs = []
+
+    def _record_schedule(self) -> SchedulerOutput:
+        out = self._schedule()
+        self.scheduled.append(out)
+        return out
+
+    def _record_update(self, sched: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outputs = self._update(sched, runner_out)
+        self.core_outputs.extend(outputs)
+        return outputs
+
+
+class EngineCounters:
+    """Turns the engine's cumulative counters into per-iteration increments and snapshots."""
+
+    def __init__(self, engine: LLMEngine):
+        self._engine = engine
+        self._last = (0, 0, 0)
+        self.num_steps = 0
+
+    def take_deltas(self, it: IterationStats) -> None:
+        kv, sched = self._engine.kv_cache_manager, self._engine.scheduler
+        now = (kv.prefix_cache_queries, kv.prefix_cache_hits, sched.num_preemptions_total)
+        it.prefix_cache_queries += now[0] - self._last[0]
+        it.prefix_cache_hits += now[1] - self._last[1]
+        it.num_preemptions += now[2] - self._last[2]
+        self._last = now
+
+    def snapshot(self) -> EngineStats:
+        kv, sched = self._engine.kv_cache_manager, self._engine.scheduler
+        return EngineStats(
+            num_requests_running=sched.num_running, num_requests_waiting=sched.num_waiting,
+            kv_cache_usage=float(kv.usage), prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=sched.num_preemptions_total,
+            num_blocks_free=kv.num_free_blocks, num_blocks_total=kv.num_blocks, num_steps=self.num_steps)
