@@ -1,4 +1,4 @@
-"""ModelRunner: persistent per-request state, padded bucketed inputs, the jitted step, warm-up.
+"""ModelRunner: persistent per-request state, padded bucketed inputs, the device step, warm-up.
 
 Research use, without the scheduler or the server::
 
@@ -9,23 +9,22 @@ Research use, without the scheduler or the server::
     runner = ModelRunner(EngineArgs(model="path/to/hf_dir").create_config())
     inputs = pack_step_inputs([RowChunk(token_ids=[1, 2, 3], num_computed=0, block_ids=[1])],
                               block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
-                              num_tokens_padded=16, num_seqs_padded=8)
-    logits = runner.step(inputs)  # [8, vocab] float32; the KV cache is updated in place (donated)
+                              num_tokens_padded=16, num_seqs_padded=runner.seq_bucket(16))
+    logits = runner.step(inputs)  # [S, vocab] float32; the KV cache is updated in place (donated)
 
 The step is a pure function of (params, kv_cache, inputs); the cache is donated so XLA updates it in place.
-Every (token bucket, sequence bucket) pair and every sampler variant is compiled by `warmup()`;
-`num_compilations` counts traces and must not move afterwards.
+Every token bucket's forward and every sampler variant is compiled by `warmup()`; `num_compilations` counts
+traces and must not move afterwards. With several processes (multi-host), process 0 broadcasts each step's
+payload and the others run `serve_worker()`, executing the same device step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -35,15 +34,16 @@ from vllm_jax.config import EngineConfig
 from vllm_jax.model.batch import RowChunk, pack_step_inputs
 from vllm_jax.model.buckets import pick_bucket, power_of_two_buckets, seq_bucket_for
 from vllm_jax.model.decoder import StepInputs
+from vllm_jax.model.device_step import DeviceStep, StepPayload
 from vllm_jax.model.loader import build_model
 from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.sampler import SamplingTensors, compute_logprobs, sample
 from vllm_jax.model.sampling_metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
 from vllm_jax.model.source import ModelSource
 from vllm_jax.paged_kv import kv_cache_alloc
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
+from vllm_jax.sharding import multihost
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ModelRunner:
                             attention_backend=config.attention_backend, seed=mc.seed,
                             sharding_for=self._param_sharding)
         self.load_seconds = time.perf_counter() - t0
-        self.graphdef, self.params = nnx.split(model)
+        graphdef, params = nnx.split(model)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = -(-mc.max_model_len // cc.block_size)
@@ -96,24 +96,25 @@ class ModelRunner:
         kv_cache_alloc.log_capacity(config, self.num_blocks, per_block)
         self.kv_shape = kv_cache_alloc.KVCacheShape(self.spec.num_layers, self.num_blocks, cc.block_size,
                                                     self.spec.num_kv_heads, self.spec.head_dim, mc.kv_cache_dtype)
-        self.kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape, NamedSharding(self.mesh, kv_spec))
+        kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape, NamedSharding(self.mesh, kv_spec))
+        self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs)
 
         self.token_buckets = power_of_two_buckets(sc.min_token_bucket, sc.max_num_batched_tokens)
         self.seq_buckets = power_of_two_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs)
-        self.num_compilations = 0
         self.requests: dict[str, CachedRequestState] = {}
-        self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
-        self._sample = jax.jit(self._sample_impl, static_argnums=(2,))
-        self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,))
+        self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
-    # --- the pure device functions (counted at trace time) ---
-    def _forward_impl(self, params, kv_cache, inputs: StepInputs):
-        self.num_compilations += 1
-        return nnx.merge(self.graphdef, params)(kv_cache, inputs)
+    @property
+    def num_compilations(self) -> int:
+        return self.device.num_compilations
 
-    def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
-        self.num_compilations += 1
-        return sample(logits, tensors, num_logprobs)
+    @property
+    def params(self) -> nnx.State:
+        return self.device.params
+
+    @property
+    def kv_cache(self) -> jax.Array:
+        return self.device.kv_cache
 
     def _param_sharding(self, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
         pc = self.config.parallel_config
@@ -123,15 +124,10 @@ class ModelRunner:
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
 
-    def _prompt_logprobs_impl(self, logits, targets, num_logprobs: int):
-        self.num_compilations += 1
-        return compute_logprobs(logits, targets, num_logprobs)
-
     # --- research entry point ---
     def step(self, inputs: StepInputs) -> jax.Array:
         """Run the forward on bucket-shaped inputs; updates the KV cache; returns [S, vocab] float32 logits."""
-        self.kv_cache, logits = self._forward(self.params, self.kv_cache, inputs)
-        return logits
+        return self.device.forward(inputs)
 
     # --- engine entry point ---
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -152,17 +148,16 @@ class ModelRunner:
         num_seqs = self.seq_bucket(num_tokens)
         inputs = pack_step_inputs(rows, block_size=self.block_size, max_blocks_per_seq=self.max_blocks_per_seq,
                                   num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
-        wants_prompt_lp = [self._wants_prompt_logprobs(rid) for rid in req_ids]
-        prompt_logprobs = {}
-        if any(wants_prompt_lp):
-            logits, prompt_logprobs = self._step_with_prompt_logprobs(inputs, req_ids, wants_prompt_lp)
-        else:
-            logits = self.step(inputs)
         tensors, _, asked = build_sampling_tensors(sampling_rows, num_seqs, self.vocab_size)
-        k = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
-        out = jax.device_get(self._sample(logits, tensors, k))
-        token_ids = out.token_ids.tolist()
+        prompt_targets, spans = self._prompt_logprob_targets(req_ids, inputs)
+        payload = StepPayload(inputs, tensors, NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs,
+                              prompt_targets)
+        if self.broadcasts:
+            multihost.broadcast_payload(payload)
+        result = self.device.run(payload)
 
+        out = result.sampled
+        token_ids = out.token_ids.tolist()
         sampled, logprobs = [], []
         for i, rid in enumerate(req_ids):
             st = self.requests[rid]
@@ -181,37 +176,30 @@ class ModelRunner:
             else:
                 logprobs.append((out.logprob_token_ids[i, :1 + n_lp].tolist(), out.logprobs[i, :1 + n_lp].tolist(),
                                  out.ranks[i, :1 + n_lp].tolist()))
+        prompt_logprobs = {}
+        if result.prompt_logprobs is not None:
+            ids, lps, ranks = result.prompt_logprobs
+            prompt_logprobs = {rid: [(ids[j, :1 + k].tolist(), lps[j, :1 + k].tolist(), ranks[j, :1 + k].tolist())
+                                     for j in range(first, first + count)] for rid, (first, count, k) in spans.items()}
         has_logprobs = any(lp is not None for lp in logprobs)
         return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
                                  logprobs=logprobs if has_logprobs else None, prompt_logprobs=prompt_logprobs)
 
-    def _wants_prompt_logprobs(self, req_id: str) -> bool:
-        st = self.requests[req_id]
-        return st.sampling_params.prompt_logprobs is not None and st.num_computed_tokens < st.num_prompt_tokens
-
-    def _step_with_prompt_logprobs(self, inputs: StepInputs, req_ids: list[str], wanted: list[bool]):
-        """The forward with the LM head on every token (a separate program, compiled on first use), then the
-        logprobs of each prompt token given its prefix; the sampling rows are gathered from the same logits."""
-        num_tokens = inputs.input_ids.shape[0]
-        last_rows = inputs.logits_indices
-        all_rows = dataclasses.replace(inputs, logits_indices=np.arange(num_tokens, dtype=np.int32))
-        all_logits = self.step(all_rows)
-        targets = np.zeros(num_tokens, np.int32)
-        spans = {}
+    def _prompt_logprob_targets(self, req_ids: list[str], inputs: StepInputs):
+        """For rows still in their prompt that asked for prompt_logprobs: the next prompt token at each position
+        (logits at position p score the token at p + 1), and where each row's scored positions lie."""
+        spans: dict[str, tuple[int, int, int]] = {}
+        targets = np.zeros(inputs.input_ids.shape[0], np.int32)
         qsl = inputs.query_start_loc
         for i, rid in enumerate(req_ids):
-            if not wanted[i]:
-                continue
             st = self.requests[rid]
+            if st.sampling_params.prompt_logprobs is None or st.num_computed_tokens >= st.num_prompt_tokens:
+                continue
             start, n = st.num_computed_tokens, int(qsl[i + 1] - qsl[i])
-            # logits at position p score the token at p + 1; only prompt tokens are scored
             count = max(0, min(start + n, st.num_prompt_tokens - 1) - start)
             targets[qsl[i]:qsl[i] + count] = st.token_ids[start + 1:start + 1 + count]
             spans[rid] = (int(qsl[i]), count, st.sampling_params.prompt_logprobs)
-        ids, lps, ranks = jax.device_get(self._prompt_logprobs(all_logits, targets, self.max_logprobs))
-        result = {rid: [(ids[j, :1 + k].tolist(), lps[j, :1 + k].tolist(), ranks[j, :1 + k].tolist())
-                        for j in range(first, first + count)] for rid, (first, count, k) in spans.items()}
-        return all_logits[jnp.asarray(last_rows)], result
+        return (targets if spans else None), spans
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_req_ids | sched.preempted_req_ids:
@@ -226,24 +214,33 @@ class ModelRunner:
             st.block_ids.extend(cached.new_block_ids)
             st.num_computed_tokens = cached.num_computed_tokens
 
+    # --- multi-host ---
+    def serve_worker(self) -> None:
+        """Non-leader processes: run every step process 0 broadcasts, until it says stop."""
+        while (payload := multihost.broadcast_payload(None)) is not None:
+            self.device.run(payload)
+
+    def stop_workers(self) -> None:
+        if self.broadcasts:
+            multihost.broadcast_stop()
+
     # --- warm-up ---
     def warmup(self, show_progress: bool = True) -> float:
-        """Compile every token bucket's forward and every sampler variant; returns the seconds it took."""
+        """Compile every token bucket's forward and every sampler variant; returns the seconds it took.
+
+        Deterministic given the config, so every process of a multi-host run performs the same calls."""
         t0 = time.perf_counter()
         pairs = [(t, self.seq_bucket(t)) for t in self.token_buckets]
-        greedy = SamplingParams(temperature=0.0)
-        full = SamplingParams(temperature=0.0, repetition_penalty=1.1)
+        variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, repetition_penalty=1.1)]
         for num_tokens, num_seqs in tqdm(pairs, desc="warm-up: compiling buckets", disable=not show_progress):
             inputs = pack_step_inputs([], block_size=self.block_size, max_blocks_per_seq=self.max_blocks_per_seq,
                                       num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
-            self.step(inputs)
-        for num_seqs in sorted({s for _, s in pairs}):
-            logits = jnp.zeros((num_seqs, self.vocab_size), jnp.float32)
-            for params in (greedy, full):
+            logits = self.step(inputs)
+            for params in variants:  # compiles once per sequence bucket, then only runs
                 row = RowSamplingInput(params, 0, [0], [], 1)
                 tensors, _, _ = build_sampling_tensors([row], num_seqs, self.vocab_size)
                 for k in (NO_LOGPROBS, self.max_logprobs):
-                    jax.block_until_ready(self._sample(logits, tensors, k))
+                    self.device.sample(logits, tensors, k)
         jax.block_until_ready(self.kv_cache)
         seconds = time.perf_counter() - t0
         logger.info("warm-up compiled %d programs in %.1f s", self.num_compilations, seconds)

@@ -1,0 +1,100 @@
+"""The device side of one step: the jitted programs, the donated KV cache, and a numpy payload -> numpy result.
+
+Everything a step needs crosses in one `StepPayload` of numpy arrays, so a multi-host deployment can broadcast it
+from process 0 and every process runs `DeviceStep.run` on identical inputs (jax's multi-controller model).
+Results come back replicated, so each process can read them from its own devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vllm_jax.model.decoder import StepInputs
+from vllm_jax.model.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
+
+
+@dataclass
+class StepPayload:
+    inputs: StepInputs  # numpy, bucket-shaped
+    sampling: SamplingTensors  # numpy, [S] rows (+ [S, V] in the full variant)
+    num_logprobs: int  # static: -1 none, else the engine's max_logprobs
+    prompt_targets: np.ndarray | None = None  # [T]: score these tokens (prompt logprobs); LM head on every row
+
+
+@dataclass
+class StepResult:
+    sampled: SamplerOutput  # numpy
+    prompt_logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, logprobs, ranks: [T, 1+K]
+
+
+class DeviceStep:
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, mesh: Mesh,
+                 max_logprobs: int):
+        self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
+        self.max_logprobs = max_logprobs
+        self.num_compilations = 0
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self._to_device = _replicator(replicated)
+        self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
+        self._sample = jax.jit(self._sample_impl, static_argnums=(2,), out_shardings=replicated)
+        self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,), out_shardings=replicated)
+
+    # The traced functions count compilations (a trace happens once per new shape or variant).
+    def _forward_impl(self, params, kv_cache, inputs: StepInputs):
+        self.num_compilations += 1
+        return nnx.merge(self.graphdef, params)(kv_cache, inputs)
+
+    def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
+        self.num_compilations += 1
+        return sample(logits, tensors, num_logprobs)
+
+    def _prompt_logprobs_impl(self, logits, targets, num_logprobs: int):
+        self.num_compilations += 1
+        return compute_logprobs(logits, targets, num_logprobs)
+
+    def forward(self, inputs: StepInputs) -> jax.Array:
+        """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits."""
+        self.kv_cache, logits = self._forward(self.params, self.kv_cache, self._to_device(inputs))
+        return logits
+
+    def run(self, payload: StepPayload) -> StepResult:
+        inputs = payload.inputs
+        prompt_lp = None
+        if payload.prompt_targets is None:
+            logits = self.forward(inputs)
+        else:
+            num_tokens = inputs.input_ids.shape[0]
+            all_rows = dataclasses.replace(inputs, logits_indices=np.arange(num_tokens, dtype=np.int32))
+            all_logits = self.forward(all_rows)
+            targets = self._to_device(payload.prompt_targets)
+            prompt_lp = _fetch(self._prompt_logprobs(all_logits, targets, self.max_logprobs))
+            logits = all_logits[self._to_device(inputs.logits_indices)]
+        return StepResult(self.sample(logits, payload.sampling, payload.num_logprobs), prompt_lp)
+
+    def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
+        return _fetch(self._sample(logits, self._to_device(tensors), num_logprobs))
+
+
+def _replicator(sharding: NamedSharding):
+    """numpy -> arrays replicated over the mesh (global arrays, as multi-process jit requires)."""
+    if jax.process_count() == 1:
+        return lambda tree: tree
+    return lambda tree: jax.tree.map(
+        lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda idx, x=np.asarray(x): x[idx]), tree)
+
+
+def _fetch(tree):
+    """Host copies of (replicated) results; with several processes each reads its own addressable copy."""
+    def one(a):
+        if isinstance(a, jax.Array) and not a.is_fully_addressable:
+            return np.asarray(a.addressable_data(0))
+        return np.asarray(a)
+
+    return jax.tree.map(one, tree)
+
