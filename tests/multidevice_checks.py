@@ -15,15 +15,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tests.tiny_models import VOCAB_SIZE, make_tiny_checkpoint  # noqa: E402
-
-ENGINE_ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8,
-                   max_num_batched_tokens=32)
-
-
-def _prompts() -> list[list[int]]:
-    rng = np.random.default_rng(0)
-    return [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (5, 20, 33)]
+from tests.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
+from tests.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
@@ -31,7 +24,7 @@ def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
     from vllm_jax.llm import LLM
 
     llm = LLM(model_dir, **{**ENGINE_ARGS, **args})
-    outs = llm.generate(_prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], llm
 
 

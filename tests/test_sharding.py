@@ -73,3 +73,30 @@ def test_orbax_converted_params_restore_into_a_tp2_mesh_unchanged(tmp_path):
     assert result["params_equal"]
     assert result["restored_tp2"] == result["direct"]
     assert result["restored_specs"]["q_proj"] == [None, None, "model"]
+
+
+def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
+    import socket
+
+    from tests.parallel_workload import ENGINE_ARGS, prompts
+    from tests.tiny_models import make_tiny_checkpoint
+    from vllm_jax import SamplingParams
+    from vllm_jax.llm import LLM
+
+    make_tiny_checkpoint("llama", tmp_path, seed=6)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.multihost_process", str(rank), str(port), str(tmp_path)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    two_process = json.loads(outs[0][0].strip().splitlines()[-1])
+    single = LLM(str(tmp_path), **ENGINE_ARGS).generate(
+        prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert two_process == [o.outputs[0].token_ids for o in single]

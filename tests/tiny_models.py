@@ -8,6 +8,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 VOCAB_SIZE = 320
 EOS_ID = 2
@@ -21,6 +22,18 @@ ARCHS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(use_sliding_window=True, sliding_window=6, max_window_layers=1,
                                                    tie_word_embeddings=True)),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),
+}
+
+# MoE models (tests/test_moe.py): 4 experts, top-2; make_tiny_checkpoint takes these names too.
+MOE_ARCHS = {
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(num_local_experts=4, num_experts_per_tok=2,
+                                                        intermediate_size=96, sliding_window=7)),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(num_experts=4, num_experts_per_tok=2,
+                                                            moe_intermediate_size=48, head_dim=32)),
+    # a dense MLP layer between MoE layers, renormalized top-k, sliding window on every layer
+    "qwen3_moe_mixed": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, head_dim=32, num_hidden_layers=3,
+        mlp_only_layers=[1], norm_topk_prob=True, use_sliding_window=True, sliding_window=6)),
 }
 
 
@@ -38,7 +51,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
     """Save a random tiny model of `arch` (safetensors + tokenizer) to `path`; returns the torch model."""
-    config_cls, model_cls, extra = ARCHS[arch]
+    config_cls, model_cls, extra = {**ARCHS, **MOE_ARCHS}[arch]
     kwargs = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
                   eos_token_id=EOS_ID, initializer_range=0.1, rms_norm_eps=1e-6)

@@ -104,6 +104,9 @@ class EngineArgs:
     enable_expert_parallel: bool = False
     attention_backend: str = "auto"
     compilation_cache_dir: str | None = None
+    distributed_coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
     min_token_bucket: int = 16
     min_seq_bucket: int = 8
 
@@ -135,6 +138,11 @@ class EngineArgs:
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
 
+        if self.distributed_coordinator or (self.num_processes or 1) > 1:
+            from vllm_jax.sharding.multihost import initialize_distributed
+
+            if not jax.distributed.is_initialized():
+                initialize_distributed(self.distributed_coordinator, self.num_processes, self.process_id)
         platform = jax.default_backend()
         source = resolve_model_source(self.model)
         hf_config = load_hf_config(source)

@@ -99,6 +99,10 @@ class LLMEngine:
             self.runner.execute(self.scheduler.schedule())
         return processed.request_outputs
 
+    def shutdown(self) -> None:
+        """Release the other processes of a multi-host engine (no-op on one process)."""
+        self.runner.stop_workers()
+
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
 

@@ -11,6 +11,7 @@ Linear weights are stored [in, out] (x @ W); the loader transposes HF's [out, in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -41,33 +42,44 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.02) -
     return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype))
 
 
+def attention_params(spec: DecoderSpec, dtype, rngs: nnx.Rngs) -> dict[str, nnx.Param]:
+    """The attention half of every layer (norms, q/k/v/o, their biases, q/k norms), stacked on axis 0; shared
+    by the dense decoder and the MoE model."""
+    n, h = spec.num_layers, spec.hidden_size
+    params = {
+        "input_norm": nnx.Param(jnp.ones((n, h), dtype)),
+        "post_attention_norm": nnx.Param(jnp.ones((n, h), dtype)),
+        "q_proj": _param(rngs, (n, h, spec.q_size), dtype),
+        "k_proj": _param(rngs, (n, h, spec.kv_size), dtype),
+        "v_proj": _param(rngs, (n, h, spec.kv_size), dtype),
+        "o_proj": _param(rngs, (n, spec.q_size, h), dtype),
+    }
+    if spec.qkv_bias:
+        params["q_bias"] = nnx.Param(jnp.zeros((n, spec.q_size), dtype))
+        params["k_bias"] = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
+        params["v_bias"] = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
+    if spec.o_bias:
+        params["o_bias"] = nnx.Param(jnp.zeros((n, h), dtype))
+    if spec.qk_norm:
+        params["q_norm"] = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
+        params["k_norm"] = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
+    return params
+
+
 class DecoderLayers(nnx.Module):
     """All decoder layers' weights, stacked on axis 0."""
 
     def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs):
         n, h, i = spec.num_layers, spec.hidden_size, spec.intermediate_size
-        self.input_norm = nnx.Param(jnp.ones((n, h), dtype))
-        self.post_attention_norm = nnx.Param(jnp.ones((n, h), dtype))
-        self.q_proj = _param(rngs, (n, h, spec.q_size), dtype)
-        self.k_proj = _param(rngs, (n, h, spec.kv_size), dtype)
-        self.v_proj = _param(rngs, (n, h, spec.kv_size), dtype)
-        self.o_proj = _param(rngs, (n, spec.q_size, h), dtype)
+        for name, param in attention_params(spec, dtype, rngs).items():
+            setattr(self, name, param)
         self.gate_proj = _param(rngs, (n, h, i), dtype)
         self.up_proj = _param(rngs, (n, h, i), dtype)
         self.down_proj = _param(rngs, (n, i, h), dtype)
-        if spec.qkv_bias:
-            self.q_bias = nnx.Param(jnp.zeros((n, spec.q_size), dtype))
-            self.k_bias = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
-            self.v_bias = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
-        if spec.o_bias:
-            self.o_bias = nnx.Param(jnp.zeros((n, h), dtype))
         if spec.mlp_bias:
             self.gate_bias = nnx.Param(jnp.zeros((n, i), dtype))
             self.up_bias = nnx.Param(jnp.zeros((n, i), dtype))
             self.down_bias = nnx.Param(jnp.zeros((n, h), dtype))
-        if spec.qk_norm:
-            self.q_norm = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
-            self.k_norm = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
 
 
 class DecoderLM(nnx.Module):
@@ -85,6 +97,16 @@ class DecoderLM(nnx.Module):
         spec = self.spec
         hidden = self.embed_tokens[...][inputs.input_ids]
         cos, sin = _rotary_tables(spec, inputs.positions)
+        hidden, kv_cache = self._run_layers(hidden, kv_cache, cos, sin, inputs)
+        last = _rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
+        head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
+        logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
+        return kv_cache, logits
+
+    def _run_layers(self, hidden: jax.Array, kv_cache: jax.Array, cos: jax.Array, sin: jax.Array,
+                    inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """All layers, scanned over the stacked params; subclasses with other MLPs override this."""
+        spec = self.spec
         layer_weights = {name: p[...] for name, p in vars(self.layers).items() if isinstance(p, nnx.Param)}
         windows = jnp.asarray(np.array(spec.sliding_windows, dtype=np.int32))
 
@@ -97,15 +119,15 @@ class DecoderLM(nnx.Module):
 
         (hidden, kv_cache), _ = jax.lax.scan(
             layer, (hidden, kv_cache), (layer_weights, jnp.arange(spec.num_layers, dtype=jnp.int32), windows))
-        last = _rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
-        head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
-        return kv_cache, logits
+        return hidden, kv_cache
 
 
 def _decoder_layer(spec: DecoderSpec, backend: str, w: dict, hidden: jax.Array, kv_cache: jax.Array,
                    layer_index: jax.Array, window: jax.Array, cos: jax.Array, sin: jax.Array,
-                   inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+                   inputs: StepInputs, mlp: Callable[[jax.Array], jax.Array] | None = None,
+                   ) -> tuple[jax.Array, jax.Array]:
+    """One layer: attention (reads/writes the KV cache), then `mlp` on the post-attention-normed hidden state
+    (default: the dense gated MLP from `w`), each with its residual."""
     t = hidden.shape[0]
     x = _rms_norm(hidden, w["input_norm"], spec.rms_norm_eps)
     q = _linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
@@ -121,10 +143,15 @@ def _decoder_layer(spec: DecoderSpec, backend: str, w: dict, hidden: jax.Array, 
         sm_scale=spec.head_dim ** -0.5, sliding_window=window, backend=backend, layer_index=layer_index)
     hidden = hidden + _linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias"))
     x = _rms_norm(hidden, w["post_attention_norm"], spec.rms_norm_eps)
+    hidden = hidden + (_dense_mlp(w, x) if mlp is None else mlp(x))
+    return hidden, kv_cache
+
+
+def _dense_mlp(w: dict, x: jax.Array) -> jax.Array:
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x))."""
     gate = _linear(x, w["gate_proj"], w.get("gate_bias"))
     up = _linear(x, w["up_proj"], w.get("up_bias"))
-    hidden = hidden + _linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
-    return hidden, kv_cache
+    return _linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
 
 
 def _linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None) -> jax.Array:

@@ -9,6 +9,7 @@ only the matching slice of each HF tensor it covers, which is what sharded loadi
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,12 +50,18 @@ def single(name: str, transpose: bool = False) -> ParamSource:
     return ParamSource(np.array(name, dtype=object), transpose)
 
 
-def per_layer(template: str, num_layers: int, transpose: bool = False) -> ParamSource:
-    """`template` holds `{layer}`: one HF tensor per layer, stacked on axis 0."""
-    return ParamSource(np.array([template.format(layer=i) for i in range(num_layers)], dtype=object), transpose)
+def per_layer(template: str, num_layers: int | Sequence[int], transpose: bool = False) -> ParamSource:
+    """`template` holds `{layer}`: one HF tensor per layer, stacked on axis 0. `num_layers` is a count (layers
+    0..n-1) or the HF layer indices in stack order (params that exist only on some layers)."""
+    return ParamSource(np.array([template.format(layer=i) for i in _layers(num_layers)], dtype=object), transpose)
 
 
-def per_layer_expert(template: str, num_layers: int, num_experts: int, transpose: bool = False) -> ParamSource:
+def per_layer_expert(template: str, num_layers: int | Sequence[int], num_experts: int,
+                     transpose: bool = False) -> ParamSource:
     """`template` holds `{layer}` and `{expert}`: one HF tensor per (layer, expert), stacked on axes 0 and 1."""
-    names = [[template.format(layer=i, expert=e) for e in range(num_experts)] for i in range(num_layers)]
-    return ParamSource(np.array(names, dtype=object), transpose)
+    names = [[template.format(layer=i, expert=e) for e in range(num_experts)] for i in _layers(num_layers)]
+    return ParamSource(np.array(names, dtype=object).reshape(-1, num_experts), transpose)
+
+
+def _layers(num_layers: int | Sequence[int]) -> list[int]:
+    return list(range(num_layers)) if isinstance(num_layers, int) else [int(i) for i in num_layers]

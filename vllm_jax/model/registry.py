@@ -8,6 +8,9 @@ from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.decoder_weights import decoder_param_sources
+from vllm_jax.model.moe import MoeLM
+from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
+from vllm_jax.model.moe_weights import moe_param_sources
 from vllm_jax.model.param_source import ParamSource
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, spec_from_hf_config
 
@@ -22,6 +25,9 @@ class ModelEntry:
 MODEL_REGISTRY: dict[str, ModelEntry] = {
     arch: ModelEntry(DecoderLM, spec_from_hf_config, decoder_param_sources) for arch in SUPPORTED_ARCHITECTURES
 }
+MODEL_REGISTRY.update({
+    arch: ModelEntry(MoeLM, moe_spec_from_hf_config, moe_param_sources) for arch in MOE_ARCHITECTURES
+})
 
 
 def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, Any]:

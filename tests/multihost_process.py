@@ -1,0 +1,34 @@
+"""One process of a two-process engine on 127.0.0.1 (CPU, gloo): `python -m tests.multihost_process RANK PORT
+MODEL_DIR`. Rank 0 generates and prints the greedy tokens as JSON; rank 1 is a worker."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from tests.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
+
+
+def main(rank: int, port: int, model_dir: str) -> None:
+    from vllm_jax import EngineArgs, SamplingParams
+    from vllm_jax.engine.worker import run_worker
+    from vllm_jax.llm import LLM
+
+    dist = dict(tensor_parallel_size=2, distributed_coordinator=f"127.0.0.1:{port}", num_processes=2,
+                process_id=rank)
+    if rank:
+        run_worker(EngineArgs(model=model_dir, **ENGINE_ARGS, **dist))
+        return
+    llm = LLM(model_dir, **ENGINE_ARGS, **dist)
+    outs = llm.generate(prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    llm.llm_engine.shutdown()
+    print(json.dumps([o.outputs[0].token_ids for o in outs]))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,187 @@
+"""Mixture-of-experts decoder (Mixtral, Qwen3-MoE): the dense decoder's attention with a routed expert FFN.
+
+Params (all stacked; `layers/*` as in DecoderLM for the attention half):
+
+    layers/router        [num_moe_layers, hidden, num_experts]
+    layers/experts_gate  [num_moe_layers, num_experts, hidden, expert_ffn]
+    layers/experts_up    [num_moe_layers, num_experts, hidden, expert_ffn]
+    layers/experts_down  [num_moe_layers, num_experts, expert_ffn, hidden]
+    layers/gate_proj, up_proj, down_proj   [num_dense_layers, ...]  only for Qwen3-MoE's dense layers
+
+One MoE block: router logits (in the model dtype, as transformers' Linear) -> float32 softmax -> top-k ->
+optional renormalization (`route`); then `grouped_expert_ffn`: the T*k (token, expert) assignments are sorted
+by expert, the tokens gathered in that order, and gate/up/down run as `jax.lax.ragged_dot` over the expert
+groups (no expert is applied to tokens not routed to it), then the rows are unsorted and combined with the
+routing weights in float32.
+
+Expert parallelism: `grouped_expert_ffn` takes any contiguous slab of experts (`expert_offset`) and ignores
+assignments to experts outside it, so the same function runs per device under `shard_map` with the expert
+axis of the weights split over a mesh axis; `expert_parallel_ffn` does that (tokens replicated, each device
+computes its experts' share, one psum combines). The model uses it when `expert_mesh` is set.
+
+On CPU, XLA lowers `ragged_dot` to a masked dense product over the groups (a jax fallback); TPU and GPU get a
+real grouped matmul.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from vllm_jax.model.decoder import (DecoderLM, StepInputs, _decoder_layer, _dense_mlp, _param, attention_params)
+from vllm_jax.model.moe_spec import MoeSpec
+
+EXPERT_PARAMS = ("experts_gate", "experts_up", "experts_down")
+DENSE_MLP_PARAMS = ("gate_proj", "up_proj", "down_proj")
+
+
+def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
+          round_to_model_dtype: bool) -> tuple[jax.Array, jax.Array]:
+    """-> (float32 weights [T, k], int32 expert ids [T, k]), in transformers' order of operations."""
+    logits = jnp.dot(x, router, preferred_element_type=jnp.float32).astype(x.dtype)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, ids = jax.lax.top_k(probs, top_k)
+    if normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    if round_to_model_dtype:
+        weights = weights.astype(x.dtype).astype(jnp.float32)
+    return weights, ids.astype(jnp.int32)
+
+
+def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, w_gate: jax.Array,
+                       w_up: jax.Array, w_down: jax.Array, expert_offset: jax.Array | int = 0) -> jax.Array:
+    """sum_k weights[t, k] * FFN_{expert_ids[t, k]}(x[t]) over the experts held here -> float32 [T, hidden].
+
+    x [T, H]; weights [T, k] float32; expert_ids [T, k]; w_gate, w_up [E_here, H, I]; w_down [E_here, I, H],
+    holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to other experts add 0.
+    """
+    t, k = expert_ids.shape
+    num_here = w_gate.shape[0]
+    local = expert_ids.reshape(-1) - expert_offset
+    held = (local >= 0) & (local < num_here)
+    group = jnp.where(held, local, num_here)  # assignments for other experts sort last, outside every group
+    order = jnp.argsort(group, stable=True)
+    group_sizes = jnp.bincount(group, length=num_here + 1)[:num_here].astype(jnp.int32)
+    xs = x[order // k]  # [T*k, H], grouped by expert
+    gate = jax.lax.ragged_dot(xs, w_gate, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
+    up = jax.lax.ragged_dot(xs, w_up, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
+    out = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, group_sizes,
+                             preferred_element_type=jnp.float32).astype(x.dtype)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=order.dtype))
+    out = out[inverse].astype(jnp.float32)  # back to (token, slot) order
+    contrib = jnp.where(held[:, None], out * weights.reshape(-1, 1), 0.0)
+    return contrib.reshape(t, k, -1).sum(axis=1)
+
+
+def expert_parallel_ffn(mesh: Mesh, axis: str, x: jax.Array, weights: jax.Array, expert_ids: jax.Array,
+                        w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """`grouped_expert_ffn` with the expert axis of the weights split over `mesh` axis `axis`: tokens and
+    routing are replicated, each device runs its own experts, a psum combines the partial outputs."""
+
+    def local(x, weights, expert_ids, w_gate, w_up, w_down):
+        offset = jax.lax.axis_index(axis) * w_gate.shape[0]
+        partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset)
+        return jax.lax.psum(partial_out, axis)
+
+    experts = P(axis)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), experts, experts, experts),
+                         out_specs=P())(x, weights, expert_ids, w_gate, w_up, w_down)
+
+
+class MoeLayers(nnx.Module):
+    """Attention params for every layer; expert/router params for the MoE layers; dense MLP params for the rest."""
+
+    def __init__(self, spec: MoeSpec, dtype, rngs: nnx.Rngs):
+        h, e, i = spec.hidden_size, spec.num_experts, spec.intermediate_size
+        for name, param in attention_params(spec, dtype, rngs).items():
+            setattr(self, name, param)
+        m = len(spec.moe_layer_ids)
+        if m:
+            self.router = _param(rngs, (m, h, e), dtype)
+            self.experts_gate = _param(rngs, (m, e, h, i), dtype)
+            self.experts_up = _param(rngs, (m, e, h, i), dtype)
+            self.experts_down = _param(rngs, (m, e, i, h), dtype)
+        d, di = len(spec.dense_layer_ids), spec.dense_intermediate_size
+        if d:
+            self.gate_proj = _param(rngs, (d, h, di), dtype)
+            self.up_proj = _param(rngs, (d, h, di), dtype)
+            self.down_proj = _param(rngs, (d, di, h), dtype)
+
+
+class MoeLM(DecoderLM):
+    """MixtralForCausalLM / Qwen3MoeForCausalLM. Same call contract as DecoderLM:
+    `(kv_cache, StepInputs) -> (kv_cache, float32 logits [S, vocab])`.
+
+    `expert_mesh` (with `expert_axis`) switches the expert FFN to `expert_parallel_ffn`; the expert weights
+    must then be sharded on their expert axis (axis 1 of the stacked [L, E, ...] params) over that mesh axis.
+    """
+
+    def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
+                 expert_mesh: Mesh | None = None, expert_axis: str = "model"):
+        self.spec = spec
+        self.attention_backend = attention_backend
+        self.expert_mesh = expert_mesh
+        self.expert_axis = expert_axis
+        self.embed_tokens = _param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
+        self.layers = MoeLayers(spec, dtype, rngs)
+        self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
+        if not spec.tie_word_embeddings:
+            self.lm_head = _param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
+
+    def _moe_mlp(self, w: dict, x: jax.Array) -> jax.Array:
+        spec = self.spec
+        weights, ids = route(x, w["router"], spec.num_experts_per_tok, spec.norm_topk_prob,
+                             spec.round_router_weights)
+        experts = tuple(w[name] for name in EXPERT_PARAMS)
+        if self.expert_mesh is not None and self.expert_mesh.shape[self.expert_axis] > 1:
+            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts)
+        else:
+            out = grouped_expert_ffn(x, weights, ids, *experts)
+        return out.astype(x.dtype)
+
+    def _run_layers(self, hidden: jax.Array, kv_cache: jax.Array, cos: jax.Array, sin: jax.Array,
+                    inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """One scan per run of consecutive same-kind layers (a single scan when every layer is MoE). Each
+        iteration indexes the stacked params by its layer's position in its own stack."""
+        spec = self.spec
+        params = {name: p[...] for name, p in vars(self.layers).items() if isinstance(p, nnx.Param)}
+        mlp_names = set(EXPERT_PARAMS) | set(DENSE_MLP_PARAMS) | {"router"}
+        attn = {name: value for name, value in params.items() if name not in mlp_names}
+        for is_moe, layer_ids, mlp_ids in _layer_runs(spec.moe_layers):
+            mlp_params = {name: params[name] for name in (("router",) + EXPERT_PARAMS if is_moe
+                                                          else DENSE_MLP_PARAMS)}
+            windows = np.array([spec.sliding_windows[i] for i in layer_ids], dtype=np.int32)
+
+            def layer(carry, xs, is_moe=is_moe, mlp_params=mlp_params):
+                hidden, kv_cache = carry
+                layer_index, mlp_index, window = xs
+                w = {name: value[layer_index] for name, value in attn.items()}
+                m = {name: value[mlp_index] for name, value in mlp_params.items()}
+                mlp = partial(self._moe_mlp, m) if is_moe else partial(_dense_mlp, m)
+                hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, layer_index,
+                                                  window, cos, sin, inputs, mlp=mlp)
+                return (hidden, kv_cache), None
+
+            xs = (jnp.asarray(np.array(layer_ids, np.int32)), jnp.asarray(np.array(mlp_ids, np.int32)),
+                  jnp.asarray(windows))
+            (hidden, kv_cache), _ = jax.lax.scan(layer, (hidden, kv_cache), xs)
+        return hidden, kv_cache
+
+
+def _layer_runs(moe_layers: tuple[bool, ...]) -> list[tuple[bool, list[int], list[int]]]:
+    """Maximal runs of same-kind layers: (is_moe, global layer ids, ids within that kind's param stack)."""
+    runs: list[tuple[bool, list[int], list[int]]] = []
+    counts = {True: 0, False: 0}
+    for layer, is_moe in enumerate(moe_layers):
+        if not runs or runs[-1][0] != is_moe:
+            runs.append((is_moe, [], []))
+        runs[-1][1].append(layer)
+        runs[-1][2].append(counts[is_moe])
+        counts[is_moe] += 1
+    return runs

@@ -1,0 +1,81 @@
+"""MoeSpec: the facts the MoE decoder needs (Mixtral, Qwen3-MoE), read once from a transformers config.
+
+It extends DecoderSpec, so the dense decoder's attention code and the runner read the same fields; there
+`intermediate_size` is the FFN size of one expert. Routing follows each architecture's transformers code:
+
+- Mixtral: softmax(router logits, float32) -> top-k -> renormalize to sum 1; the weights stay float32.
+- Qwen3-MoE: softmax(float32) -> top-k -> renormalize only when `norm_topk_prob`; the weights are then cast to
+  the model dtype. Layers listed in `mlp_only_layers`, or not on the `decoder_sparse_step` grid, are dense MLPs
+  of `intermediate_size` (the config's), kept in `dense_intermediate_size`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_jax.model.spec import DecoderSpec, _sliding_windows, rope_inv_freq
+
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
+
+
+@dataclass(frozen=True)
+class MoeSpec(DecoderSpec):
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool  # renormalize the top-k routing weights to sum 1
+    round_router_weights: bool  # cast the top-k weights to the model dtype before use (Qwen3-MoE)
+    moe_layers: tuple[bool, ...]  # per layer: True = sparse MoE block, False = dense MLP
+    dense_intermediate_size: int  # FFN size of the dense layers (0 when every layer is MoE)
+
+    @property
+    def moe_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, moe in enumerate(self.moe_layers) if moe)
+
+    @property
+    def dense_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, moe in enumerate(self.moe_layers) if not moe)
+
+
+def moe_spec_from_hf_config(config: Any) -> MoeSpec:
+    architectures = list(getattr(config, "architectures", None) or [])
+    arch = next((a for a in architectures if a in MOE_ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(f"not an MoE architecture: {architectures or '(none given)'}; "
+                         f"supported: {', '.join(MOE_ARCHITECTURES)}")
+    act = getattr(config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
+    n = config.num_hidden_layers
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
+                         f"num_key_value_heads ({num_kv_heads})")
+    if arch == "MixtralForCausalLM":
+        num_experts, expert_size = config.num_local_experts, config.intermediate_size
+        moe_layers = (True,) * n
+        norm_topk, round_weights, attention_bias, qk_norm = True, False, False, False
+    else:
+        num_experts, expert_size = config.num_experts, config.moe_intermediate_size
+        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+        mlp_only = set(getattr(config, "mlp_only_layers", None) or [])
+        moe_layers = tuple(i not in mlp_only and num_experts > 0 and (i + 1) % step == 0 for i in range(n))
+        norm_topk, round_weights = bool(config.norm_topk_prob), True
+        attention_bias, qk_norm = bool(getattr(config, "attention_bias", False)), True
+    top_k = config.num_experts_per_tok
+    if any(moe_layers) and not 1 <= top_k <= num_experts:
+        raise ValueError(f"{arch}: num_experts_per_tok ({top_k}) must be between 1 and the number of experts "
+                         f"({num_experts})")
+    inv_freq, scaling = rope_inv_freq(config, head_dim)
+    return MoeSpec(
+        architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=expert_size, num_layers=n, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, rms_norm_eps=float(config.rms_norm_eps),
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=False, qk_norm=qk_norm,
+        sliding_windows=_sliding_windows(config), inv_freq=tuple(float(x) for x in inv_freq),
+        rope_attention_scaling=scaling, num_experts=num_experts, num_experts_per_tok=top_k,
+        norm_topk_prob=norm_topk, round_router_weights=round_weights, moe_layers=moe_layers,
+        dense_intermediate_size=0 if all(moe_layers) else config.intermediate_size)
