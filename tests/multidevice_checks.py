@@ -108,7 +108,25 @@ def _leaves(tree: dict) -> list:
     return jax.tree.leaves(tree)
 
 
-CHECKS = {"tensor_parallel": check_tensor_parallel, "orbax": check_orbax_restore_into_another_mesh}
+def check_expert_parallel(workdir: Path) -> dict:
+    """Tiny Mixtral and Qwen3-MoE: TP=4 with experts sharded (EP) and without, against one device."""
+    from flax import nnx
+
+    result: dict = {}
+    for arch in ("mixtral", "qwen3_moe"):
+        model_dir = workdir / arch
+        make_tiny_checkpoint(arch, model_dir, seed=5)
+        result[f"{arch}_tp1"] = _greedy(str(model_dir))[0]
+        result[f"{arch}_tp4"] = _greedy(str(model_dir), tensor_parallel_size=4)[0]
+        tokens, llm = _greedy(str(model_dir), tensor_parallel_size=4, enable_expert_parallel=True)
+        result[f"{arch}_tp4_ep"] = tokens
+        experts = nnx.to_pure_dict(llm.llm_engine.runner.params)["layers"]["experts_gate"]
+        result[f"{arch}_ep_spec"] = _spec_list(experts.sharding)
+    return result
+
+
+CHECKS = {"tensor_parallel": check_tensor_parallel, "orbax": check_orbax_restore_into_another_mesh,
+          "expert_parallel": check_expert_parallel}
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[1]](Path(sys.argv[2]))))

@@ -100,3 +100,10 @@ def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
     single = LLM(str(tmp_path), **ENGINE_ARGS).generate(
         prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     assert two_process == [o.outputs[0].token_ids for o in single]
+
+
+def test_expert_parallel_on_4_devices_equals_ep_off_and_one_device(tmp_path):
+    result = run_check("expert_parallel", tmp_path)
+    for arch in ("mixtral", "qwen3_moe"):
+        assert result[f"{arch}_tp4_ep"] == result[f"{arch}_tp4"] == result[f"{arch}_tp1"], arch
+        assert result[f"{arch}_ep_spec"] == [None, "model"], arch  # [L, E, H, I]: experts split

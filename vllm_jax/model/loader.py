@@ -32,12 +32,15 @@ ShardingFor = Callable[[tuple[str, ...], tuple[int, ...]], jax.sharding.Sharding
 
 
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
-                attention_backend: str = "auto", seed: int = 0, sharding_for: ShardingFor | None = None) -> nnx.Module:
+                attention_backend: str = "auto", seed: int = 0, sharding_for: ShardingFor | None = None,
+                model_kwargs: dict | None = None) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
     placed on `sharding_for(path, shape)` (default: the first device)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     sharding_for = sharding_for or _first_device
-    make = lambda rngs: entry.model_class(spec, jdtype, rngs=rngs, attention_backend=attention_backend)  # noqa: E731
+    extra = model_kwargs or {}
+    make = lambda rngs: entry.model_class(spec, jdtype, rngs=rngs,  # noqa: E731
+                                          attention_backend=attention_backend, **extra)
     if source is None:
         model = make(nnx.Rngs(seed))
         graphdef, state = nnx.split(model)

@@ -76,7 +76,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         model = build_model(self.model_entry, self.spec, mc.dtype, source,
                             attention_backend=config.attention_backend, seed=mc.seed,
-                            sharding_for=self._param_sharding)
+                            sharding_for=self._param_sharding, model_kwargs=self._expert_parallel_kwargs())
         self.load_seconds = time.perf_counter() - t0
         graphdef, params = nnx.split(model)
         self.vocab_size = self.spec.vocab_size
@@ -115,6 +115,20 @@ class ModelRunner:
     @property
     def kv_cache(self) -> jax.Array:
         return self.device.kv_cache
+
+    def _expert_parallel_kwargs(self) -> dict:
+        """With --enable-expert-parallel, MoE models dispatch tokens to experts sharded over the "model" axis."""
+        pc = self.config.parallel_config
+        num_experts = getattr(self.spec, "num_experts", None)
+        if not pc.enable_expert_parallel:
+            return {}
+        if num_experts is None:
+            logger.warning("enable_expert_parallel has no effect: %s has no experts", self.spec.architecture)
+            return {}
+        if num_experts % pc.tensor_parallel_size:
+            raise ValueError(f"expert parallelism over {pc.tensor_parallel_size} devices needs num_experts "
+                             f"({num_experts}) to be a multiple of it")
+        return {"expert_mesh": self.mesh}
 
     def _param_sharding(self, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
         pc = self.config.parallel_config
