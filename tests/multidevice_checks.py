@@ -125,7 +125,40 @@ def check_expert_parallel(workdir: Path) -> dict:
     return result
 
 
-CHECKS = {"tensor_parallel": check_tensor_parallel, "orbax": check_orbax_restore_into_another_mesh,
+def check_data_parallel(workdir: Path) -> dict:
+    """DP=2 x TP=2 on 4 devices answering concurrent requests, against one engine on one device."""
+    import asyncio
+
+    from vllm_jax import EngineArgs, SamplingParams
+    from vllm_jax.engine.data_parallel import DataParallelAsyncLLM
+    from vllm_jax.sampling_params import RequestOutputKind
+
+    model_dir = workdir / "llama"
+    make_tiny_checkpoint("llama", model_dir, seed=8)
+    single = _greedy(str(model_dir))[0]
+    engine = DataParallelAsyncLLM.from_engine_args(
+        EngineArgs(model=str(model_dir), tensor_parallel_size=2, data_parallel_size=2, **ENGINE_ARGS))
+    engine.start()
+    engine.wait_until_ready(600)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def one(i: int, prompt: list[int]) -> list[int]:
+        final = None
+        async for out in engine.generate(prompt, params, f"req-{i}"):
+            final = out
+        return final.outputs[0].token_ids
+
+    async def run_all() -> list[list[int]]:
+        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts() * 2)))
+        await engine.shutdown()
+        return results
+
+    outputs = asyncio.run(run_all())
+    devices = [sorted(d.id for d in r._engine.runner.mesh.devices.flat) for r in engine.replicas]
+    return {"single": single, "dp": outputs, "served": engine.requests_per_replica, "replica_devices": devices}
+
+
+CHECKS = {"tensor_parallel": check_tensor_parallel, "data_parallel": check_data_parallel, "orbax": check_orbax_restore_into_another_mesh,
           "expert_parallel": check_expert_parallel}
 
 if __name__ == "__main__":

@@ -107,3 +107,10 @@ def test_expert_parallel_on_4_devices_equals_ep_off_and_one_device(tmp_path):
     for arch in ("mixtral", "qwen3_moe"):
         assert result[f"{arch}_tp4_ep"] == result[f"{arch}_tp4"] == result[f"{arch}_tp1"], arch
         assert result[f"{arch}_ep_spec"] == [None, "model"], arch  # [L, E, H, I]: experts split
+
+
+def test_dp2_tp2_on_4_devices_answers_concurrent_requests_like_one_engine(tmp_path):
+    result = run_check("data_parallel", tmp_path)
+    assert result["dp"] == result["single"] * 2
+    assert all(n > 0 for n in result["served"]) and sum(result["served"]) == 6
+    assert result["replica_devices"] == [[0, 1], [2, 3]]

@@ -29,11 +29,14 @@ PromptType = str | list[int] | dict
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, *, warmup: bool = True, show_progress: bool = True):
+    def __init__(self, config: EngineConfig, *, warmup: bool = True, show_progress: bool = True,
+                 devices: list | None = None):
+        """`devices`: the slice of devices this engine's mesh uses (a data-parallel replica); default: the first
+        tensor_parallel_size devices."""
         self.config = config
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc)
-        self.runner = ModelRunner(config)
+        self.runner = ModelRunner(config, devices=devices)
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
                                                config.cache_config.enable_prefix_caching, mc.max_model_len)

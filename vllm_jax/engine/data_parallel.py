@@ -1,0 +1,110 @@
+"""Data parallelism: N engine replicas, each with its own scheduler, KV cache and slice of devices, behind one
+AsyncLLM-shaped front. Each request goes to the least-loaded replica (fewest requests in flight, ties to the
+lower rank); the Prometheus metrics are shared, so counters add up and gauges sum over replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllm_jax.config import EngineArgs, EngineConfig
+from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.engine.llm_engine import LLMEngine
+from vllm_jax.engine.stats import EngineStats
+from vllm_jax.outputs import RequestOutput
+from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.server.metrics import EngineMetrics
+from vllm_jax.sharding import make_mesh
+
+
+class DataParallelAsyncLLM:
+    def __init__(self, config: EngineConfig, *, max_num_queued_requests: int | None = None, log_stats: bool = True):
+        pc = config.parallel_config
+        mesh = make_mesh(pc.tensor_parallel_size, pc.data_parallel_size)  # checks the device count
+        self._config = config
+        self.replicas = [
+            AsyncLLM(config, max_num_queued_requests=max_num_queued_requests, log_stats=False,
+                     engine_factory=lambda cfg, devices=list(mesh.devices[rank]): LLMEngine(
+                         cfg, show_progress=False, devices=devices))
+            for rank in range(pc.data_parallel_size)]
+        self.metrics: EngineMetrics | None = None
+        if log_stats:
+            self.metrics = EngineMetrics(config.model_config.served_model_name, stats_source=self.get_stats)
+            for replica in self.replicas:
+                replica.metrics = self.metrics
+        self._in_flight = [0] * len(self.replicas)
+        self._served = [0] * len(self.replicas)
+        self._owner: dict[str, int] = {}
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, **kwargs: Any) -> DataParallelAsyncLLM:
+        return cls(args.create_config(), **kwargs)
+
+    def start(self) -> None:
+        for replica in self.replicas:
+            replica.start()
+
+    def wait_until_ready(self, timeout: float | None = None) -> None:
+        for replica in self.replicas:
+            replica.wait_until_ready(timeout)
+
+    @property
+    def ready(self) -> bool:
+        return all(r.ready for r in self.replicas)
+
+    @property
+    def dead(self) -> bool:
+        return any(r.dead for r in self.replicas)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((r.error for r in self.replicas if r.error is not None), None)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.replicas[0].tokenizer
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.replicas[0].vocab_size
+
+    @property
+    def requests_per_replica(self) -> list[int]:
+        """Requests each replica has been given so far (for tests and logs)."""
+        return list(self._served)
+
+    def get_stats(self) -> EngineStats:
+        stats = [r.get_stats() for r in self.replicas]
+        summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)}
+        total = summed["num_blocks_total"] or 1
+        summed["kv_cache_usage"] = sum(s.kv_cache_usage * s.num_blocks_total for s in stats) / total
+        return EngineStats(**summed)
+
+    async def generate(self, prompt, sampling_params: SamplingParams, request_id: str, *, priority: int = 0,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        rank = min(range(len(self.replicas)), key=lambda i: (self._in_flight[i], i))
+        self._in_flight[rank] += 1
+        self._served[rank] += 1
+        self._owner[request_id] = rank
+        try:
+            async for output in self.replicas[rank].generate(prompt, sampling_params, request_id,
+                                                             priority=priority, cache_salt=cache_salt):
+                yield output
+        finally:
+            self._in_flight[rank] -= 1
+            self._owner.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        rank = self._owner.get(request_id)
+        if rank is not None:
+            await self.replicas[rank].abort(request_id)
+
+    async def shutdown(self, timeout: float = 0.0) -> None:
+        await asyncio.gather(*(r.shutdown(timeout) for r in self.replicas))
