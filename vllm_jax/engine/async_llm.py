@@ -28,7 +28,7 @@ from typing import Any
 from vllm_jax.config import EngineArgs, EngineConfig
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
 from vllm_jax.engine.output_processor import child_request_ids
-from vllm_jax.engine.stats import EngineCounters, EngineStats, IterationStats, RequestTimer, StepProbe
+from vllm_jax.engine.stats import EngineCounters, EngineStats, IterationStats, RequestTimer
 from vllm_jax.outputs import CompletionOutput, RequestOutput
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 from vllm_jax.scheduler.request import RequestStatus
@@ -329,7 +329,7 @@ class AsyncLLM:
 
             self._tokenizer = load_tokenizer(self._config.model_config)
             engine = self._engine_factory(self._config)
-            probe, counters = StepProbe(engine), EngineCounters(engine)
+            counters = EngineCounters(engine)
         except BaseException as exc:  # noqa: BLE001 - whatever broke start-up must reach wait_until_ready
             logger.exception("engine start-up failed")
             self._die(exc)
@@ -339,7 +339,7 @@ class AsyncLLM:
         self._running = True
         self._ready_event.set()
         try:
-            self._loop(engine, probe, counters)
+            self._loop(engine, counters)
         except BaseException as exc:  # noqa: BLE001 - a failed step leaves the device state unknown
             logger.exception("engine loop died")
             self._die(exc)
@@ -353,7 +353,7 @@ class AsyncLLM:
             self._inbox.clear()
         self._fail_streams(leftover, EngineShutdownError("the engine shut down"))
 
-    def _loop(self, engine: LLMEngine, probe: StepProbe, counters: EngineCounters) -> None:
+    def _loop(self, engine: LLMEngine, counters: EngineCounters) -> None:
         stuck = False
         while True:
             with self._cv:
@@ -369,7 +369,7 @@ class AsyncLLM:
                 self._stats = counters.snapshot()  # adds and aborts show before the (maybe long) step ends
             stuck = False
             if not stop and self._has_work(engine):
-                outputs = self._step(engine, probe, counters, result)
+                outputs = self._step(engine, counters, result)
                 stuck = result.stats.num_scheduled_tokens == 0 and not outputs and engine.has_unfinished_requests()
                 if stuck:
                     logger.warning("engine step scheduled nothing while %d requests are unfinished",
@@ -426,10 +426,8 @@ class AsyncLLM:
             self._by_child.pop(cid, None)
         result.ended.append(stream)
 
-    def _step(self, engine: LLMEngine, probe: StepProbe, counters: EngineCounters,
-              result: _IterationResult) -> list[RequestOutput]:
+    def _step(self, engine: LLMEngine, counters: EngineCounters, result: _IterationResult) -> list[RequestOutput]:
         it = result.stats
-        probe.begin()
         started = time.monotonic()
         hook = self.fault_hook
         if hook is not None:
@@ -437,14 +435,14 @@ class AsyncLLM:
         outputs = engine.step()
         now = time.monotonic()
         counters.num_steps += 1
-        for sched in probe.scheduled:
-            it.num_scheduled_tokens += sched.total_num_scheduled_tokens
-            for new in sched.scheduled_new_reqs:
-                stream = self._by_child.get(new.req_id)
-                if stream is not None and stream.timer.on_scheduled(started):
-                    result.scheduled.append(stream)
+        record = engine.last_step
+        it.num_scheduled_tokens += record.scheduled.total_num_scheduled_tokens
+        for new in record.scheduled.scheduled_new_reqs:
+            stream = self._by_child.get(new.req_id)
+            if stream is not None and stream.timer.on_scheduled(started):
+                result.scheduled.append(stream)
         new_tokens: dict[_Stream, int] = {}
-        for core in probe.core_outputs:
+        for core in record.core_outputs:
             stream = self._by_child.get(core.req_id)
             if stream is not None and core.new_token_ids:
                 new_tokens[stream] = new_tokens.get(stream, 0) + len(core.new_token_ids)

@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig
@@ -20,12 +21,21 @@ from vllm_jax.model.tokenizer import generation_eos_token_ids, load_tokenizer
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.scheduler.output import EngineCoreOutput, SchedulerOutput
 from vllm_jax.scheduler.request import Request, RequestStatus
 from vllm_jax.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 PromptType = str | list[int] | dict
+
+
+@dataclass
+class StepRecord:
+    """What the latest step scheduled and produced per request (for stats; RequestOutputs lack it)."""
+
+    scheduled: SchedulerOutput
+    core_outputs: list[EngineCoreOutput]
 
 
 class LLMEngine:
@@ -48,6 +58,7 @@ class LLMEngine:
             self.eos_token_id = self.eos_token_id[0] if self.eos_token_id else None
         self.extra_stop_ids = generation_eos_token_ids(mc) - {self.eos_token_id}
         self._seed_rng = random.Random(mc.seed)
+        self.last_step: StepRecord | None = None
         self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
 
     @classmethod
@@ -94,6 +105,7 @@ class LLMEngine:
         sched_out = self.scheduler.schedule()
         runner_out = self.runner.execute(sched_out)
         core_outputs = self.scheduler.update_from_output(sched_out, runner_out)
+        self.last_step = StepRecord(sched_out, core_outputs)
         processed = self.output_processor.process_outputs(core_outputs)
         if processed.reqs_to_abort:
             self.scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)

@@ -19,11 +19,10 @@ All intervals use `time.monotonic()`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vllm_jax.engine.llm_engine import LLMEngine
-    from vllm_jax.scheduler.output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -102,39 +101,6 @@ class RequestTimer:
         queue = None if self.scheduled is None else self.scheduled - self.arrival
         it.finished_requests.append(FinishedRequestStats(reasons, self.num_prompt_tokens,
                                                          self.num_generation_tokens, now - self.arrival, queue))
-
-
-class StepProbe:
-    """Records what `LLMEngine.step()` scheduled and produced, which its return value (RequestOutputs) lacks.
-
-    It shadows the engine's `scheduler.schedule` and `scheduler.update_from_output` with recording wrappers on
-    the scheduler instance; behaviour is unchanged. Call `begin()` before each step and read `scheduled` /
-    `core_outputs` after it.
-    """
-
-    def __init__(self, engine: LLMEngine):
-        scheduler = engine.scheduler
-        self._schedule: Callable[[], SchedulerOutput] = scheduler.schedule
-        self._update: Callable[[SchedulerOutput, ModelRunnerOutput], list[EngineCoreOutput]] = (
-            scheduler.update_from_output)
-        self.scheduled: list[SchedulerOutput] = []
-        self.core_outputs: list[EngineCoreOutput] = []
-        scheduler.schedule = self._record_schedule
-        scheduler.update_from_output = self._record_update
-
-    def begin(self) -> None:
-        self.scheduled = []
-        self.core_outputs = []
-
-    def _record_schedule(self) -> SchedulerOutput:
-        out = self._schedule()
-        self.scheduled.append(out)
-        return out
-
-    def _record_update(self, sched: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        outputs = self._update(sched, runner_out)
-        self.core_outputs.extend(outputs)
-        return outputs
 
 
 class EngineCounters:
