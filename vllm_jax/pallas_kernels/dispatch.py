@@ -1,50 +1,87 @@
 """One entry point for attention and the KV write; the backend is chosen by name or by platform.
 
 The model calls `ragged_paged_attention` / `write_kv_cache` and never knows which implementation runs.
+`auto` picks the platform's kernel (pallas_tpu on TPU, pallas_gpu on GPU, xla on CPU). A Pallas backend named
+explicitly on CPU runs in Pallas interpret mode, so the whole engine can be tested on CPU through a kernel
+(slow: meant for tests with tiny models). Asking for the other accelerator's kernel is an error.
 """
 
 from __future__ import annotations
 
 import jax
 
-from vllm_jax.pallas_kernels import reference
+from vllm_jax.pallas_kernels import gpu_attention, kv_write, reference, tpu_attention
 
 BACKENDS = ("xla", "pallas_tpu", "pallas_gpu")
+_AUTO = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
+_NATIVE = {"pallas_tpu": ("tpu",), "pallas_gpu": ("gpu", "cuda", "rocm")}
 
 
 def resolve_backend(name: str = "auto", platform: str | None = None) -> str:
-    """Map `--attention-backend` to an implementation available on this platform."""
+    """Map `--attention-backend` to an implementation available on `platform` (default: jax's backend)."""
     platform = platform or jax.default_backend()
     if name == "auto":
-        # The Pallas kernels (issue #5) take over on TPU/GPU once they land; until then XLA everywhere.
-        return "xla"
+        return _AUTO.get(platform, "xla")
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}")
-    if name != "xla":
-        raise NotImplementedError(f"attention backend {name!r} is not available yet; use 'xla' or 'auto'")
+    if name != "xla" and platform != "cpu" and platform not in _NATIVE[name]:
+        raise ValueError(f"attention_backend {name!r} does not run on {platform}; use 'auto', 'xla' or "
+                         f"{_AUTO.get(platform, 'xla')!r}")
     return name
+
+
+def _interpret_mode(backend: str, interpret, platform: str | None = None):
+    """What to pass as `interpret=`: False on the kernel's own chip, interpret mode on CPU (or when asked).
+
+    TPU kernels on CPU use the generic interpreter with the Mosaic-path loads, which runs inside the scanned,
+    jitted model step; tests also run them under pltpu.InterpretParams (simulated DMAs and semaphores).
+    """
+    platform = platform or jax.default_backend()
+    if not interpret and platform != "cpu":
+        return False
+    if backend == "pallas_tpu" and interpret not in (False, True):
+        return interpret  # e.g. an InterpretParams instance
+    return True
 
 
 def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
-                           backend: str = "auto", interpret: bool = False,
+                           backend: str = "auto", interpret=False,
                            layer_index: jax.Array | int | None = None) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
     Extension to DESIGN.md's signature: with `layer_index`, `kv_cache_layer` may be the whole
     [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the donated cache.
+    `interpret`: force Pallas interpret mode (True, or a pltpu.InterpretParams for pallas_tpu).
     """
-    del interpret  # only the Pallas backends use it
-    resolve_backend(backend)
-    return reference.ragged_paged_attention_xla(
-        q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs, sm_scale=sm_scale,
-        sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index)
+    backend = resolve_backend(backend)
+    args = (q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs)
+    kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index)
+    if backend == "xla":
+        return reference.ragged_paged_attention_xla(*args, **kwargs)
+    mode = _interpret_mode(backend, interpret)
+    if backend == "pallas_tpu":
+        return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode,
+                                                        head_loads=_tpu_head_loads(kv_cache_layer, mode))
+    return gpu_attention.ragged_paged_attention_gpu(*args, **kwargs, interpret=mode)
 
 
 def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
-                   layer_index: jax.Array | int | None = None, backend: str = "auto") -> jax.Array:
+                   layer_index: jax.Array | int | None = None, backend: str = "auto",
+                   interpret=False) -> jax.Array:
     """Write this step's K/V at `slot_mapping` (K/V interleaved on the head axis); the cache is updated in place
     when donated."""
-    resolve_backend(backend)
-    return reference.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index)
+    backend = resolve_backend(backend)
+    if backend == "xla":
+        return reference.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index)
+    mode = _interpret_mode(backend, interpret)
+    write = kv_write.write_kv_cache_tpu if backend == "pallas_tpu" else kv_write.write_kv_cache_gpu
+    return write(kv_cache, k, v, slot_mapping, layer_index=layer_index, interpret=mode)
+
+
+def _tpu_head_loads(kv_cache: jax.Array, interpret) -> str:
+    """InterpretParams cannot reshape/bitcast refs, so it gets the indexed loads; otherwise the shape rule."""
+    if interpret not in (False, True):
+        return "indexed"
+    return tpu_attention.default_head_loads(kv_cache.shape[-2] // 2, kv_cache.dtype)

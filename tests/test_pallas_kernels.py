@@ -1,0 +1,211 @@
+"""The Pallas kernels against the XLA reference, in interpret mode on CPU.
+
+Each attention case is a randomized ragged batch (decode-only, prefill-only or mixed, with query chunks that
+start and end inside pages, padding tokens and padding sequence slots) over a paged cache with shuffled pages.
+The TPU kernel runs under pltpu.InterpretParams (DMAs happen only at their wait and fresh VMEM is NaN, so a
+missing wait, a wrong double-buffer slot or a read of an unfetched row changes the answer) with the indexed
+head loads, and under the generic interpreter with the Mosaic-path strided/bitcast loads. Small tiles and page
+blocks are forced in some cases so that tiles split sequences and the prefetch crosses page blocks and
+sequences. The GPU kernel runs in the generic interpreter, with several flash-decoding split counts.
+Lowering tests check that the kernels lower to Mosaic / Triton IR (the compile itself needs the chip).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vllm_jax.pallas_kernels import dispatch, gpu_attention, kv_write, reference, tpu_attention
+
+# (id, batch kind, GQA group, head_dim, dtype, sliding window, soft cap, stacked layers, block size)
+CASES = [
+    ("decode_g1_d64_f32", "decode", 1, 64, jnp.float32, None, None, False, 8),
+    ("prefill_g2_d128_f32_window", "prefill", 2, 128, jnp.float32, 5, None, False, 16),
+    ("mixed_g4_d64_bf16_softcap_layers", "mixed", 4, 64, jnp.bfloat16, None, 4.0, True, 8),
+    ("mixed_g8_d128_f32_window_softcap_layers", "mixed", 8, 128, jnp.float32, 9, 20.0, True, 16),
+    ("mixed_g3_d64_bf16_window", "mixed", 3, 64, jnp.bfloat16, 6, None, False, 16),
+    ("decode_g4_d128_bf16_layers", "decode", 4, 128, jnp.bfloat16, None, None, True, 8),
+]
+NUM_KV_HEADS = 2
+
+
+def _lengths(kind: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(query lengths, context lengths) of a random ragged batch of the given kind."""
+    if kind == "decode":
+        return np.ones(6, np.int64), rng.integers(0, 45, 6)
+    if kind == "prefill":
+        return rng.integers(1, 24, 3), np.zeros(3, np.int64)
+    q = np.concatenate([rng.integers(2, 22, 2), [1, 1, 1], rng.integers(2, 22, 1)])
+    ctx = np.concatenate([[0], rng.integers(1, 30, 5)])  # the chunk after a context starts mid-page
+    return q, ctx
+
+
+def make_batch(kind: str, *, group: int, head_dim: int, dtype, block_size: int, layers: int | None,
+               seed: int) -> tuple:
+    """(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, real_tokens) with padding rows."""
+    rng = np.random.default_rng(seed)
+    q_lens, ctx = _lengths(kind, rng)
+    seq_lens = q_lens + ctx
+    n, total = len(q_lens), int(q_lens.sum())
+    pages_needed = -(-seq_lens // block_size)
+    num_blocks = int(pages_needed.sum()) + 4
+    width = int(pages_needed.max()) + 1
+    pages = rng.permutation(np.arange(1, num_blocks))  # block 0 is the null block
+    tables = np.zeros((n + 2, width), np.int32)
+    used = 0
+    for s in range(n):
+        tables[s, :pages_needed[s]] = pages[used:used + pages_needed[s]]
+        used += pages_needed[s]
+    qsl = np.full(n + 3, total, np.int32)
+    qsl[0], qsl[1:n + 1] = 0, np.cumsum(q_lens)
+    lens = np.zeros(n + 2, np.int32)
+    lens[:n] = seq_lens
+    shape = (num_blocks, block_size, 2 * NUM_KV_HEADS, head_dim)
+    kv = rng.standard_normal(((layers,) if layers else ()) + shape)
+    q = rng.standard_normal((total + 5, NUM_KV_HEADS * group, head_dim))
+    return (jnp.asarray(q, dtype), jnp.asarray(kv, dtype), jnp.asarray(tables), jnp.asarray(lens),
+            jnp.asarray(qsl), jnp.asarray([n], jnp.int32), total)
+
+
+def _check(case, run, seed: int) -> None:
+    """Run `run(*batch, **kwargs)` and compare the real rows with the reference; padding rows must be finite."""
+    _, kind, group, head_dim, dtype, window, cap, layered, block_size = case
+    *batch, total = make_batch(kind, group=group, head_dim=head_dim, dtype=dtype, block_size=block_size,
+                               layers=3 if layered else None, seed=seed)
+    kwargs = dict(sm_scale=head_dim ** -0.5, soft_cap=cap,
+                  sliding_window=None if window is None else jnp.int32(window),
+                  layer_index=jnp.int32(1) if layered else None)
+    want = np.asarray(jax.jit(functools.partial(reference.ragged_paged_attention_xla, **kwargs))(*batch), np.float32)
+    got = np.asarray(jax.jit(functools.partial(run, **kwargs))(*batch), np.float32)
+    assert got.shape == want.shape
+    assert np.isfinite(got).all()
+    tol = 2e-5 if dtype == jnp.float32 else 3e-2
+    np.testing.assert_allclose(got[:total], want[:total], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_tpu_kernel_under_tpu_interpreter_matches_reference(case):
+    small = CASES.index(case) % 2 == 0  # force 16-token tiles and 2-page blocks in every other case
+    run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=tpu_attention.interpret_params(),
+                            head_loads="indexed", tq=16 if small else None, pages_per_block=2 if small else None)
+    _check(case, run, seed=CASES.index(case))
+
+
+@pytest.mark.parametrize("case", CASES[2:5], ids=[c[0] for c in CASES[2:5]])
+def test_tpu_kernel_mosaic_strided_kv_loads_match_reference(case):
+    run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=True, head_loads="strided",
+                            tq=16, pages_per_block=2)
+    _check(case, run, seed=10 + CASES.index(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gpu_kernel_matches_reference(case):
+    splits = (None, 1, 3)[CASES.index(case) % 3]  # default rule, no split, uneven split
+    run = functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=splits)
+    _check(case, run, seed=20 + CASES.index(case))
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_dispatch_runs_the_named_kernel_in_interpret_mode_on_cpu(backend, monkeypatch):
+    called = []
+    module = tpu_attention if backend == "pallas_tpu" else gpu_attention
+    name = "ragged_paged_attention_tpu" if backend == "pallas_tpu" else "ragged_paged_attention_gpu"
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: called.append(k["interpret"]) or real(*a, **k))
+    _check(CASES[3], functools.partial(dispatch.ragged_paged_attention, backend=backend), seed=30)
+    assert called == [True]
+
+
+@pytest.mark.parametrize("layered", [False, True], ids=["one_layer", "layer_stack"])
+@pytest.mark.parametrize("write", ["tpu_interpreter", "tpu_generic", "gpu"])
+def test_kv_write_equals_reference_write(write, layered):
+    rng = np.random.default_rng(40)
+    num_kv_heads, head_dim, block_size, num_tokens = 3, 64, 8, 21
+    shape = ((2,) if layered else ()) + (12, block_size, 2 * num_kv_heads, head_dim)
+    cache = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+    real = rng.choice(np.arange(block_size, 12 * block_size), num_tokens - 4, replace=False)
+    slots = jnp.asarray(np.concatenate([real, [0, 1, 2, 3]]), jnp.int32)  # padding tokens -> null block
+    k, v = (jnp.asarray(rng.standard_normal((num_tokens, num_kv_heads, head_dim)), jnp.float32) for _ in "kv")
+    layer = jnp.int32(1) if layered else None
+    fn = {"tpu_interpreter": functools.partial(kv_write.write_kv_cache_tpu,
+                                               interpret=tpu_attention.interpret_params()),
+          "tpu_generic": functools.partial(kv_write.write_kv_cache_tpu, interpret=True),
+          "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write]
+    got = fn(cache, k, v, slots, layer_index=layer)
+    want = reference.write_kv_cache(cache, k, v, slots, layer_index=layer)
+    assert got.shape == cache.shape and got.dtype == cache.dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_kv_write_kernels_alias_the_cache_so_a_donated_cache_is_updated_in_place():
+    for fn in (kv_write.write_kv_cache_tpu, kv_write.write_kv_cache_gpu):
+        cache = jax.ShapeDtypeStruct((2, 8, 8, 4, 64), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((16, 2, 64), jnp.bfloat16)
+        jaxpr = jax.make_jaxpr(functools.partial(fn, layer_index=1))(cache, k, k, jnp.zeros(16, jnp.int32))
+        (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
+        assert eqn.params["input_output_aliases"] == ((3, 0),)
+
+
+def _lower(fn, platform: str, *args, static: dict, **traced) -> str:
+    """StableHLO text of `fn(*args, **traced, **static)` lowered for `platform` (abstract arguments only)."""
+    def call(args, traced):
+        return fn(*args, **traced, **static)
+    return jax.jit(call).trace(args, traced).lower(lowering_platforms=(platform,)).as_text()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernels_lower_to_mosaic_and_triton_for_llama3_8b_heads(dtype):
+    q = jax.ShapeDtypeStruct((64, 32, 128), dtype)
+    cache = jax.ShapeDtypeStruct((2, 32, 16, 16, 128), dtype)
+    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    args = (q, cache, i32((8, 16)), i32((8,)), i32((9,)), i32((1,)))
+    static = dict(sm_scale=0.1, soft_cap=30.0)
+    for fn, platform, marker in ((tpu_attention.ragged_paged_attention_tpu, "tpu", "tpu_custom_call"),
+                                 (gpu_attention.ragged_paged_attention_gpu, "cuda", "triton")):
+        text = _lower(fn, platform, *args, static=static, sliding_window=i32(()), layer_index=i32(()))
+        assert marker in text
+    k = jax.ShapeDtypeStruct((64, 8, 128), dtype)
+    for fn, platform, marker in ((kv_write.write_kv_cache_tpu, "tpu", "tpu_custom_call"),
+                                 (kv_write.write_kv_cache_gpu, "cuda", "triton")):
+        assert marker in _lower(fn, platform, cache, k, k, i32((64,)), static={}, layer_index=i32(()))
+
+
+def test_tpu_block_sizes_follow_the_shapes_not_a_chip_table():
+    tq, pages = tpu_attention.tpu_block_sizes(num_tokens=256, group=4, num_kv_heads=8, head_dim=128, block_size=16,
+                                              kv_dtype=jnp.bfloat16, max_blocks_per_seq=512)
+    assert (tq, pages) == (32, 8)  # 128 query rows; 8 pages of 64 KiB fill a 512 KiB buffer
+    tq, pages = tpu_attention.tpu_block_sizes(num_tokens=256, group=4, num_kv_heads=8, head_dim=128, block_size=32,
+                                              kv_dtype=jnp.float32, max_blocks_per_seq=512)
+    assert (tq, pages) == (32, 2)
+    tq, pages = tpu_attention.tpu_block_sizes(num_tokens=5, group=1, num_kv_heads=1, head_dim=64, block_size=8,
+                                              kv_dtype=jnp.float32, max_blocks_per_seq=3)
+    assert (tq, pages) == (16, 3)  # never past the padded batch or the table width
+    assert tpu_attention.default_head_loads(8, jnp.bfloat16) == "strided"
+    assert tpu_attention.default_head_loads(2, jnp.bfloat16) == "indexed"
+
+
+def test_gpu_splits_kv_for_small_decode_batches_only():
+    _, few = gpu_attention.gpu_block_sizes(num_tokens=16, num_seqs=8, group=4, num_kv_heads=8, table_width=512)
+    _, many = gpu_attention.gpu_block_sizes(num_tokens=8192, num_seqs=256, group=4, num_kv_heads=8,
+                                            table_width=512)
+    assert few > 1 and many == 1
+
+
+def test_auto_backend_picks_the_platform_kernel():
+    assert dispatch.resolve_backend("auto", "tpu") == "pallas_tpu"
+    assert dispatch.resolve_backend("auto", "gpu") == "pallas_gpu"
+    assert dispatch.resolve_backend("auto", "cpu") == "xla"
+    assert dispatch.resolve_backend("pallas_tpu", "cpu") == "pallas_tpu"  # interpret mode
+
+
+def test_unknown_or_foreign_backend_names_are_clear_errors():
+    with pytest.raises(ValueError, match="must be one of"):
+        dispatch.resolve_backend("flash", "cpu")
+    with pytest.raises(ValueError, match="does not run on gpu"):
+        dispatch.resolve_backend("pallas_tpu", "gpu")
+    with pytest.raises(ValueError, match="does not run on tpu"):
+        dispatch.resolve_backend("pallas_gpu", "tpu")
