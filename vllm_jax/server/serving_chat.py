@@ -1,0 +1,125 @@
+"""/v1/chat/completions: the conversation rendered by the chat template, one engine request with n completions.
+
+Streaming follows OpenAI's chunk sequence: first a `{"role": "assistant", "content": ""}` delta per choice,
+then content deltas (the last one of a choice carries its finish_reason), then an optional usage chunk with no
+choices (`stream_options.include_usage`), then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from vllm_jax.outputs import CompletionOutput, RequestOutput
+from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error
+from vllm_jax.server.errors import APIError, bad_request
+from vllm_jax.server.logprobs import chat_logprobs
+from vllm_jax.server.protocol import (AssistantMessage, ChatChoiceLogprobs, ChatCompletionChoice,
+                                      ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+                                      ChatStreamChoice, DeltaMessage, UsageInfo, guess_param)
+from vllm_jax.server.serving import ServingContext
+from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
+
+
+async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
+    model = ctx.model_name(body.model)
+    ctx.require_ready()
+    try:
+        body.check_unsupported()
+    except ValueError as exc:
+        raise bad_request(str(exc), param=guess_param(str(exc))) from exc
+    try:
+        conversation = body.conversation()
+    except ValueError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    prompt_ids = ctx.chat_prompt_ids(conversation, add_generation_prompt=body.add_generation_prompt,
+                                     continue_final_message=body.continue_final_message,
+                                     template_kwargs=body.chat_template_kwargs)
+    params = ctx.sampling_params(body, len(prompt_ids), "messages")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    ctx.log_request(request_id, conversation, params)
+    streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
+                             cache_salt=body.cache_salt)
+    if body.stream:
+        try:
+            await await_or_disconnect(streams.start(), raw)
+        except BaseException:
+            await streams.close()
+            raise
+        return SSEResponse(_stream(ctx, body, streams, request_id, model), on_close=streams.close)
+    try:
+        final = await await_or_disconnect(_final_output(streams), raw)
+    finally:
+        await streams.close()
+    return JSONResponse(_response(ctx, body, final, request_id, model).model_dump())
+
+
+async def _final_output(streams: RequestStreams) -> RequestOutput:
+    await streams.start()
+    final = None
+    try:
+        async for _, out in streams:
+            final = out
+    except Exception as exc:
+        mapped = engine_error(exc, starting=False)
+        if mapped is not None:
+            raise mapped from exc
+        raise
+    if final is None or not final.finished:
+        raise APIError(500, "The engine ended a request without a final output.", code="internal_error")
+    return final
+
+
+def _logprobs(ctx: ServingContext, body: ChatCompletionRequest, out: CompletionOutput) -> ChatChoiceLogprobs | None:
+    if not body.logprobs or out.logprobs is None:
+        return None
+    content = chat_logprobs(out.token_ids, out.logprobs, body.top_logprobs or 0, ctx.engine.tokenizer)
+    return ChatChoiceLogprobs(content=content)
+
+
+def _response(ctx: ServingContext, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
+              model: str) -> ChatCompletionResponse:
+    choices = [ChatCompletionChoice(index=out.index, message=AssistantMessage(content=out.text),
+                                    logprobs=_logprobs(ctx, body, out), finish_reason=out.finish_reason,
+                                    stop_reason=out.stop_reason)
+               for out in sorted(final.outputs, key=lambda o: o.index)]
+    prompt = len(final.prompt_token_ids)
+    completion = sum(len(out.token_ids) for out in final.outputs)
+    usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+
+async def _stream(ctx: ServingContext, body: ChatCompletionRequest, streams: RequestStreams, request_id: str,
+                  model: str) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+        return sse_event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices,
+                                             usage=usage))
+
+    prompt_tokens = completion_tokens = 0
+    try:
+        yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                     for i in range(body.n)])
+        async for _, output in streams:
+            prompt_tokens = len(output.prompt_token_ids)
+            for out in output.outputs:
+                completion_tokens += len(out.token_ids)
+                logprobs = _logprobs(ctx, body, out)
+                if not out.text and out.finish_reason is None and not (logprobs and logprobs.content):
+                    continue
+                yield chunk([ChatStreamChoice(index=out.index, delta=DeltaMessage(content=out.text or None),
+                                              logprobs=logprobs, finish_reason=out.finish_reason,
+                                              stop_reason=out.stop_reason)])
+        if body.include_usage:
+            yield chunk([], UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                      total_tokens=prompt_tokens + completion_tokens))
+    except Exception as exc:  # noqa: BLE001 - the status line is sent: report in-band, as vLLM does
+        yield stream_error_event(exc, request_id)
+    finally:
+        await streams.close()
+    yield SSE_DONE

@@ -1,0 +1,136 @@
+"""/v1/completions: each prompt of the list is one engine request (n completions each), run concurrently.
+
+Choice indices follow OpenAI: prompt i, completion j -> index i * n + j. Usage counts each prompt's tokens once
+and every completion's tokens. `echo` prepends the prompt text (not combined with logprobs).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from vllm_jax.outputs import CompletionOutput, RequestOutput
+from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error
+from vllm_jax.server.errors import APIError, bad_request
+from vllm_jax.server.logprobs import completion_logprobs
+from vllm_jax.server.protocol import (CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse,
+                                      UsageInfo, guess_param)
+from vllm_jax.server.serving import ServingContext
+from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
+
+
+async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
+    model = ctx.model_name(body.model)
+    ctx.require_ready()
+    try:
+        body.check_unsupported()
+    except ValueError as exc:
+        raise bad_request(str(exc), param=guess_param(str(exc))) from exc
+    try:
+        prompts = body.prompts()
+    except ValueError as exc:
+        raise bad_request(str(exc), param="prompt") from exc
+    texts: list[str | None] = []
+    token_ids: list[list[int]] = []
+    for p in prompts:
+        if isinstance(p, str):
+            texts.append(p)
+            token_ids.append(ctx.tokenize(p))
+        else:
+            texts.append(None)
+            token_ids.append(ctx.check_token_ids(p, "prompt"))
+    params = [ctx.sampling_params(body, len(ids), "prompt") for ids in token_ids]
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    engine_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+    for rid, text, ids, p in zip(engine_ids, texts, token_ids, params):
+        ctx.log_request(rid, text if text is not None else ids, p)
+    echoes = [(t if t is not None else ctx.detokenize(ids)) if body.echo else "" for t, ids in zip(texts, token_ids)]
+
+    streams = RequestStreams(ctx.engine, token_ids, params, engine_ids, priority=body.priority,
+                             cache_salt=body.cache_salt)
+    if body.stream:
+        try:
+            await await_or_disconnect(streams.start(), raw)
+        except BaseException:
+            await streams.close()
+            raise
+        return SSEResponse(_stream(ctx, body, streams, request_id, model, echoes), on_close=streams.close)
+    try:
+        finals = await await_or_disconnect(_collect(streams, len(prompts)), raw)
+    finally:
+        await streams.close()
+    return JSONResponse(_response(ctx, body, finals, request_id, model, echoes).model_dump())
+
+
+async def _collect(streams: RequestStreams, count: int) -> list[RequestOutput]:
+    await streams.start()
+    finals: list[RequestOutput | None] = [None] * count
+    try:
+        async for i, out in streams:
+            finals[i] = out
+    except Exception as exc:
+        mapped = engine_error(exc, starting=False)
+        if mapped is not None:
+            raise mapped from exc
+        raise
+    if any(f is None or not f.finished for f in finals):
+        raise APIError(500, "The engine ended a request without a final output.", code="internal_error")
+    return finals  # type: ignore[return-value]
+
+
+def _choice(ctx: ServingContext, body: CompletionRequest, index: int, out: CompletionOutput, prefix: str,
+            offset: int) -> tuple[CompletionChoice, int]:
+    logprobs = None
+    if body.logprobs is not None and out.logprobs is not None:
+        logprobs, offset = completion_logprobs(out.token_ids, out.logprobs, ctx.engine.tokenizer, offset)
+    return CompletionChoice(index=index, text=prefix + out.text, logprobs=logprobs,
+                            finish_reason=out.finish_reason, stop_reason=out.stop_reason), offset
+
+
+def _response(ctx: ServingContext, body: CompletionRequest, finals: list[RequestOutput], request_id: str,
+              model: str, echoes: list[str]) -> CompletionResponse:
+    choices: list[CompletionChoice] = []
+    usage = UsageInfo()
+    for i, final in enumerate(finals):
+        usage.prompt_tokens += len(final.prompt_token_ids)
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            usage.completion_tokens += len(out.token_ids)
+            choices.append(_choice(ctx, body, i * body.n + out.index, out, echoes[i], 0)[0])
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+
+async def _stream(ctx: ServingContext, body: CompletionRequest, streams: RequestStreams, request_id: str,
+                  model: str, echoes: list[str]) -> AsyncIterator[str]:
+    created = int(time.time())
+    num_choices = len(echoes) * body.n
+    offsets = [0] * num_choices
+    echoed = [False] * num_choices
+    prompt_tokens: dict[int, int] = {}
+    completion_tokens = 0
+    try:
+        async for i, output in streams:
+            prompt_tokens[i] = len(output.prompt_token_ids)
+            for out in output.outputs:
+                index = i * body.n + out.index
+                completion_tokens += len(out.token_ids)
+                prefix = "" if echoed[index] else echoes[i]
+                echoed[index] = True
+                choice, offsets[index] = _choice(ctx, body, index, out, prefix, offsets[index])
+                if not choice.text and choice.finish_reason is None and choice.logprobs is None:
+                    continue
+                yield sse_event(CompletionChunk(id=request_id, created=created, model=model, choices=[choice]))
+        if body.include_usage:
+            prompt = sum(prompt_tokens.values())
+            usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion_tokens,
+                              total_tokens=prompt + completion_tokens)
+            yield sse_event(CompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage))
+    except Exception as exc:  # noqa: BLE001 - the status line is sent: report in-band, as vLLM does
+        yield stream_error_event(exc, request_id)
+    finally:
+        await streams.close()
+    yield SSE_DONE
