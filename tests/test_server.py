@@ -238,6 +238,16 @@ def test_completion_logprobs_align_with_tokens_and_offsets(client: openai.OpenAI
         assert logprob <= 0 and top[token] == logprob and 3 <= len(top) <= 4
 
 
+def test_prompt_logprobs_score_every_prompt_token_after_the_first(http: httpx.Client) -> None:
+    prompt = [1, 259, 260, 261]
+    choice = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1}
+                       ).json()["choices"][0]
+    entries = choice["prompt_logprobs"]
+    assert len(entries) == len(prompt) and entries[0] is None
+    for token, entry in zip(prompt[1:], entries[1:]):
+        assert str(token) in entry and entry[str(token)]["logprob"] <= 0
+
+
 def test_same_seed_reproduces_and_another_seed_differs(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
         return client.completions.create(model=MODEL, prompt="dice", max_tokens=12, temperature=1.0, seed=seed,

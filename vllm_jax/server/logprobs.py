@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from vllm_jax.outputs import Logprob
-from vllm_jax.server.protocol import ChatLogprob, CompletionLogProbs, TopLogprob
+from vllm_jax.server.protocol import ChatLogprob, CompletionLogProbs, PromptLogprob, PromptLogprobs, TopLogprob
 
 _MIN_LOGPROB = -9999.0
 
@@ -57,3 +57,12 @@ def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]], top_
         content.append(ChatLogprob(token=text, logprob=_finite(lp.logprob) if lp is not None else _MIN_LOGPROB,
                                    bytes=list(text.encode("utf-8", "replace")), top_logprobs=top))
     return content
+
+
+def prompt_logprobs(entries: list[dict[int, Logprob] | None] | None) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs` field: per prompt position, token id (as a JSON key) -> logprob, rank, text."""
+    if entries is None:
+        return None
+    return [None if step is None else {
+        str(t): PromptLogprob(logprob=_finite(x.logprob), rank=x.rank, decoded_token=x.decoded_token)
+        for t, x in step.items()} for step in entries]

@@ -97,6 +97,8 @@ class _SamplingRequest(OpenAIBaseModel):
             raise ValueError("best_of is not supported (only best_of == n); use n instead.")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true.")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is only supported without stream.")
 
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
         """The engine's SamplingParams for this request; ValueError (a 400) on a bad value or length."""
@@ -281,12 +283,24 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """vLLM's prompt_logprobs entry (per position: token id -> this), None at position 0."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -332,6 +346,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from vllm_jax.outputs import CompletionOutput, RequestOutput
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error
 from vllm_jax.server.errors import APIError, bad_request
-from vllm_jax.server.logprobs import chat_logprobs
+from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (AssistantMessage, ChatChoiceLogprobs, ChatCompletionChoice,
                                       ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                       ChatStreamChoice, DeltaMessage, UsageInfo, guess_param)
@@ -90,7 +90,8 @@ def _response(ctx: ServingContext, body: ChatCompletionRequest, final: RequestOu
     prompt = len(final.prompt_token_ids)
     completion = sum(len(out.token_ids) for out in final.outputs)
     usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
+                                  prompt_logprobs=prompt_logprobs(final.prompt_logprobs))
 
 
 async def _stream(ctx: ServingContext, body: ChatCompletionRequest, streams: RequestStreams, request_id: str,

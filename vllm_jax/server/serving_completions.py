@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from vllm_jax.outputs import CompletionOutput, RequestOutput
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error
 from vllm_jax.server.errors import APIError, bad_request
-from vllm_jax.server.logprobs import completion_logprobs
+from vllm_jax.server.logprobs import completion_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse,
                                       UsageInfo, guess_param)
 from vllm_jax.server.serving import ServingContext
@@ -99,7 +99,9 @@ def _response(ctx: ServingContext, body: CompletionRequest, finals: list[Request
         usage.prompt_tokens += len(final.prompt_token_ids)
         for out in sorted(final.outputs, key=lambda o: o.index):
             usage.completion_tokens += len(out.token_ids)
-            choices.append(_choice(ctx, body, i * body.n + out.index, out, echoes[i], 0)[0])
+            choice = _choice(ctx, body, i * body.n + out.index, out, echoes[i], 0)[0]
+            choice.prompt_logprobs = prompt_logprobs(final.prompt_logprobs)
+            choices.append(choice)
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
     return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
