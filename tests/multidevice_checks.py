@@ -28,9 +28,12 @@ def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
     return [o.outputs[0].token_ids for o in outs], llm
 
 
-def _spec_list(sharding) -> list:
-    """PartitionSpec as a list without trailing None (P(None, 'model') and P(None, 'model', None) are equal)."""
-    parts = list(sharding.spec)
+def _spec_list(value) -> list:
+    """A param's PartitionSpec as a list without trailing None (P(None, 'model') == P(None, 'model', None)).
+    Layers unstacked into per-layer arrays (CPU) report the stacked view: a leading None for the layer axis."""
+    if isinstance(value, tuple):
+        return [None] + _spec_list(value[0]) if _spec_list(value[0]) else []
+    parts = list(value.sharding.spec)
     while parts and parts[-1] is None:
         parts.pop()
     return parts
@@ -41,10 +44,10 @@ def _specs(llm) -> dict[str, list]:
 
     runner = llm.llm_engine.runner
     state = nnx.to_pure_dict(runner.params)
-    specs = {"kv_cache": _spec_list(runner.kv_cache.sharding)}
-    specs["embed_tokens"] = _spec_list(state["embed_tokens"].sharding)
+    specs = {"kv_cache": _spec_list(runner.kv_cache)}
+    specs["embed_tokens"] = _spec_list(state["embed_tokens"])
     for name in ("q_proj", "k_proj", "o_proj", "gate_proj", "down_proj", "input_norm"):
-        specs[name] = _spec_list(state["layers"][name].sharding)
+        specs[name] = _spec_list(state["layers"][name])
     return specs
 
 
@@ -121,7 +124,7 @@ def check_expert_parallel(workdir: Path) -> dict:
         tokens, llm = _greedy(str(model_dir), tensor_parallel_size=4, enable_expert_parallel=True)
         result[f"{arch}_tp4_ep"] = tokens
         experts = nnx.to_pure_dict(llm.llm_engine.runner.params)["layers"]["experts_gate"]
-        result[f"{arch}_ep_spec"] = _spec_list(experts.sharding)
+        result[f"{arch}_ep_spec"] = _spec_list(experts)
     return result
 
 

@@ -76,6 +76,7 @@ class EngineConfig:
     attention_backend: str
     compilation_cache_dir: str | None
     platform: str  # jax.default_backend() at config time: cpu / gpu / tpu
+    scan_layers: bool
 
 
 @dataclass
@@ -107,6 +108,9 @@ class EngineArgs:
     distributed_coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    # Layers as one scan over stacked params (compile time independent of depth) or unrolled over per-layer
+    # arrays (faster on CPU, where a scan copies every layer's weights). None: unroll on CPU, scan elsewhere.
+    scan_layers: bool | None = None
     min_token_bucket: int = 16
     min_seq_bucket: int = 8
 
@@ -191,6 +195,7 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             compilation_cache_dir=self.compilation_cache_dir,
             platform=platform,
+            scan_layers=self.scan_layers if self.scan_layers is not None else not on_cpu,
         )
 
 

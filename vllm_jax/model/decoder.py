@@ -105,9 +105,16 @@ class DecoderLM(nnx.Module):
 
     def _run_layers(self, hidden: jax.Array, kv_cache: jax.Array, cos: jax.Array, sin: jax.Array,
                     inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """All layers, scanned over the stacked params; subclasses with other MLPs override this."""
+        """All layers: a scan over the stacked params, or a Python loop when the runner unstacked them
+        (`unstack_layers`); subclasses with other MLPs override this."""
         spec = self.spec
-        layer_weights = {name: p[...] for name, p in vars(self.layers).items() if isinstance(p, nnx.Param)}
+        layer_weights = layer_param_values(self.layers)
+        if is_unstacked(layer_weights):
+            for i in range(spec.num_layers):
+                w = {name: value[i] for name, value in layer_weights.items()}
+                hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, i,
+                                                  spec.sliding_windows[i], cos, sin, inputs)
+            return hidden, kv_cache
         windows = jnp.asarray(np.array(spec.sliding_windows, dtype=np.int32))
 
         def layer(carry, xs):
@@ -120,6 +127,26 @@ class DecoderLM(nnx.Module):
         (hidden, kv_cache), _ = jax.lax.scan(
             layer, (hidden, kv_cache), (layer_weights, jnp.arange(spec.num_layers, dtype=jnp.int32), windows))
         return hidden, kv_cache
+
+
+def layer_param_values(layers: nnx.Module) -> dict:
+    """name -> stacked array (or tuple of per-layer arrays once unstacked) for every param of `layers`."""
+    return {name: p.get_value() for name, p in vars(layers).items() if isinstance(p, nnx.Param)}
+
+
+def is_unstacked(layer_weights: dict) -> bool:
+    return any(isinstance(value, tuple) for value in layer_weights.values())
+
+
+def unstack_layers(state: nnx.State) -> None:
+    """Replace each stacked layer param [L, ...] in `state` by a tuple of L separate arrays, in place.
+
+    XLA on CPU copies a layer's weights out of the stack at every iteration of a scan (its dot cannot read a
+    slice in place), which costs 2-4x on memory-bound decode; separate arrays let an unrolled loop read them
+    directly. Compile time then grows with depth, so this is for CPU; TPU/GPU keep the scan."""
+    for name, variable in state["layers"].items():
+        value = variable.get_value()
+        variable.set_value(tuple(value[i] for i in range(value.shape[0])))
 
 
 def _decoder_layer(spec: DecoderSpec, backend: str, w: dict, hidden: jax.Array, kv_cache: jax.Array,

@@ -34,7 +34,8 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from vllm_jax.model.decoder import (DecoderLM, StepInputs, _decoder_layer, _dense_mlp, _param, attention_params)
+from vllm_jax.model.decoder import (DecoderLM, StepInputs, _decoder_layer, _dense_mlp, _param, attention_params,
+                                    is_unstacked, layer_param_values)
 from vllm_jax.model.moe_spec import MoeSpec
 
 EXPERT_PARAMS = ("experts_gate", "experts_up", "experts_down")
@@ -150,9 +151,11 @@ class MoeLM(DecoderLM):
         """One scan per run of consecutive same-kind layers (a single scan when every layer is MoE). Each
         iteration indexes the stacked params by its layer's position in its own stack."""
         spec = self.spec
-        params = {name: p[...] for name, p in vars(self.layers).items() if isinstance(p, nnx.Param)}
+        params = layer_param_values(self.layers)
         mlp_names = set(EXPERT_PARAMS) | set(DENSE_MLP_PARAMS) | {"router"}
         attn = {name: value for name, value in params.items() if name not in mlp_names}
+        if is_unstacked(params):
+            return self._run_layers_unrolled(params, attn, hidden, kv_cache, cos, sin, inputs)
         for is_moe, layer_ids, mlp_ids in _layer_runs(spec.moe_layers):
             mlp_params = {name: params[name] for name in (("router",) + EXPERT_PARAMS if is_moe
                                                           else DENSE_MLP_PARAMS)}
@@ -171,6 +174,21 @@ class MoeLM(DecoderLM):
             xs = (jnp.asarray(np.array(layer_ids, np.int32)), jnp.asarray(np.array(mlp_ids, np.int32)),
                   jnp.asarray(windows))
             (hidden, kv_cache), _ = jax.lax.scan(layer, (hidden, kv_cache), xs)
+        return hidden, kv_cache
+
+
+    def _run_layers_unrolled(self, params: dict, attn: dict, hidden: jax.Array, kv_cache: jax.Array,
+                             cos: jax.Array, sin: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """The same layers as a Python loop over per-layer arrays (see decoder.unstack_layers)."""
+        spec = self.spec
+        for is_moe, layer_ids, mlp_ids in _layer_runs(spec.moe_layers):
+            names = ("router",) + EXPERT_PARAMS if is_moe else DENSE_MLP_PARAMS
+            for layer_index, mlp_index in zip(layer_ids, mlp_ids):
+                w = {name: value[layer_index] for name, value in attn.items()}
+                m = {name: params[name][mlp_index] for name in names}
+                mlp = partial(self._moe_mlp, m) if is_moe else partial(_dense_mlp, m)
+                hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, layer_index,
+                                                  spec.sliding_windows[layer_index], cos, sin, inputs, mlp=mlp)
         return hidden, kv_cache
 
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.batch import RowChunk, pack_step_inputs
 from vllm_jax.model.buckets import pick_bucket, power_of_two_buckets, seq_bucket_for
-from vllm_jax.model.decoder import StepInputs
+from vllm_jax.model.decoder import StepInputs, unstack_layers
 from vllm_jax.model.device_step import DeviceStep, StepPayload
 from vllm_jax.model.loader import build_model
 from vllm_jax.model.registry import resolve_architecture
@@ -79,6 +79,8 @@ class ModelRunner:
                             sharding_for=self._param_sharding, model_kwargs=self._expert_parallel_kwargs())
         self.load_seconds = time.perf_counter() - t0
         graphdef, params = nnx.split(model)
+        if not config.scan_layers:
+            unstack_layers(params)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = -(-mc.max_model_len // cc.block_size)
