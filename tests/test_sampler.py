@@ -261,3 +261,12 @@ def test_seed_to_uint32_is_deterministic_and_fits():
     for seed in (2**32, 2**63 + 5, 2**64 - 1, -3):
         assert 0 <= seed_to_uint32(seed) < 2**32 and seed_to_uint32(seed) == seed_to_uint32(seed)
     assert seed_to_uint32(2**32) != seed_to_uint32(2**33)
+
+
+def test_top_k_beyond_the_vocab_or_int32_means_no_top_k():
+    from vllm_jax.model.sampling_metadata import RowSamplingInput, build_sampling_tensors
+    from vllm_jax.sampling_params import SamplingParams
+
+    rows = [RowSamplingInput(SamplingParams(top_k=k), 0, [1], [], 1) for k in (5, 320, 2**40)]
+    tensors, _, _ = build_sampling_tensors(rows, 4, 320)
+    assert tensors.top_k.tolist() == [5, 0, 0, 0]

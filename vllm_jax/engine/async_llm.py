@@ -464,7 +464,7 @@ class AsyncLLM:
         return outputs
 
     def _finish_iteration(self, counters: EngineCounters, result: _IterationResult) -> None:
-        """Publish in the order a client can observe: ids and counts, stats, metrics, then the outputs."""
+        """Publish in the order a client can observe: ids and counts, metrics, stats, then the outputs."""
         counters.take_deltas(result.stats)
         with self._cv:
             for stream in result.scheduled:
@@ -473,9 +473,9 @@ class AsyncLLM:
                     self._num_waiting -= 1
             for stream in result.ended:
                 self._release_locked(stream)
-        self._stats = counters.snapshot()
-        if self.metrics is not None:
+        if self.metrics is not None:  # counters before gauges: a scrape never sees "idle" ahead of the counts
             self.metrics.observe(result.stats)
+        self._stats = counters.snapshot()
         orphans = self._deliver(result.deliveries)
         if orphans:  # their event loop is gone: nobody will read them, so abort them next iteration
             with self._cv:

@@ -4,8 +4,10 @@ Streaming needs the text of each new token, but a token's text depends on its ne
 splits one multi-byte character over several tokens, and SentencePiece-style (Metaspace) decoders drop the
 leading space of the first token only. So every step decodes a short window of context tokens plus the
 new ones and emits the difference to the window's own text; a step whose decode ends in U+FFFD (an
-incomplete UTF-8 character) emits nothing until the character is complete. The window is the tokens since
-the previous emission, so the cost of a step is O(new tokens), not O(generated so far).
+incomplete UTF-8 character, or invalid bytes) emits nothing until a valid character follows or the request
+ends. The window is the tokens since the previous emission, so the cost of a step is O(new tokens), not
+O(generated so far); only a run of invalid bytes grows the window (splitting such a run early can change how
+many U+FFFD a full decode would give, so the exact text wins over the bounded cost there).
 
 Two implementations of that idea sit behind `IncrementalDetokenizer`:
 
@@ -39,9 +41,6 @@ _REPLACEMENT = "\ufffd"
 # start inside a multi-byte character.
 _MIN_PROMPT_CONTEXT = 5
 _MAX_PROMPT_CONTEXT = 24
-# Tokens buffered without emitting text. A UTF-8 character has at most 4 bytes, so more than this means
-# invalid bytes that never complete; emit them (as U+FFFD, like decode) to keep each step O(new tokens).
-_MAX_PENDING = 8
 
 
 def _make_decode(tokenizer: Any, skip_special_tokens: bool,
@@ -93,9 +92,7 @@ class _OffsetDecoder:
         self._ids.extend(token_ids)
         text = self._decode(self._ids[self._prefix:])
         if len(text) <= len(self._prefix_text) or text.endswith(_REPLACEMENT):
-            if len(self._ids) - self._read <= _MAX_PENDING:
-                return ""
-            return self.flush()
+            return ""
         return self._advance(text)
 
     def flush(self) -> str:
@@ -114,7 +111,7 @@ class _OffsetDecoder:
 
 
 class _StreamDecoder:
-    """tokenizers' DecodeStream, plus what it lacks: a flush, a pending cap, and recovery."""
+    """tokenizers' DecodeStream, plus what it lacks: a flush and recovery."""
 
     def __init__(self, backend: Any, skip_special_tokens: bool, decode: Callable[[list[int]], str],
                  context: list[int]):
@@ -153,8 +150,6 @@ class _StreamDecoder:
             if piece is not None:
                 self._context, self._pending = self._pending, []
                 pieces.append(piece)
-            elif len(self._pending) > _MAX_PENDING:
-                pieces.append(self.flush())
         return "".join(pieces)
 
     def flush(self) -> str:

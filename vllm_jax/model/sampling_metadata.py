@@ -62,7 +62,7 @@ def build_sampling_tensors(rows: Sequence[RowSamplingInput], num_rows_padded: in
         params = [r.sampling_params for r in rows]
         temperature[:n] = [p.temperature for p in params]
         top_p[:n] = [p.top_p for p in params]
-        top_k[:n] = [p.top_k for p in params]
+        top_k[:n] = [p.top_k if p.top_k < vocab_size else 0 for p in params]  # k >= vocab keeps every token
         min_p[:n] = [p.min_p for p in params]
         seeds[:n] = [seed_to_uint32(r.seed) for r in rows]
         positions[:n] = [r.position for r in rows]
