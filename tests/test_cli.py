@@ -1,0 +1,28 @@
+"""The `vllm-jax` command line: vLLM's flag names (and short forms) reach EngineArgs; convert writes a restorable
+orbax checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tiny_models import make_tiny_checkpoint
+from vllm_jax.cli import build_parser, engine_args_from_namespace, main
+from vllm_jax.model.source import resolve_model_source
+
+
+def test_parallelism_short_flags_and_optional_bools_reach_engine_args():
+    ns = build_parser().parse_args(["serve", "some/model", "-tp", "2", "-dp", "3", "-ep", "--no-scan-layers",
+                                    "--no-enable-prefix-caching", "--max-num-seqs", "7"])
+    args = engine_args_from_namespace(ns, ns.model)
+    assert (args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel) == (2, 3, True)
+    assert args.scan_layers is False and args.enable_prefix_caching is False and args.max_num_seqs == 7
+    assert engine_args_from_namespace(build_parser().parse_args(["serve"]), None).scan_layers is None
+
+
+def test_convert_writes_an_orbax_checkpoint_that_loads_as_a_model(tmp_path, capsys):
+    make_tiny_checkpoint("qwen3", tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "out")]) == 0
+    assert "converted in" in capsys.readouterr().out
+    assert resolve_model_source(str(tmp_path / "out")).kind == "orbax"
+    with pytest.raises(FileExistsError, match="not empty"):
+        main(["convert", str(tmp_path / "hf"), str(tmp_path / "out")])
