@@ -108,9 +108,10 @@ class EngineArgs:
     distributed_coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
-    # Layers as one scan over stacked params (compile time independent of depth) or unrolled over per-layer
-    # arrays (faster on CPU, where a scan copies every layer's weights). None: unroll on CPU, scan elsewhere.
-    scan_layers: bool | None = None
+    # Layers as one scan over stacked params (compile time independent of depth), or unrolled over per-layer
+    # arrays: on CPU a scan copies each layer's weights out of the stack, so unrolling saves ~12% of a batch-1
+    # decode step there, at ~5x the compile time of each program.
+    scan_layers: bool = True
     min_token_bucket: int = 16
     min_seq_bucket: int = 8
 
@@ -195,7 +196,7 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             compilation_cache_dir=self.compilation_cache_dir,
             platform=platform,
-            scan_layers=self.scan_layers if self.scan_layers is not None else not on_cpu,
+            scan_layers=self.scan_layers,
         )
 
 

@@ -142,8 +142,8 @@ def unstack_layers(state: nnx.State) -> None:
     """Replace each stacked layer param [L, ...] in `state` by a tuple of L separate arrays, in place.
 
     XLA on CPU copies a layer's weights out of the stack at every iteration of a scan (its dot cannot read a
-    slice in place), which costs 2-4x on memory-bound decode; separate arrays let an unrolled loop read them
-    directly. Compile time then grows with depth, so this is for CPU; TPU/GPU keep the scan."""
+    slice in place); separate arrays let an unrolled loop read them directly (--no-scan-layers). Compile time
+    then grows with depth, which is why scanning is the default."""
     for name, variable in state["layers"].items():
         value = variable.get_value()
         variable.set_value(tuple(value[i] for i in range(value.shape[0])))
