@@ -13,28 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
+from tests.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.tiny_models import MOE_ARCHS, VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
-from vllm_jax.model.batch import RowChunk, pack_step_inputs
-from vllm_jax.model.loader import build_model
 from vllm_jax.model.moe import grouped_expert_ffn, route
-from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.source import load_hf_config, resolve_model_source
-
-BLOCK_SIZE = 4
-MAX_BLOCKS = 16
-
-
-def _load(path):
-    source = resolve_model_source(str(path))
-    entry, spec = resolve_architecture(load_hf_config(source))
-    model = build_model(entry, spec, "float32", source)
-    graphdef, params = nnx.split(model)
-    forward = jax.jit(lambda p, kv, x: nnx.merge(graphdef, p)(kv, x), donate_argnums=1)
-    kv = jnp.zeros((spec.num_layers, 64, BLOCK_SIZE, 2 * spec.num_kv_heads, spec.head_dim), jnp.float32)
-    return spec, params, forward, kv
-
 
 def _hf_routing(hf, seq) -> list[np.ndarray]:
     """transformers' top-k expert ids per MoE layer for one sequence."""
@@ -49,38 +31,16 @@ def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
     """Four sequences of different lengths, each split into two chunks over two steps, mixed with a
     decode-sized row: every computed position's logits match transformers within 1e-4."""
     hf = make_tiny_checkpoint(arch, tmp_path)
-    spec, params, forward, kv = _load(tmp_path)
+    spec = load_forward(tmp_path)[0]
     assert spec.architecture == hf.config.architectures[0]
-    rng = np.random.default_rng(1)
-    seqs = [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (5, 23, 2, 14)]
-    splits = [3, 11, 1, 13]
+    seqs = ragged_sequences()
     # the routing really varies: over these 44 tokens every layer uses every expert, in several pairs
     routing = _hf_routing(hf, sum(seqs, []))
     assert len(routing) == sum(spec.moe_layers)
     for ids in routing:
         assert set(ids.ravel().tolist()) == set(range(spec.num_experts))
         assert len({tuple(sorted(row)) for row in ids.tolist()}) >= 4
-    blocks, next_block = [], 1
-    for s in seqs:
-        n = -(-len(s) // BLOCK_SIZE)
-        blocks.append(list(range(next_block, next_block + n)))
-        next_block += n
-
-    def run(rows):
-        inputs = pack_step_inputs(rows, block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS,
-                                  num_tokens_padded=32, num_seqs_padded=8)
-        nonlocal kv
-        kv, logits = forward(params, kv, inputs)
-        return np.asarray(logits)
-
-    first = run([RowChunk(s[:c], 0, b) for s, c, b in zip(seqs, splits, blocks)])
-    second = run([RowChunk(s[c:], c, b) for s, c, b in zip(seqs, splits, blocks)])
-    for i, (seq, cut) in enumerate(zip(seqs, splits)):
-        with torch.no_grad():
-            ref = hf(torch.tensor([seq])).logits[0].numpy()
-        assert np.abs(ref).max() > 0.1, "reference logits too small for a meaningful comparison"
-        np.testing.assert_allclose(first[i], ref[cut - 1], atol=1e-4, rtol=0)
-        np.testing.assert_allclose(second[i], ref[-1], atol=1e-4, rtol=0)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, seqs)
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])

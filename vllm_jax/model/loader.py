@@ -45,7 +45,8 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
         model = make(nnx.Rngs(seed))
         graphdef, state = nnx.split(model)
         pure = nnx.to_pure_dict(state)
-        placed = {path: jax.device_put(value, sharding_for(path, value.shape)) for path, value in _flatten(pure).items()}
+        placed = {path: jax.device_put(value, sharding_for(path, value.shape))
+                  for path, value in _flatten(pure).items()}
         nnx.replace_by_pure_dict(state, _unflatten(placed))
         return nnx.merge(graphdef, state)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_jax.model.spec import DecoderSpec, _sliding_windows, rope_inv_freq
+from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architecture
 
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -38,21 +38,9 @@ class MoeSpec(DecoderSpec):
 
 
 def moe_spec_from_hf_config(config: Any) -> MoeSpec:
-    architectures = list(getattr(config, "architectures", None) or [])
-    arch = next((a for a in architectures if a in MOE_ARCHITECTURES), None)
-    if arch is None:
-        raise ValueError(f"not an MoE architecture: {architectures or '(none given)'}; "
-                         f"supported: {', '.join(MOE_ARCHITECTURES)}")
-    act = getattr(config, "hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
-    n = config.num_hidden_layers
-    num_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
-                         f"num_key_value_heads ({num_kv_heads})")
+    arch = pick_architecture(config, MOE_ARCHITECTURES)
+    common = common_spec_fields(config, arch)
+    n = common["num_layers"]
     if arch == "MixtralForCausalLM":
         num_experts, expert_size = config.num_local_experts, config.intermediate_size
         moe_layers = (True,) * n
@@ -68,14 +56,8 @@ def moe_spec_from_hf_config(config: Any) -> MoeSpec:
     if any(moe_layers) and not 1 <= top_k <= num_experts:
         raise ValueError(f"{arch}: num_experts_per_tok ({top_k}) must be between 1 and the number of experts "
                          f"({num_experts})")
-    inv_freq, scaling = rope_inv_freq(config, head_dim)
     return MoeSpec(
-        architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=expert_size, num_layers=n, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, rms_norm_eps=float(config.rms_norm_eps),
-        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=False, qk_norm=qk_norm,
-        sliding_windows=_sliding_windows(config), inv_freq=tuple(float(x) for x in inv_freq),
-        rope_attention_scaling=scaling, num_experts=num_experts, num_experts_per_tok=top_k,
-        norm_topk_prob=norm_topk, round_router_weights=round_weights, moe_layers=moe_layers,
+        **common, intermediate_size=expert_size, qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=False,
+        qk_norm=qk_norm, num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=norm_topk,
+        round_router_weights=round_weights, moe_layers=moe_layers,
         dense_intermediate_size=0 if all(moe_layers) else config.intermediate_size)

@@ -44,11 +44,29 @@ class DecoderSpec:
 
 
 def spec_from_hf_config(config: Any) -> DecoderSpec:
+    arch = pick_architecture(config, SUPPORTED_ARCHITECTURES)
+    common = common_spec_fields(config, arch)
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    is_qwen2 = arch == "Qwen2ForCausalLM"
+    return DecoderSpec(
+        **common, intermediate_size=config.intermediate_size,
+        qkv_bias=is_qwen2 or attention_bias, o_bias=attention_bias and not is_qwen2,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=arch == "Qwen3ForCausalLM")
+
+
+def pick_architecture(config: Any, supported: tuple[str, ...]) -> str:
+    """The first of the config's `architectures` in `supported`; otherwise an error naming the supported ones."""
     architectures = list(getattr(config, "architectures", None) or [])
-    arch = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
+    arch = next((a for a in architectures if a in supported), None)
     if arch is None:
         raise ValueError(f"unsupported model architecture {architectures or '(none given)'}; "
-                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+                         f"supported: {', '.join(supported)}")
+    return arch
+
+
+def common_spec_fields(config: Any, arch: str) -> dict[str, Any]:
+    """The DecoderSpec fields every Llama-family architecture reads the same way (attention shape, rope,
+    norms, windows), checked once."""
     act = getattr(config, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
@@ -58,16 +76,12 @@ def spec_from_hf_config(config: Any) -> DecoderSpec:
     if num_heads % num_kv_heads:
         raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
                          f"num_key_value_heads ({num_kv_heads})")
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    is_qwen2 = arch == "Qwen2ForCausalLM"
     inv_freq, scaling = rope_inv_freq(config, head_dim)
-    return DecoderSpec(
+    return dict(
         architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, rms_norm_eps=float(config.rms_norm_eps),
+        num_layers=config.num_hidden_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        rms_norm_eps=float(config.rms_norm_eps),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        qkv_bias=is_qwen2 or attention_bias, o_bias=attention_bias and not is_qwen2,
-        mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=arch == "Qwen3ForCausalLM",
         sliding_windows=_sliding_windows(config), inv_freq=tuple(float(x) for x in inv_freq),
         rope_attention_scaling=scaling)
 

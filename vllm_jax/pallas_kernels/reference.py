@@ -58,7 +58,8 @@ def ragged_paged_attention_xla(q: jax.Array, kv_cache: jax.Array, block_tables: 
 
     # Where each query row sits: its sequence, its absolute position, whether it is real.
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq_idx = jnp.clip(jnp.searchsorted(query_start_loc[1:], rows, side="right", method="compare_all"), 0, seq_lens.shape[0] - 1)
+    seq_idx = jnp.searchsorted(query_start_loc[1:], rows, side="right", method="compare_all")
+    seq_idx = jnp.clip(seq_idx, 0, seq_lens.shape[0] - 1)
     valid = rows < query_start_loc[num_seqs]
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     context_lens = jnp.where(jnp.arange(seq_lens.shape[0]) < num_seqs, seq_lens - q_lens, 0)
