@@ -60,3 +60,19 @@ def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]]) 
         assert np.abs(ref).max() > 0.1, "reference logits too small for a meaningful comparison"
         np.testing.assert_allclose(first[i], ref[cut - 1], atol=1e-4, rtol=0)
         np.testing.assert_allclose(second[i], ref[-1], atol=1e-4, rtol=0)
+
+
+def assert_greedy_matches_transformers(hf, path, max_tokens: int = 32) -> None:
+    """Prompts of 7, 30 and 1 tokens through LLM.generate: greedy continuations token-identical to HF's."""
+    from tests.tiny_models import hf_greedy
+    from vllm_jax import SamplingParams
+    from vllm_jax.llm import LLM
+
+    llm = LLM(str(path), max_model_len=128, num_gpu_blocks_override=64, block_size=8, max_num_seqs=8,
+              max_num_batched_tokens=32)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (7, 30, 1)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, max_tokens)
+        assert out.outputs[0].finish_reason == "length"

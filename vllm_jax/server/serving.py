@@ -59,6 +59,17 @@ class ServingContext:
             raise model_not_found(requested)
         return requested
 
+    def admit(self, body: Any) -> str:
+        """The checks every generation route starts with: a served model name, a ready engine, only options we
+        can honor. Returns the model name to report."""
+        model = self.model_name(body.model)
+        self.require_ready()
+        try:
+            body.check_unsupported()
+        except ValueError as exc:
+            raise bad_request(str(exc), param=guess_param(str(exc))) from exc
+        return model
+
     def require_ready(self) -> None:
         """503 while the engine warms up or after it died: the request could not be served."""
         if self.engine.dead:

@@ -20,18 +20,13 @@ from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (AssistantMessage, ChatChoiceLogprobs, ChatCompletionChoice,
                                       ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-                                      ChatStreamChoice, DeltaMessage, UsageInfo, guess_param)
+                                      ChatStreamChoice, DeltaMessage, UsageInfo)
 from vllm_jax.server.serving import ServingContext
 from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
-    model = ctx.model_name(body.model)
-    ctx.require_ready()
-    try:
-        body.check_unsupported()
-    except ValueError as exc:
-        raise bad_request(str(exc), param=guess_param(str(exc))) from exc
+    model = ctx.admit(body)
     try:
         conversation = body.conversation()
     except ValueError as exc:

@@ -18,18 +18,13 @@ from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, 
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import completion_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse,
-                                      UsageInfo, guess_param)
+                                      UsageInfo)
 from vllm_jax.server.serving import ServingContext
 from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
-    model = ctx.model_name(body.model)
-    ctx.require_ready()
-    try:
-        body.check_unsupported()
-    except ValueError as exc:
-        raise bad_request(str(exc), param=guess_param(str(exc))) from exc
+    model = ctx.admit(body)
     try:
         prompts = body.prompts()
     except ValueError as exc:
