@@ -48,6 +48,17 @@ from vllm_jax.sharding import multihost
 logger = logging.getLogger(__name__)
 
 
+def _attention_backend(name: str, tensor_parallel_size: int) -> str:
+    """The Pallas kernels are not wrapped in shard_map yet, and GSPMD cannot split a Pallas call over devices,
+    so with tensor parallelism `auto` means the XLA attention (which GSPMD shards on the head axis)."""
+    if tensor_parallel_size > 1 and name == "auto":
+        logger.info("tensor_parallel_size > 1: using the xla attention backend (Pallas kernels are single-device)")
+        return "xla"
+    if tensor_parallel_size > 1 and name.startswith("pallas"):
+        logger.warning("attention backend %s with tensor_parallel_size > 1 is untested on accelerators", name)
+    return name
+
+
 @dataclass
 class CachedRequestState:
     req_id: str
@@ -75,7 +86,7 @@ class ModelRunner:
         source = None if random_weights else ModelSource(mc.source_kind, mc.path, mc.served_model_name)
         t0 = time.perf_counter()
         model = build_model(self.model_entry, self.spec, mc.dtype, source,
-                            attention_backend=config.attention_backend, seed=mc.seed,
+                            attention_backend=_attention_backend(config.attention_backend, tp), seed=mc.seed,
                             sharding_for=self._param_sharding, model_kwargs=self._expert_parallel_kwargs())
         self.load_seconds = time.perf_counter() - t0
         graphdef, params = nnx.split(model)
