@@ -1,0 +1,177 @@
+"""Side by side with transformers on the same weights, in one run, with the hardware floors measured alongside.
+
+    python benchmarks/compare.py [--workloads A,B,C,D] [--skip-transformers] [--output-json F]
+
+Workloads (the default model, float32, greedy, EOS ignored, fixed seed):
+  A offline        32 prompts of 64-256 random tokens, 64 output tokens each
+  B mixed lengths  64 prompts of 32-512 tokens, max_tokens drawn from 8-256 per request
+  C batch-1        one 128-token prompt, 128 output tokens
+  D shared prefix  a ~1k-token system prompt + 64 short questions, prefix caching on vs off (this engine only)
+transformers runs `generate` at batch 32 with left padding and a static cache (its best configuration here); a
+static batch runs to its longest request, and only the tokens each request asked for are counted.
+Floors, measured in the same run: float32 matmul GFLOP/s at the model's MLP shape, and memory bandwidth (GB/s,
+a large reduction). A/B floor: 2 x params x tokens / GFLOP/s. C floor: (weights + KV read) bytes per token /
+bandwidth. Each workload is reported as output tok/s and as a share of its floor (floor time / actual time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+SEED = 0
+
+
+def workloads(vocab: int) -> dict[str, list[tuple[list[int], int]]]:
+    rng = np.random.default_rng(SEED)
+    ids = lambda n: rng.integers(100, vocab, int(n)).tolist()  # noqa: E731 - skip special ids
+    system = ids(1000)
+    return {
+        "A": [(ids(rng.integers(64, 257)), 64) for _ in range(32)],
+        "B": [(ids(rng.integers(32, 513)), int(rng.integers(8, 257))) for _ in range(64)],
+        "C": [(ids(128), 128)],
+        "D": [(system + ids(rng.integers(8, 33)), 32) for _ in range(64)],
+    }
+
+
+def measure_floors(hidden: int, intermediate: int) -> dict[str, float]:
+    import jax
+    import jax.numpy as jnp
+
+    a, b = jnp.ones((512, hidden), jnp.float32), jnp.ones((hidden, intermediate), jnp.float32)
+    matmul = jax.jit(lambda a, b: a @ b)
+    big = jnp.ones((256 * 2**20 // 4,), jnp.float32)  # 1 GiB, far beyond any cache
+    reduce = jax.jit(lambda x: x.sum())
+    for fn, args in ((matmul, (a, b)), (reduce, (big,))):
+        jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    for _ in range(20):
+        jax.block_until_ready(matmul(a, b))
+    gflops = 20 * 2 * 512 * hidden * intermediate / (time.perf_counter() - t0) / 1e9
+    t0 = time.perf_counter()
+    for _ in range(5):
+        jax.block_until_ready(reduce(big))
+    bandwidth = 5 * big.nbytes / (time.perf_counter() - t0) / 1e9
+    return {"matmul_gflops": gflops, "bandwidth_gbs": bandwidth}
+
+
+def run_engine(requests, **engine_args) -> tuple[float, int, float]:
+    """(seconds, output tokens, warm-up seconds) through LLM.generate."""
+    from vllm_jax import SamplingParams
+    from vllm_jax.llm import LLM
+
+    llm = LLM(**engine_args)
+    prompts = [{"prompt_token_ids": p} for p, _ in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in requests]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    return seconds, sum(len(o.outputs[0].token_ids) for o in outs), llm.llm_engine.warmup_seconds
+
+
+def load_transformers():
+    """transformers' LlamaForCausalLM with the default model's weights, dequantized by our GGUF reader (the same
+    float32 tensors this engine loads)."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vllm_jax.model.gguf_file import iter_gguf_tensors, read_gguf_config
+    from vllm_jax.model.source import default_model_path
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_config(read_gguf_config(path), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in iter_gguf_tensors(path)},
+                                                strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model.eval()
+
+
+def run_transformers(model, requests, batch_size: int = 32) -> tuple[float, int, float]:
+    """(seconds, output tokens counted as requested, first-batch overhead seconds): static batches, left
+    padding, static cache; each batch runs to its longest max_tokens."""
+    import torch
+
+    pad = 0
+    seconds, produced, first = 0.0, 0, None
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start:start + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        steps = max(n for _, n in batch)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                           do_sample=False, pad_token_id=pad, cache_implementation="static")
+        elapsed = time.perf_counter() - t0
+        first = elapsed if first is None else first
+        seconds += elapsed
+        produced += sum(n for _, n in batch)
+    return seconds, produced, first
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="A,B,C,D")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--output-json", default=None)
+    ns = parser.parse_args()
+    chosen = ns.workloads.split(",")
+
+    from vllm_jax import EngineArgs
+    from vllm_jax.model.registry import resolve_architecture
+
+    spec = resolve_architecture(EngineArgs().create_config().model_config.hf_config)[1]
+    params = spec.vocab_size * spec.hidden_size + spec.num_layers * (
+        spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * spec.hidden_size
+        + 3 * spec.hidden_size * spec.intermediate_size)
+    floors = measure_floors(spec.hidden_size, spec.intermediate_size)
+    print(f"floors: {floors['matmul_gflops']:.1f} GFLOP/s (f32 matmul 512x{spec.hidden_size}x"
+          f"{spec.intermediate_size}), {floors['bandwidth_gbs']:.1f} GB/s; {params / 1e6:.0f}M params")
+    loads = workloads(spec.vocab_size)
+    hf_model = None if ns.skip_transformers else load_transformers()
+    rows, results = [], {"floors": floors}
+    for name in chosen:
+        requests = loads[name]
+        tokens = sum(len(p) + n for p, n in requests)
+        args = dict(max_model_len=2048, enable_prefix_caching=name == "D")
+        ours_s, ours_out, warm = run_engine(requests, **args)
+        entry = {"ours_tok_s": ours_out / ours_s, "ours_warmup_s": warm}
+        if name == "C":
+            kv_bytes = 2 * spec.num_layers * spec.kv_size * 4 * (len(requests[0][0]) + requests[0][1] / 2)
+            floor_s = ours_out * (params * 4 + kv_bytes) / (floors["bandwidth_gbs"] * 1e9)
+        else:
+            floor_s = 2 * params * tokens / (floors["matmul_gflops"] * 1e9)
+        entry["ours_share_of_floor"] = floor_s / ours_s
+        if name == "D":
+            off_s, off_out, _ = run_engine(requests, max_model_len=2048, enable_prefix_caching=False)
+            entry["prefix_caching_speedup"] = (ours_out / ours_s) / (off_out / off_s)
+        elif hf_model is not None:
+            hf_s, hf_out, hf_first = run_transformers(hf_model, requests)
+            entry.update(hf_tok_s=hf_out / hf_s, ratio=(ours_out / ours_s) / (hf_out / hf_s),
+                         hf_first_batch_s=hf_first)
+        results[name] = entry
+        rows.append((name, entry))
+        print(name, json.dumps({k: round(v, 3) for k, v in entry.items()}), flush=True)
+    print("\n| workload | ours tok/s | share of floor | transformers tok/s | ratio | warm-up s |")
+    print("|---|---|---|---|---|---|")
+    for name, e in rows:
+        hf = f"{e['hf_tok_s']:.1f}" if "hf_tok_s" in e else "-"
+        ratio = f"{e['ratio']:.2f}x" if "ratio" in e else (
+            f"prefix caching {e['prefix_caching_speedup']:.2f}x" if "prefix_caching_speedup" in e else "-")
+        print(f"| {name} | {e['ours_tok_s']:.1f} | {100 * e['ours_share_of_floor']:.0f}% | {hf} | {ratio} | "
+              f"{e['ours_warmup_s']:.1f} |")
+    if ns.output_json:
+        with open(ns.output_json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
