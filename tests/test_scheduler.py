@@ -419,3 +419,86 @@ def test_random_workload_drains_with_every_block_free(seed, num_blocks, budget, 
 def test_last_token_that_is_eos_at_max_tokens_reports_length_like_vllm():
     produced, final = _run_one(token_seq=(5, EOS), max_tokens=2)
     assert produced == [5, EOS] and final.finish_reason == "length"
+
+
+# ---- anti-thrashing: a resumed request is not preempted again before it makes progress ---------------------
+
+
+def _watch_preemptions(sched):
+    """Record (request id, awaiting_progress) for every preemption the scheduler makes."""
+    events = []
+    preempt = sched._preempt
+
+    def watched(request):
+        events.append((request.request_id, request.awaiting_progress))
+        preempt(request)
+
+    sched._preempt = watched
+    return events
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_resumed_request_is_not_preempted_again_before_it_samples(policy):
+    # 4 usable blocks, budget 8: b is preempted, resumes with a 7-token recompute chunk (no sample yet), then a
+    # needs a block. Without the rule b (last running; lowest priority) would be preempted again for nothing.
+    sched = make_scheduler(num_blocks=5, budget=8, caching=False, policy=policy)
+    sched.add_request(make_request("a", 4, max_tokens=8, priority=0))
+    sched.add_request(make_request("b", 7, max_tokens=8, priority=1))
+    runner = FakeRunner(sched)
+    for _ in range(3):
+        step(sched, runner)
+    out, _ = step(sched, runner)
+    assert out.preempted_req_ids == {"b"}
+    out, _ = step(sched, runner)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 7} and sched.requests["b"].awaiting_progress
+    out, outputs = step(sched, runner)
+    assert out.preempted_req_ids == {"a"}
+    assert out.num_scheduled_tokens == {"b": 2}  # the step goes on after a gave way: b finishes its recompute
+    assert [o.req_id for o in outputs] == ["b"] and not sched.requests["b"].awaiting_progress
+    outputs = drain(sched, runner)
+    assert {o.req_id for o in outputs if o.finish_reason == "length"} == {"a", "b"}
+    assert sched.num_preemptions_without_progress == 0
+    assert sched.kv_cache_manager.num_free_blocks == 4
+
+
+@pytest.mark.parametrize("policy, victim", [("fcfs", "b"), ("priority", "a")])
+def test_when_every_running_request_awaits_progress_the_policy_victim_is_preempted_anyway(policy, victim):
+    sched = make_scheduler(num_blocks=5, budget=32, caching=False, policy=policy)  # 4 usable blocks
+    sched.add_request(make_request("a", 8, max_tokens=8, priority=1))
+    sched.add_request(make_request("b", 8, max_tokens=8, priority=0))
+    runner = FakeRunner(sched)
+    step(sched, runner)  # both prefilled into 2 blocks each, none free
+    for request in sched.running:  # as if both had just been resumed
+        request.num_output_tokens_at_resume = request.num_output_tokens
+    out, _ = step(sched, runner)  # a needs a third block: no candidate has progressed, so no deadlock either
+    assert out.preempted_req_ids == {victim}
+    assert sched.num_preemptions_without_progress == 1
+    outputs = drain(sched, runner)
+    assert {o.req_id for o in outputs if o.finish_reason == "length"} == {"a", "b"}
+    assert sched.kv_cache_manager.num_free_blocks == 4
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("chunking", [True, False])
+def test_kv_starved_workload_never_preempts_a_request_twice_without_progress(policy, chunking):
+    total_preemptions = 0
+    for seed in range(5):
+        rng = random.Random(seed)
+        sched = make_scheduler(num_blocks=12, max_num_seqs=6, budget=16, max_model_len=48, chunking=chunking,
+                               policy=policy, caching=False)
+        events = _watch_preemptions(sched)
+        runner = FakeRunner(sched)
+        max_tokens = {}
+        for i in range(12):
+            max_tokens[f"r{i}"] = rng.randrange(8, 24)
+            sched.add_request(make_request(f"r{i}", rng.randrange(4, 16), priority=rng.randrange(3),
+                                           max_tokens=max_tokens[f"r{i}"]))
+        produced = dict.fromkeys(max_tokens, 0)
+        for output in drain(sched, runner):
+            produced[output.req_id] += len(output.new_token_ids)
+        assert produced == max_tokens  # everything ran to completion
+        assert [e for e in events if e[1]] == [], f"seed {seed}: preempted again before progress"
+        assert sched.num_preemptions_without_progress == 0
+        assert sched.kv_cache_manager.num_free_blocks == 11
+        total_preemptions += len(events)
+    assert total_preemptions >= 20  # the cache really was starved

@@ -61,6 +61,9 @@ class Request:
     stop_reason: int | str | None = field(default=None, init=False)
     num_preemptions: int = field(default=0, init=False)
     num_cached_tokens: int = field(default=-1, init=False)  # prefix-cache hit at first scheduling; -1 before
+    # Output tokens the request had when it was last resumed after a preemption (None: never resumed). Until it
+    # samples one more, the scheduler avoids preempting it again (see Scheduler._pick_victim).
+    num_output_tokens_at_resume: int | None = field(default=None, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 
@@ -96,6 +99,13 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def awaiting_progress(self) -> bool:
+        """Resumed after a preemption and not one new output token since: preempting it now would waste its
+        recompute entirely (thrashing)."""
+        return self.num_output_tokens_at_resume is not None and \
+            self.num_output_tokens <= self.num_output_tokens_at_resume
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):

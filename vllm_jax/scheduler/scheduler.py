@@ -5,6 +5,12 @@ or 1 when decoding). RUNNING requests are served first, in order; when the KV ca
 running request's next tokens, a victim is preempted (by recompute: blocks freed, progress reset) and
 the allocation retried. WAITING requests are admitted only in steps without preemption, so a step
 never frees a victim's blocks just to hand them to a newcomer.
+
+Anti-thrashing: a request resumed after a preemption is not chosen as a victim again until it has sampled a new
+output token (`Request.awaiting_progress`): the victim is the policy's choice (fcfs: the last running request,
+priority: the lowest priority, then the latest arrival) among the running requests that do not await progress.
+Only when every running request awaits progress does the policy choose among all of them, so a step can always
+make room or give up its own request; such a forced choice is counted in `num_preemptions_without_progress`.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the last schedule()
         self.num_preemptions_total = 0
+        self.num_preemptions_without_progress = 0  # victims that had not progressed since resuming (forced)
 
     # ---- admission and bookkeeping ------------------------------------------------------------------
 
@@ -157,8 +164,8 @@ class Scheduler:
                 preempted.append(victim)
                 if victim is request:
                     break
-            if blocks is None:
-                break
+            if blocks is None:  # it gave way itself; those after it (now from index i on) may still fit
+                continue
             scheduled_running.append(request)
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = blocks
@@ -181,6 +188,8 @@ class Scheduler:
                 if blocks is None:
                     break
                 self.waiting.remove(request)
+                if request.status == RequestStatus.PREEMPTED:
+                    request.num_output_tokens_at_resume = request.num_output_tokens
                 self.running.append(request)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit
@@ -211,9 +220,12 @@ class Scheduler:
         return output
 
     def _pick_victim(self) -> Request:
+        """The policy's victim among running requests that progressed since they last resumed (all of them, if
+        none did: never a deadlock)."""
+        candidates = [r for r in self.running if not r.awaiting_progress] or self.running
         if self.config.policy == "priority":
-            return max(self.running, key=_priority_key)
-        return self.running[-1]
+            return max(candidates, key=_priority_key)
+        return candidates[-1]
 
     def _peek_waiting(self) -> Request:
         if self.config.policy == "priority":
@@ -222,6 +234,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: free everything, restart from token 0 (prefix cache may help)."""
+        if request.awaiting_progress:
+            self.num_preemptions_without_progress += 1
         self.kv_cache_manager.free(request)  # before resetting num_computed_tokens (see free())
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
