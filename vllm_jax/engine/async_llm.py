@@ -40,7 +40,13 @@ _STUCK_BACKOFF_S = 0.05  # wait between steps that schedule nothing while reques
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop died (or never started); the message names the original error."""
+    """The engine loop died (or never started); the message names the original error.
+
+    `in_flight` is True when the engine had accepted the request and then died under it (a server failure: HTTP
+    500), False when the request was refused because the engine was already dead (unavailable: HTTP 503).
+    """
+
+    in_flight: bool = False
 
 
 class EngineShutdownError(EngineDeadError):
@@ -177,6 +183,13 @@ class AsyncLLM:
         if self._engine is not None:
             return self._engine.vocab_size
         return int(self._config.model_config.hf_config.vocab_size)
+
+    @property
+    def num_compilations(self) -> int:
+        """XLA programs the engine's runner has compiled so far (0 before start-up); warm-up compiles every one a
+        workload can need, so this stays put while serving."""
+        engine = self._engine
+        return engine.runner.num_compilations if engine is not None else 0
 
     def get_stats(self) -> EngineStats:
         """The latest engine snapshot; requests submitted but not yet seen by the engine count as waiting."""
@@ -523,6 +536,8 @@ class AsyncLLM:
             self._inbox.clear()
             self._num_pending_adds = 0
             self._cv.notify_all()
+        # Every request was failed: none runs or waits any more (the gauges must not freeze at their last values).
+        self._stats = dataclasses.replace(self._stats, num_requests_running=0, num_requests_waiting=0)
         self._ready_event.set()
         self._fail_streams(streams, None)
 
@@ -531,6 +546,7 @@ class AsyncLLM:
         items = []
         for stream in streams:
             err = self._dead_error() if error is None else type(error)(str(error))
+            err.in_flight = error is None
             items.append((stream, err))
         self._deliver(items)
 

@@ -35,10 +35,13 @@ def engine_error(exc: BaseException, *, starting: bool) -> APIError | None:
     """The HTTP error for an exception from the engine, or None when it is a server bug (answered with 500).
 
     A ValueError or TypeError on the first iteration is the engine rejecting the input (400); later, it can only
-    be a failure inside the engine.
+    be a failure inside the engine. An engine that dies under an accepted request fails it with 500; one that was
+    already dead refuses new requests with 503.
     """
     if isinstance(exc, QueueFullError):
         return unavailable(f"The server is overloaded: {exc}. Retry later.", code="queue_full")
+    if isinstance(exc, EngineDeadError) and exc.in_flight:
+        return APIError(500, f"The engine failed while serving this request: {exc}", code="engine_dead")
     if isinstance(exc, EngineDeadError):
         return unavailable(f"The engine is not running: {exc}", code="engine_dead")
     if starting and isinstance(exc, (ValueError, TypeError)):

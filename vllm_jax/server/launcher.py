@@ -2,9 +2,13 @@
 
 Order matters for users and load balancers: uvicorn listens at once, so /health answers 503 while the engine
 loads and compiles; the engine starts in its background thread; the URL is printed only when the engine is
-ready. If the engine fails to start, the server stops and `serve()` returns 1. On SIGINT/SIGTERM uvicorn stops
-accepting, lets in-flight requests finish for up to `shutdown_timeout` seconds, then cancels them (which
-aborts their engine requests), and the engine is shut down last.
+ready. If the engine fails to start, the server stops and `serve()` returns 1.
+
+On SIGINT/SIGTERM (or `request_exit()`) the server drains: uvicorn closes the listening socket (new connections are
+refused) and the engine stops accepting requests (503 on connections still open), lets the in-flight ones finish
+for up to `shutdown_timeout` seconds, then ends the rest with finish_reason "abort" — a last chunk and [DONE] for a
+stream, a normal body for the others — so no response is cut off. uvicorn waits for those responses a little
+longer (`_FLUSH_GRACE_S`) before it cancels what is left; then the process exits with code 0.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm_jax.server")
 
+# Past --shutdown-timeout, how long uvicorn still waits for the responses the engine ended with "abort" to be sent.
+_FLUSH_GRACE_S = 2.0
+
 
 class _Server(uvicorn.Server):
     """uvicorn's server, except that a handled SIGTERM/SIGINT ends in a clean return (exit code 0).
@@ -34,11 +41,26 @@ class _Server(uvicorn.Server):
     down (SIGTERM) or end in a KeyboardInterrupt traceback (Ctrl-C). A second Ctrl-C still forces the exit.
     """
 
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, drain_timeout: float):
+        super().__init__(config)
+        self.engine, self.drain_timeout = engine, drain_timeout
+        self._drain: asyncio.Future | None = None
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         else:
             self.should_exit = True
+
+    def drain_engine(self) -> asyncio.Future:
+        """Start (once) the engine's shutdown: finish in-flight requests for up to drain_timeout s, abort the rest."""
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self.engine.shutdown(timeout=self.drain_timeout))
+        return self._drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.drain_engine()  # runs while uvicorn waits for the open connections
+        await super().shutdown(sockets)
 
 
 class HttpServer:
@@ -48,11 +70,11 @@ class HttpServer:
                  shutdown_timeout: float = 0.0, log_level: str = "info", access_log: bool = True,
                  on_ready: Callable[[str], None] | None = None):
         self.engine, self.host, self.shutdown_timeout, self.on_ready = engine, host, shutdown_timeout, on_ready
-        # uvicorn treats a grace of 0 as "already late" and logs an error on every stop; a few ms let idle
-        # keep-alive connections close first.
+        # uvicorn's grace outlasts the engine's drain, so the responses it ended with "abort" still go out.
         self.config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                                     timeout_graceful_shutdown=max(shutdown_timeout, 0.05), log_config=None)
-        self.server = _Server(self.config)
+                                     timeout_graceful_shutdown=max(shutdown_timeout, 0.0) + _FLUSH_GRACE_S,
+                                     log_config=None)
+        self.server = _Server(self.config, engine, shutdown_timeout)
         self.port = port
         self.start_failed = False
 
@@ -71,7 +93,7 @@ class HttpServer:
             await self.server.serve(sockets=[sock] if sock is not None else None)
         finally:
             try:
-                await self.engine.shutdown(timeout=self.shutdown_timeout)
+                await self.server.drain_engine()
             except Exception:  # noqa: BLE001 - shutting down: report, do not mask the exit
                 logger.exception("engine shutdown failed")
         return 1 if self.start_failed else 0
