@@ -56,7 +56,7 @@ ENGINE_FLAG_HELP = {
     "distributed_coordinator": "host:port of the jax.distributed coordinator (multi-host runs)",
     "num_processes": "number of host processes in a multi-host run",
     "process_id": "this host's index in a multi-host run",
-    "scan_layers": "run the layers as one scan over stacked weights, or unrolled (--no-scan-layers: on CPU ~12% "
+    "scan_layers": "run the layers as one scan over stacked weights, or unrolled (--no-scan-layers: on CPU ~12%% "
                    "faster batch-1 decode, ~5x longer compiles)",
     "min_token_bucket": "smallest token bucket compiled (tokens per step are padded up to a bucket)",
     "min_seq_bucket": "smallest sequence bucket compiled",
@@ -161,7 +161,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-queued-requests", type=int, default=None,
                        help="answer 503 at once when this many requests are already waiting (default: no limit)")
     group.add_argument("--max-request-bytes", type=int, default=None,
-                       help="answer 413 to request bodies larger than this (default: no limit)")
+                       help="answer 413 to request bodies larger than this (default: 16 MiB)")
     group.add_argument("--shutdown-timeout", type=float, default=0.0,
                        help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them")
     group.add_argument("--disable-log-stats", action="store_true",

@@ -18,10 +18,10 @@ from fastapi.responses import Response
 import vllm_jax
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.server.errors import APIError, error_response, install_error_handlers
-from vllm_jax.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
-from vllm_jax.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest,
-                                      TokenizeResponse)
+from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKeyMiddleware, BodyLimitMiddleware
+from vllm_jax.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                      CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
+                                      ModelCard, ModelList, TokenizeRequest, TokenizeResponse, json_or_sse)
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
@@ -43,8 +43,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
     app.state.serving = ctx
     install_error_handlers(app)
     # The last one added runs first: the key is checked before the body is read.
-    if max_request_bytes is not None:
-        app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     _add_generation_routes(app, ctx)
@@ -53,12 +52,12 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
 
 
 def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/v1/completions", responses=_ERRORS)
+    @app.post("/v1/completions", responses={**_ERRORS, **json_or_sse(CompletionResponse)})
     async def completions(body: CompletionRequest, raw: Request) -> Response:
         """OpenAI completions (text or token-id prompts, a list of them, streaming or not)."""
         return await create_completion(ctx, body, raw)
 
-    @app.post("/v1/chat/completions", responses=_ERRORS)
+    @app.post("/v1/chat/completions", responses={**_ERRORS, **json_or_sse(ChatCompletionResponse)})
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         """OpenAI chat completions, rendered with the model's (or --chat-template's) chat template."""
         return await create_chat_completion(ctx, body, raw)
@@ -72,7 +71,7 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
             raise APIError(400, "Send exactly one of `prompt` and `messages`.", param="prompt")
         if body.prompt is not None:
             special = True if body.add_special_tokens is None else body.add_special_tokens
-            ids = ctx.tokenize(body.prompt, add_special_tokens=special)
+            ids = await ctx.tokenize(body.prompt, add_special_tokens=special)
         else:
             try:
                 conversation = [{"role": m.role, "content": m.text()} for m in body.messages or []]
@@ -83,7 +82,7 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
             text = ctx.render_chat(conversation, add_generation_prompt=body.add_generation_prompt,
                                    continue_final_message=body.continue_final_message,
                                    template_kwargs=body.chat_template_kwargs)
-            ids = ctx.tokenize(text, add_special_tokens=bool(body.add_special_tokens), param="messages")
+            ids = await ctx.tokenize(text, add_special_tokens=bool(body.add_special_tokens), param="messages")
         strs = ctx.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)
 

@@ -3,7 +3,9 @@
 Handlers turn each failure into that body with the right status: `APIError` (raised by our own checks),
 FastAPI's validation errors and malformed JSON (400, where FastAPI would say 422), Starlette's HTTP errors
 (unknown route, wrong method) and, as a last resort, any other exception (500, logged with its traceback, the
-message kept generic so that internals do not leak). Bad input must never reach that last handler.
+message kept generic so that internals do not leak). Bad input must never reach that last handler: messages that
+echo the input (a model name, a dict key) are made encodable first, since JSON can carry lone surrogates that
+UTF-8 cannot. The OpenAPI schema documents these 400s instead of FastAPI's 422, which the server never sends.
 """
 
 from __future__ import annotations
@@ -50,11 +52,21 @@ def unavailable(message: str, code: str) -> APIError:
     return APIError(503, message, code=code)
 
 
+def encodable(text: str) -> str:
+    """`text` with lone surrogates (from JSON escapes like \\ud800) spelled out, so that it encodes as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(status: int, message: str, *, type: str | None = None, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     """The JSON body for an error (also used inside SSE streams, where the status line is already sent)."""
     kind = type or _TYPES.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": encodable(message), "type": kind,
+                      "param": None if param is None else encodable(param), "code": code}}
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -69,6 +81,7 @@ _UNION_HINTS = {
     "stop": "must be a string or a list of strings",
     "content": "must be a string or a list of content parts",
 }
+_NOT_AN_OBJECT = ("the request body must be a JSON object, sent with 'Content-Type: application/json'")
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -81,10 +94,15 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         loc = [x for x in loc if not (x.startswith(("list[", "function-")) or x in ("str", "int", "float"))]
         where = ".".join(loc)
         if err.get("type") in ("json_invalid", "json_type"):
-            parts.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
+            at = [x for x in err.get("loc", ()) if isinstance(x, int)]
+            position = f" (at character {at[0]})" if at else ""
+            parts.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}{position}")
             continue
         if err.get("type") == "missing" and not where:
             parts.append("the request body is missing; send a JSON object")
+            continue
+        if not where and err.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+            parts.append(_NOT_AN_OBJECT)
             continue
         param = param or (loc[0] if loc else None)
         hinted = next((i for i, x in enumerate(loc) if x in _UNION_HINTS), None)
@@ -119,8 +137,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if status == 404 and message == "Not Found":
             message = "Not found: this route does not exist (see /docs for the API)."
         elif status == 400 and "parsing the body" in message:
-            message = "The request body could not be parsed; send a UTF-8 JSON object."
+            message = _unparsable_body_message(exc.__cause__)
         return error_response(APIError(status, message))
+
+    app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -128,3 +148,31 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.error("internal error while serving %s %s: %r", request.method, request.url.path, exc)
         return error_response(APIError(500, f"Internal server error ({type(exc).__name__}); see the server log.",
                                        code="internal_error"))
+
+
+def _unparsable_body_message(cause: BaseException | None) -> str:
+    """Why FastAPI could not read the body (it wraps every reason in one generic HTTP 400)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"The request body is not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} at position "
+                f"{cause.start}); send a UTF-8 JSON object.")
+    if isinstance(cause, RecursionError):
+        return "The request body's JSON is nested too deeply to parse."
+    return "The request body could not be parsed; send a UTF-8 JSON object."
+
+
+def _openapi_without_422(app: FastAPI) -> Any:
+    """FastAPI documents a 422 for every route with a body; this server answers schema violations with 400."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi

@@ -3,7 +3,9 @@ streaming responses and hide client disconnects from the endpoints).
 
 - `ApiKeyMiddleware`: with `--api-key`, every route but the open ones (health, metrics, version, the API docs)
   needs `Authorization: Bearer <key>`; the key is compared in constant time.
-- `BodyLimitMiddleware`: with `--max-request-bytes`, a larger body is answered with 413 before any parsing.
+- `BodyLimitMiddleware`: a body larger than `--max-request-bytes` (default DEFAULT_MAX_REQUEST_BYTES, 16 MiB:
+  far more than any prompt that fits a context, far less than what would hurt the host) is answered with 413
+  before any parsing.
   The body is read in full (up to a cap) first, so that the client, still uploading, reads the 413 instead of
   a reset connection; beyond the cap the connection is simply closed after the 413.
 """
@@ -19,6 +21,7 @@ from vllm_jax.server.errors import APIError, error_response
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/docs", "/docs/oauth2-redirect", "/redoc",
                         "/openapi.json"})
 _DRAIN_CAP_BYTES = 64 << 20
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20
 
 
 class ApiKeyMiddleware:

@@ -2,9 +2,15 @@
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...), ignore
 fields they do not know (clients send extras), and reject what they cannot honor with a 400 rather than
-silently doing something else (tools, suffix, best_of != n, a structured response_format). Types and coarse
-ranges are checked here; `to_sampling_params` builds the engine's `SamplingParams`, whose own validation
-names the field, and checks the prompt + max_tokens against the context length with vLLM's message.
+silently doing something else (tools, suffix, best_of != n, a structured response_format). Types are strict, as
+OpenAI's are: `"max_tokens": "10"`, `"stream": "yes"` or `"n": true` is a 400, not a silent conversion (a JSON
+integer is still a valid float). Coarse ranges and the per-request limits below are checked here;
+`to_sampling_params` builds the engine's `SamplingParams`, whose own validation names the field, and checks the
+prompt + max_tokens against the context length with vLLM's message.
+
+Limits that bound what one request can cost (each a 400 naming the field): `n` <= MAX_N, a prompt list of at most
+MAX_PROMPTS prompts, at most MAX_STOP_STRINGS stop strings of at most MAX_STOP_CHARS characters each, at most
+MAX_BAD_WORDS bad words of at most MAX_STOP_CHARS characters each.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_serializer
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 
 MAX_N = 128  # completions per request: bounds the fan-out a single request can ask for
+MAX_PROMPTS = 1024  # prompts in one completions request (each is one engine request)
+MAX_STOP_STRINGS = 64  # OpenAI allows 4; every stop string is searched for after every step
+MAX_STOP_CHARS = 1024  # per stop string and per bad word
+MAX_BAD_WORDS = 1024
 _INT32_MAX = 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -26,6 +36,32 @@ TokenIds = list[StrictInt]
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class OpenAIRequestModel(OpenAIBaseModel):
+    """Request bodies: unknown fields ignored, known ones strictly typed (no "10" for 10, no 1 for true)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+def _check_texts(name: str, values: list[str], *, max_count: int, max_chars: int) -> None:
+    """At most `max_count` non-huge strings, each valid Unicode (JSON's \\ud800 escapes are not)."""
+    if len(values) > max_count:
+        raise ValueError(f"{name} has {len(values)} entries; at most {max_count} are allowed.")
+    for value in values:
+        if len(value) > max_chars:
+            raise ValueError(f"{name} entries may have at most {max_chars} characters; got one of {len(value)}.")
+        if not is_valid_unicode(value):
+            raise ValueError(f"{name} is not valid Unicode text (it contains unpaired surrogates).")
+
+
+def is_valid_unicode(text: str) -> bool:
+    """False for strings with lone surrogates (JSON can spell them, UTF-8 cannot encode them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # ---- errors ------------------------------------------------------------------------------------------------
@@ -43,11 +79,11 @@ class ErrorResponse(OpenAIBaseModel):
 
 # ---- requests ----------------------------------------------------------------------------------------------
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False
 
 
-class _SamplingRequest(OpenAIBaseModel):
+class _SamplingRequest(OpenAIRequestModel):
     """Fields shared by completions and chat: OpenAI's sampling options, then vLLM's extras."""
 
     model: str | None = None
@@ -99,6 +135,17 @@ class _SamplingRequest(OpenAIBaseModel):
             raise ValueError("stream_options is only allowed when stream is true.")
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs is only supported without stream.")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        _check_texts("stop", stops, max_count=MAX_STOP_STRINGS, max_chars=MAX_STOP_CHARS)
+        _check_texts("bad_words", list(self.bad_words or []), max_count=MAX_BAD_WORDS, max_chars=MAX_STOP_CHARS)
+
+    def logprob_requests(self) -> dict[str, int]:
+        """The logprob counts asked for, by the field that asked (checked against --max-logprobs)."""
+        counts = {"prompt_logprobs": self.prompt_logprobs, **self._logprob_fields()}
+        return {name: value for name, value in counts.items() if value is not None}
+
+    def _logprob_fields(self) -> dict[str, int | None]:
+        raise NotImplementedError
 
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
         """The engine's SamplingParams for this request; ValueError (a 400) on a bad value or length."""
@@ -144,6 +191,9 @@ class CompletionRequest(_SamplingRequest):
     def _logprobs(self) -> int | None:
         return self.logprobs
 
+    def _logprob_fields(self) -> dict[str, int | None]:
+        return {"logprobs": self.logprobs}
+
     def check_unsupported(self) -> None:
         super().check_unsupported()
         if self.suffix:
@@ -160,17 +210,20 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError("prompt must not be empty.")
         if isinstance(p[0], int):
             return [list(p)]  # type: ignore[arg-type]
+        if len(p) > MAX_PROMPTS:
+            raise ValueError(f"prompt is a list of {len(p)} prompts; at most {MAX_PROMPTS} are allowed in one "
+                             "request.")
         if any(isinstance(x, list) and not x for x in p):
             raise ValueError("prompt must not contain an empty list of token ids.")
         return list(p)  # type: ignore[return-value]
 
 
-class ContentPart(OpenAIBaseModel):
+class ContentPart(OpenAIRequestModel):
     type: str
     text: str | None = None
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OpenAIRequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -191,7 +244,7 @@ class ChatMessage(OpenAIBaseModel):
         return "\n".join(texts)
 
 
-class ResponseFormat(OpenAIBaseModel):
+class ResponseFormat(OpenAIRequestModel):
     type: str
 
 
@@ -217,6 +270,9 @@ class ChatCompletionRequest(_SamplingRequest):
     def _logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def _logprob_fields(self) -> dict[str, int | None]:
+        return {"top_logprobs": self.top_logprobs}
+
     def check_unsupported(self) -> None:
         super().check_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
@@ -239,7 +295,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return out
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(OpenAIRequestModel):
     """vLLM's /tokenize: either `prompt` (text) or `messages` (rendered with the chat template)."""
 
     model: str | None = None
@@ -259,7 +315,7 @@ class TokenizeResponse(OpenAIBaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
     tokens: TokenIds
 
@@ -398,6 +454,18 @@ class ModelCard(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# One server-sent event: its `data` is a chunk (the response's JSON shape, with deltas) or `[DONE]`.
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
+
+
+def json_or_sse(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entry of a generation route: `model` as JSON, or an SSE stream when stream=true."""
+    return {200: {"model": model, "description": "The completion (JSON), or with stream=true its chunks as "
+                  "server-sent events ending with `data: [DONE]`.",
+                  "content": {"text/event-stream": {"schema": _SSE_EVENT}}}}
 
 
 _LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:])")

@@ -2,7 +2,8 @@
 
 `ServingContext` turns each way a request can be wrong into an `APIError` with the right status and the
 offending `param`, so that bad input is answered with a 4xx before it reaches the engine (where an error
-would cost the other requests a step, or worse).
+would cost the other requests a step, or worse). Long texts are tokenized in a worker thread, so that a
+megabytes-long prompt does not stall the event loop (and with it every other request and /health).
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.errors import APIError, bad_request, model_not_found, unavailable
-from vllm_jax.server.protocol import guess_param
+from vllm_jax.server.protocol import guess_param, is_valid_unicode
 
 if TYPE_CHECKING:
     from vllm_jax.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("vllm_jax.server")
+
+THREADED_TOKENIZE_CHARS = 32_768  # longer texts are tokenized off the event loop (tokenizers releases the GIL)
 
 # apply_chat_template arguments a client must not override through chat_template_kwargs
 _RESERVED_TEMPLATE_KWARGS = frozenset({
@@ -79,15 +84,18 @@ class ServingContext:
                               code="engine_not_ready")
 
     # ---- tokens ----
-    def tokenize(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise bad_request(f"{param} is not valid Unicode text (it contains unpaired surrogates, e.g. at "
-                              f"position {exc.start}).", param=param) from exc
-        try:
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        if not is_valid_unicode(text):
+            raise bad_request(f"{param} is not valid Unicode text (it contains unpaired surrogates).", param=param)
+
+        def encode() -> list[int]:
             return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-        except Exception as exc:  # noqa: BLE001 - e.g. lone surrogates the tokenizer cannot encode
+
+        try:
+            if len(text) <= THREADED_TOKENIZE_CHARS:
+                return encode()
+            return await anyio.to_thread.run_sync(encode)
+        except Exception as exc:  # noqa: BLE001 - whatever the tokenizer cannot encode is the input's fault
             raise bad_request(f"{param} cannot be tokenized: {exc}", param=param) from exc
 
     def check_token_ids(self, ids: list[int], param: str) -> list[int]:
@@ -127,13 +135,19 @@ class ServingContext:
             raise APIError(500, "The chat template did not produce text.", code="internal_error")
         return text
 
-    def chat_prompt_ids(self, conversation: list[dict[str, str]], **kwargs: Any) -> list[int]:
+    async def chat_prompt_ids(self, conversation: list[dict[str, str]], **kwargs: Any) -> list[int]:
         # The template already wrote the special tokens it wants (BOS included): add none.
-        return self.tokenize(self.render_chat(conversation, **kwargs), add_special_tokens=False, param="messages")
+        return await self.tokenize(self.render_chat(conversation, **kwargs), add_special_tokens=False,
+                                   param="messages")
 
     # ---- sampling ----
     def sampling_params(self, request: Any, prompt_len: int, prompt_param: str) -> SamplingParams:
         """`request.to_sampling_params` with its ValueError turned into a 400 naming the field."""
+        max_logprobs = self.engine.config.model_config.max_logprobs
+        for name, count in request.logprob_requests().items():
+            if count > max_logprobs:
+                raise bad_request(f"{name}={count} exceeds the server's maximum of {max_logprobs} "
+                                  "(--max-logprobs).", param=name, code="invalid_value")
         try:
             return request.to_sampling_params(self.max_model_len, prompt_len)
         except (ValueError, TypeError) as exc:

@@ -31,9 +31,9 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
         conversation = body.conversation()
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    prompt_ids = ctx.chat_prompt_ids(conversation, add_generation_prompt=body.add_generation_prompt,
-                                     continue_final_message=body.continue_final_message,
-                                     template_kwargs=body.chat_template_kwargs)
+    prompt_ids = await ctx.chat_prompt_ids(conversation, add_generation_prompt=body.add_generation_prompt,
+                                           continue_final_message=body.continue_final_message,
+                                           template_kwargs=body.chat_template_kwargs)
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     ctx.log_request(request_id, conversation, params)

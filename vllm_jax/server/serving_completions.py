@@ -34,7 +34,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     for p in prompts:
         if isinstance(p, str):
             texts.append(p)
-            token_ids.append(ctx.tokenize(p))
+            token_ids.append(await ctx.tokenize(p))
         else:
             texts.append(None)
             token_ids.append(ctx.check_token_ids(p, "prompt"))
