@@ -220,6 +220,7 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(http
 def test_wrong_method_and_unknown_route_get_openai_bodies(http: httpx.Client) -> None:
     assert "Method Not Allowed" in openai_error(http.get("/v1/completions"), 405)["message"]
     assert "does not exist" in openai_error(http.post("/v1/embeddings", json={}), 404)["message"]
+    _assert_still_serving(http)
 
 
 def test_a_10_mb_body_without_a_configured_limit_is_read_and_refused_for_its_length(http: httpx.Client) -> None:
@@ -280,6 +281,7 @@ def test_a_megabytes_long_prompt_is_tokenized_without_stalling_other_requests(se
     err = openai_error(result["resp"], 400)
     assert err["param"] == "prompt" and str(3 << 20) in err["message"]
     assert slowest < max(0.5, elapsed / 3), (slowest, elapsed)
+    _assert_still_serving(http)
 
 
 @pytest.mark.parametrize("fields", [
