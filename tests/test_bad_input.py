@@ -312,3 +312,16 @@ def test_the_error_body_is_built_for_any_message_even_unencodable_ones() -> None
 
     resp = error_response(APIError(404, "The model `x\ud800` does not exist.", param="model"))
     assert json.loads(resp.body)["error"]["message"] == "The model `x\\ud800` does not exist."
+
+
+def test_a_request_during_shutdown_is_told_the_server_is_shutting_down_not_warming_up():
+    from types import SimpleNamespace
+
+    from vllm_jax.server.errors import APIError
+    from vllm_jax.server.serving import ServingContext
+
+    engine = SimpleNamespace(dead=False, ready=False, shutting_down=True, error=None)
+    with pytest.raises(APIError) as info:
+        ServingContext(engine=engine, served_model_names=["m"]).require_ready()
+    assert info.value.status == 503 and info.value.code == "engine_shutting_down"
+    assert "shutting down" in info.value.message

@@ -158,6 +158,11 @@ class AsyncLLM:
         return self._running and self._error is None and not self._closing
 
     @property
+    def shutting_down(self) -> bool:
+        """shutdown() began: in-flight requests may still finish, new ones are refused."""
+        return self._closing
+
+    @property
     def dead(self) -> bool:
         """The loop died or start-up failed; `error` holds the exception."""
         return self._error is not None

@@ -56,6 +56,10 @@ class DataParallelAsyncLLM:
         return all(r.ready for r in self.replicas)
 
     @property
+    def shutting_down(self) -> bool:
+        return any(r.shutting_down for r in self.replicas)
+
+    @property
     def dead(self) -> bool:
         return any(r.dead for r in self.replicas)
 

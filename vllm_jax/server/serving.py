@@ -76,9 +76,12 @@ class ServingContext:
         return model
 
     def require_ready(self) -> None:
-        """503 while the engine warms up or after it died: the request could not be served."""
+        """503 while the engine warms up, shuts down, or after it died: the request could not be served."""
         if self.engine.dead:
             raise unavailable(f"The engine is not running: {self.engine.error}", code="engine_dead")
+        if self.engine.shutting_down:
+            raise unavailable("The server is shutting down and accepts no new requests.",
+                              code="engine_shutting_down")
         if not self.engine.ready:
             raise unavailable("The engine is still warming up; retry when /health returns 200.",
                               code="engine_not_ready")
