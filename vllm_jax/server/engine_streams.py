@@ -66,6 +66,15 @@ async def await_or_disconnect(aw: Awaitable[T], request: Request) -> T:
                 await asyncio.gather(task, return_exceptions=True)
 
 
+async def start_or_abort(streams: "RequestStreams", request: Request) -> None:
+    """Start a streaming response's engine requests; if that fails (bad input, disconnect), abort them all."""
+    try:
+        await await_or_disconnect(streams.start(), request)
+    except BaseException:
+        await streams.close()
+        raise
+
+
 class RequestStreams:
     """The engine requests of one HTTP request; iterate for `(prompt_index, RequestOutput)` pairs."""
 

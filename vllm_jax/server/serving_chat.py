@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from vllm_jax.outputs import CompletionOutput, RequestOutput
-from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error
+from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (AssistantMessage, ChatChoiceLogprobs, ChatCompletionChoice,
@@ -40,11 +40,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
                              cache_salt=body.cache_salt)
     if body.stream:
-        try:
-            await await_or_disconnect(streams.start(), raw)
-        except BaseException:
-            await streams.close()
-            raise
+        await start_or_abort(streams, raw)
         return SSEResponse(_stream(ctx, body, streams, request_id, model), on_close=streams.close)
     try:
         final = await await_or_disconnect(_final_output(streams), raw)

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from vllm_jax.outputs import CompletionOutput, RequestOutput
-from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error
+from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import completion_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse,
@@ -48,11 +48,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     streams = RequestStreams(ctx.engine, token_ids, params, engine_ids, priority=body.priority,
                              cache_salt=body.cache_salt)
     if body.stream:
-        try:
-            await await_or_disconnect(streams.start(), raw)
-        except BaseException:
-            await streams.close()
-            raise
+        await start_or_abort(streams, raw)
         return SSEResponse(_stream(ctx, body, streams, request_id, model, echoes), on_close=streams.close)
     try:
         finals = await await_or_disconnect(_collect(streams, len(prompts)), raw)
