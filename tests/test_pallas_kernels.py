@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vllm_jax.pallas_kernels import dispatch, gpu_attention, kv_write, reference, tpu_attention
+from vllm_jax.pallas_kernels import (dispatch, gpu_attention, kv_write, reference, tpu_attention,
+                                     xla_attention)
 
 # (id, batch kind, GQA group, head_dim, dtype, sliding window, soft cap, stacked layers, block size)
 CASES = [
@@ -107,6 +108,14 @@ def test_gpu_kernel_matches_reference(case):
     splits = (None, 1, 3)[CASES.index(case) % 3]  # default rule, no split, uneven split
     run = functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=splits)
     _check(case, run, seed=20 + CASES.index(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_xla_backend_matches_reference(case):
+    """The CPU backend reads context per sequence, in tiles of query rows: tiles of 4 rows split the prefill
+    chunks and the last tile of a sequence is clamped back inside the bucket."""
+    tile = (4, 64)[CASES.index(case) % 2]
+    _check(case, functools.partial(xla_attention.ragged_paged_attention, query_tile=tile), seed=40 + CASES.index(case))
 
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])

@@ -1,5 +1,5 @@
-"""Ragged paged attention and the KV-cache write behind one dispatch: XLA reference (CPU default, test oracle),
-Pallas TPU (Mosaic) and Pallas GPU (Triton) kernels."""
+"""Ragged paged attention and the KV-cache write behind one dispatch: plain XLA (the CPU default), Pallas TPU
+(Mosaic) and Pallas GPU (Triton) kernels, all checked against the reference (the test oracle)."""
 
 from vllm_jax.pallas_kernels.dispatch import BACKENDS, ragged_paged_attention, resolve_backend, write_kv_cache
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from vllm_jax.pallas_kernels import gpu_attention, kv_write, reference, tpu_attention
+from vllm_jax.pallas_kernels import gpu_attention, kv_write, reference, tpu_attention, xla_attention
 
 BACKENDS = ("xla", "pallas_tpu", "pallas_gpu")
 _AUTO = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
@@ -59,7 +59,7 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
     args = (q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs)
     kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index)
     if backend == "xla":
-        return reference.ragged_paged_attention_xla(*args, **kwargs)
+        return xla_attention.ragged_paged_attention(*args, **kwargs)
     mode = _interpret_mode(backend, interpret)
     if backend == "pallas_tpu":
         return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode,

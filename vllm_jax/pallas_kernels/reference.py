@@ -18,10 +18,12 @@ K and V are interleaved on the head axis: k0, v0, k1, v1, ...
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 
-_MASKED = -1e30  # large finite negative: fully masked rows stay finite instead of NaN
+MASKED = -1e30  # large finite negative: fully masked rows stay finite instead of NaN
 _CONTEXT_CHUNK_BLOCKS = 8  # pages read per iteration of the context loop
 
 
@@ -53,35 +55,11 @@ def ragged_paged_attention_xla(q: jax.Array, kv_cache: jax.Array, block_tables: 
         layer_index = 0
     block_size = kv_cache.shape[2]
     num_kv_heads = kv_cache.shape[3] // 2
-    group = num_q_heads // num_kv_heads
-    num_seqs = jnp.reshape(num_seqs, ())[()]
-
-    # Where each query row sits: its sequence, its absolute position, whether it is real.
-    rows = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq_idx = jnp.searchsorted(query_start_loc[1:], rows, side="right", method="compare_all")
-    seq_idx = jnp.clip(seq_idx, 0, seq_lens.shape[0] - 1)
-    valid = rows < query_start_loc[num_seqs]
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    context_lens = jnp.where(jnp.arange(seq_lens.shape[0]) < num_seqs, seq_lens - q_lens, 0)
-    q_pos = seq_lens[seq_idx] - q_lens[seq_idx] + (rows - query_start_loc[seq_idx])
-    q_pos = jnp.where(valid, q_pos, 0)
-    window = _window_value(sliding_window)
-
-    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, group, head_dim)
-
-    # Batch part: the keys written this step, read back from their slots.
-    slots = block_tables[seq_idx, q_pos // block_size] * block_size + q_pos % block_size
-    flat = kv_cache.reshape(kv_cache.shape[0], -1, *kv_cache.shape[3:])
-    batch_kv = flat[layer_index, slots].astype(jnp.float32)  # [T, 2*KVH, D]
-    k_b, v_b = batch_kv[:, 0::2], batch_kv[:, 1::2]
-    scores = _cap(jnp.einsum("tkgd,skd->tkgs", qg, k_b), soft_cap)
-    visible = ((seq_idx[:, None] == seq_idx[None, :]) & (q_pos[None, :] <= q_pos[:, None])
-               & valid[:, None] & valid[None, :] & _in_window(q_pos[:, None], q_pos[None, :], window))
-    scores = jnp.where(visible[:, None, None, :], scores, _MASKED)
-    m = scores.max(-1)
-    p = jnp.exp(scores - m[..., None])
-    l = p.sum(-1)
-    acc = jnp.einsum("tkgs,skd->tkgd", p, v_b)
+    layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
+    seq_idx, valid, q_pos, context_lens = layout.seq_idx, layout.valid, layout.q_pos, layout.context_lens
+    window = window_value(sliding_window)
+    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    m, l, acc = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
 
     # Context part: pages holding the KV each sequence had before this step, a chunk of pages at a time.
     chunk_tokens = _CONTEXT_CHUNK_BLOCKS * block_size
@@ -98,10 +76,10 @@ def ragged_paged_attention_xla(q: jax.Array, kv_cache: jax.Array, block_tables: 
         pages = kv_cache[layer_index, ids].astype(jnp.float32)  # [T, C, BS, 2*KVH, D]
         pages = pages.reshape(num_tokens, chunk_tokens, 2 * num_kv_heads, head_dim)
         k_c, v_c = pages[:, :, 0::2], pages[:, :, 1::2]
-        s = _cap(jnp.einsum("tkgd,tckd->tkgc", qg, k_c), soft_cap)
+        s = cap(jnp.einsum("tkgd,tckd->tkgc", qg, k_c), soft_cap)
         k_pos = j * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)
-        ok = (k_pos[None, :] < row_context[:, None]) & _in_window(q_pos[:, None], k_pos[None, :], window)
-        s = jnp.where(ok[:, None, None, :], s, _MASKED)
+        ok = (k_pos[None, :] < row_context[:, None]) & in_window(q_pos[:, None], k_pos[None, :], window)
+        s = jnp.where(ok[:, None, None, :], s, MASKED)
         m_new = jnp.maximum(m, s.max(-1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[..., None])
@@ -112,19 +90,62 @@ def ragged_paged_attention_xla(q: jax.Array, kv_cache: jax.Array, block_tables: 
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 
-def _window_value(sliding_window: int | jax.Array | None) -> jax.Array:
+@dataclass
+class RowLayout:
+    """Where each of the T query rows sits in the ragged batch."""
+
+    seq_idx: jax.Array  # [T] the row's sequence (clipped into range for padding rows)
+    valid: jax.Array  # [T] a real token, not padding
+    q_pos: jax.Array  # [T] absolute position (0 for padding)
+    q_lens: jax.Array  # [S] query rows per sequence
+    context_lens: jax.Array  # [S] KV each sequence had before this step (0 for padding slots)
+
+
+def row_layout(num_tokens: int, seq_lens: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array) -> RowLayout:
+    seq_lens, query_start_loc = jnp.asarray(seq_lens), jnp.asarray(query_start_loc)
+    num_seqs = jnp.reshape(num_seqs, ())[()]
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq_idx = jnp.searchsorted(query_start_loc[1:], rows, side="right", method="compare_all")
+    seq_idx = jnp.clip(seq_idx, 0, seq_lens.shape[0] - 1)
+    valid = rows < query_start_loc[num_seqs]
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    context_lens = jnp.where(jnp.arange(seq_lens.shape[0]) < num_seqs, seq_lens - q_lens, 0)
+    q_pos = seq_lens[seq_idx] - q_lens[seq_idx] + (rows - query_start_loc[seq_idx])
+    return RowLayout(seq_idx, valid, jnp.where(valid, q_pos, 0), q_lens, context_lens)
+
+
+def in_step_attention(qg: jax.Array, kv_cache: jax.Array, layer_index, block_tables: jax.Array, layout: RowLayout,
+                      window: jax.Array, soft_cap: float | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Unnormalized softmax state (m, l, acc) of every row over the keys written this step: a [T, T] masked
+    product over the batch's own slots, read back from the cache."""
+    block_size = kv_cache.shape[2]
+    seq_idx, valid, q_pos = layout.seq_idx, layout.valid, layout.q_pos
+    slots = block_tables[seq_idx, q_pos // block_size] * block_size + q_pos % block_size
+    flat = kv_cache.reshape(kv_cache.shape[0], -1, *kv_cache.shape[3:])
+    batch_kv = flat[layer_index, slots].astype(jnp.float32)  # [T, 2*KVH, D]
+    k_b, v_b = batch_kv[:, 0::2], batch_kv[:, 1::2]
+    scores = cap(jnp.einsum("tkgd,skd->tkgs", qg, k_b), soft_cap)
+    visible = ((seq_idx[:, None] == seq_idx[None, :]) & (q_pos[None, :] <= q_pos[:, None])
+               & valid[:, None] & valid[None, :] & in_window(q_pos[:, None], q_pos[None, :], window))
+    scores = jnp.where(visible[:, None, None, :], scores, MASKED)
+    m = scores.max(-1)
+    p = jnp.exp(scores - m[..., None])
+    return m, p.sum(-1), jnp.einsum("tkgs,skd->tkgd", p, v_b)
+
+
+def window_value(sliding_window: int | jax.Array | None) -> jax.Array:
     """0 means no window; a traced per-layer value is allowed (scan over layers with mixed windows)."""
     if sliding_window is None:
         return jnp.int32(0)
     return jnp.asarray(sliding_window, dtype=jnp.int32)
 
 
-def _in_window(q_pos: jax.Array, k_pos: jax.Array, window: jax.Array) -> jax.Array:
+def in_window(q_pos: jax.Array, k_pos: jax.Array, window: jax.Array) -> jax.Array:
     # vLLM's meaning: a query at p sees keys p - w + 1 .. p.
     return (window <= 0) | (k_pos > q_pos - window)
 
 
-def _cap(scores: jax.Array, soft_cap: float | None) -> jax.Array:
+def cap(scores: jax.Array, soft_cap: float | None) -> jax.Array:
     if soft_cap is None or soft_cap <= 0:
         return scores
     return soft_cap * jnp.tanh(scores / soft_cap)

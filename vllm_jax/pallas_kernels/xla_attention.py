@@ -1,0 +1,139 @@
+"""The `xla` attention backend: ragged paged attention in plain XLA ops, shaped for CPU (and GSPMD under TP).
+
+Same contract and the same in-step part as the reference (reference.py, the kernels' oracle), but the context
+part (the KV each sequence had before this step) reads each sequence's pages once instead of once per query row:
+
+* sequences with one query row (decode) gather their pages as one [S, chunk] batch: S rows, not T, so the
+  padding rows of a bucket cost nothing there;
+* sequences with several query rows and a context (a chunked prefill, a prefix-cache hit) run a loop over
+  (sequence, tile of QT rows, chunk of pages): the tile's rows share each gathered chunk, a real matmul.
+
+The reference gathers pages per query row, so a 256-row prefill chunk over 384 cached tokens moved ~300 MB
+per layer; here it moves the sequence's 384 tokens once per tile.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from vllm_jax.pallas_kernels.reference import (MASKED, cap, in_step_attention, in_window, row_layout,
+                                               window_value)
+
+_CHUNK_BLOCKS = 8  # pages per iteration of a context loop
+_QUERY_TILE = 64  # query rows per tile of a multi-row sequence
+
+
+def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
+                               query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
+                               sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
+                               layer_index: jax.Array | int | None = None,
+                               query_tile: int = _QUERY_TILE) -> jax.Array:
+    """[T, num_q_heads, head_dim]; the same contract as reference.ragged_paged_attention_xla."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    if layer_index is None:
+        kv_cache, layer_index = kv_cache[None], 0
+    num_kv_heads = kv_cache.shape[3] // 2
+    block_tables, seq_lens, query_start_loc = map(jnp.asarray, (block_tables, seq_lens, query_start_loc))
+    layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
+    window = window_value(sliding_window)
+    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
+
+    width = block_tables.shape[1]
+    tables = jnp.pad(block_tables, ((0, 0), (0, -(-width // _CHUNK_BLOCKS) * _CHUNK_BLOCKS - width)))
+    live = jnp.arange(seq_lens.shape[0]) < jnp.reshape(num_seqs, ())
+    has_context = live & (layout.context_lens > 0)
+    pages = _PageReader(kv_cache, layer_index, tables, soft_cap, window)
+    state = _single_row_context(qg, state, pages, seq_lens, query_start_loc, layout,
+                                has_context & (layout.q_lens == 1))
+    state = _multi_row_context(qg, state, pages, seq_lens, query_start_loc, layout, num_seqs,
+                               has_context & (layout.q_lens > 1), min(query_tile, num_tokens))
+    m, l, acc = state
+    out = acc / jnp.maximum(l, 1e-30)[..., None]
+    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+class _PageReader:
+    """Reads chunks of a sequence's pages and folds them into an online softmax."""
+
+    def __init__(self, kv_cache, layer_index, tables, soft_cap, window):
+        self.kv_cache, self.layer_index, self.tables = kv_cache, layer_index, tables
+        self.soft_cap, self.window = soft_cap, window
+        self.chunk_tokens = _CHUNK_BLOCKS * kv_cache.shape[2]
+
+    def chunk(self, seqs: jax.Array, j) -> tuple[jax.Array, jax.Array]:
+        """(K, V) of chunk j of each sequence in `seqs` ([R]): [R, chunk_tokens, KVH, D] float32 each."""
+        ids = jax.lax.dynamic_slice_in_dim(self.tables[seqs], j * _CHUNK_BLOCKS, _CHUNK_BLOCKS, axis=1)
+        kv = self.kv_cache[self.layer_index, ids].astype(jnp.float32)  # [R, C, BS, 2*KVH, D]
+        kv = kv.reshape(seqs.shape[0], self.chunk_tokens, *kv.shape[-2:])
+        return kv[:, :, 0::2], kv[:, :, 1::2]
+
+    def fold(self, state, scores: jax.Array, v: jax.Array, ok: jax.Array, spec: str):
+        """Online-softmax update of (m, l, acc) with `scores` [..., c] masked by `ok`; `spec` is the p @ v einsum."""
+        m, l, acc = state
+        scores = jnp.where(ok, cap(scores, self.soft_cap), MASKED)
+        m_new = jnp.maximum(m, scores.max(-1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.exp(scores - m_new[..., None])
+        return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + jnp.einsum(spec, p, v)
+
+
+def _single_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc, layout, selected):
+    """Context of the one-row sequences, all at once: row s of the gather is sequence s's only query row."""
+    num_tokens = qg.shape[0]
+    rows = jnp.clip(query_start_loc[:-1], 0, num_tokens - 1)
+    context = jnp.where(selected, layout.context_lens, 0)
+    q_pos = seq_lens - 1
+    seqs = jnp.arange(seq_lens.shape[0])
+    q = qg[rows]
+
+    def chunk(j, carry):
+        k, v = pages.chunk(seqs, j)
+        k_pos = j * pages.chunk_tokens + jnp.arange(pages.chunk_tokens, dtype=jnp.int32)
+        ok = (k_pos[None, :] < context[:, None]) & in_window(q_pos[:, None], k_pos[None, :], pages.window)
+        scores = jnp.einsum("skgd,sckd->skgc", q, k)
+        return pages.fold(carry, scores, v, ok[:, None, None, :], "skgc,sckd->skgd")
+
+    num_chunks = -(-context.max() // pages.chunk_tokens)
+    sub = jax.lax.fori_loop(0, num_chunks, chunk, tuple(x[rows] for x in state))
+    target = jnp.where(selected, rows, num_tokens)  # unselected sequences write nowhere
+    return tuple(x.at[target].set(y, mode="drop") for x, y in zip(state, sub))
+
+
+def _multi_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc, layout, num_seqs, selected,
+                       tile: int):
+    """Context of the multi-row sequences: for each, tiles of `tile` consecutive rows against shared page chunks."""
+    num_tokens = qg.shape[0]
+    arange = jnp.arange(tile, dtype=jnp.int32)
+
+    def one_tile(s, t, state):
+        first = query_start_loc[s] + t * tile
+        start = jnp.minimum(first, num_tokens - tile)  # a tile never runs past the bucket; rows < first are done
+        rows = start + arange
+        mine = (rows >= first) & (rows < query_start_loc[s + 1])
+        q_pos = seq_lens[s] - layout.q_lens[s] + (rows - query_start_loc[s])
+        q = jax.lax.dynamic_slice_in_dim(qg, start, tile)
+        before = tuple(jax.lax.dynamic_slice_in_dim(x, start, tile) for x in state)
+
+        def chunk(j, carry):
+            k, v = pages.chunk(s[None], j)
+            k_pos = j * pages.chunk_tokens + jnp.arange(pages.chunk_tokens, dtype=jnp.int32)
+            ok = (mine[:, None] & (k_pos[None, :] < layout.context_lens[s])
+                  & in_window(q_pos[:, None], k_pos[None, :], pages.window))
+            scores = jnp.einsum("qkgd,ckd->qkgc", q, k[0])
+            return pages.fold(carry, scores, v[0], ok[:, None, None, :], "qkgc,ckd->qkgd")
+
+        after = jax.lax.fori_loop(0, -(-layout.context_lens[s] // pages.chunk_tokens), chunk, before)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, _where_rows(mine, a, b), start, 0)
+                     for x, a, b in zip(state, after, before))
+
+    def one_seq(s, state):
+        num_tiles = jnp.where(selected[s], -(-layout.q_lens[s] // tile), 0)
+        return jax.lax.fori_loop(0, num_tiles, lambda t, st: one_tile(s, t, st), state)
+
+    return jax.lax.fori_loop(0, jnp.reshape(num_seqs, ()), one_seq, state)
+
+
+def _where_rows(rows: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
+    return jnp.where(rows.reshape(rows.shape + (1,) * (new.ndim - 1)), new, old)
