@@ -1,6 +1,7 @@
 """Side by side with transformers on the same weights, in one run, with the hardware floors measured alongside.
 
     python benchmarks/compare.py [--workloads A,B,C,D] [--skip-transformers] [--output-json F]
+    python benchmarks/compare.py --device-mode [--device-shape llama3-8b|tiny] [--batches 1 8 ...]
 
 Workloads (the default model, float32, greedy, EOS ignored, fixed seed):
   A offline        32 prompts of 64-256 random tokens, 64 output tokens each
@@ -12,11 +13,14 @@ static batch runs to its longest request, and only the tokens each request asked
 Floors, measured in the same run: float32 matmul GFLOP/s at the model's MLP shape, and memory bandwidth (GB/s,
 a large reduction). A/B floor: 2 x params x tokens / GFLOP/s. C floor: (weights + KV read) bytes per token /
 bandwidth. Each workload is reported as output tok/s and as a share of its floor (floor time / actual time).
+EasyDeL's eSurge is the JAX peer; this harness does not drive it (it is not installable offline here) and says so.
+--device-mode runs device_decode.py instead: an accelerator's decode throughput on a Llama-3-8B-shaped model.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 
@@ -122,8 +126,23 @@ def main() -> None:
     parser.add_argument("--workloads", default="A,B,C,D")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--device-mode", action="store_true")
+    parser.add_argument("--device-shape", default="llama3-8b", choices=["llama3-8b", "tiny"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ns = parser.parse_args()
+    if ns.device_mode:
+        from device_decode import run_device_mode
+
+        results = run_device_mode(ns.device_shape, tuple(ns.batches))
+        if ns.output_json:
+            with open(ns.output_json, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     chosen = ns.workloads.split(",")
+    if importlib.util.find_spec("easydel") is None:
+        print("EasyDeL eSurge: skipped (easydel is not installed)")
+    else:
+        print("EasyDeL eSurge: skipped (installed, but this harness has no eSurge runner yet)")
 
     from vllm_jax import EngineArgs
     from vllm_jax.model.registry import resolve_architecture

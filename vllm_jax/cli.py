@@ -56,10 +56,11 @@ ENGINE_FLAG_HELP = {
     "distributed_coordinator": "host:port of the jax.distributed coordinator (multi-host runs)",
     "num_processes": "number of host processes in a multi-host run",
     "process_id": "this host's index in a multi-host run",
-    "scan_layers": "run the layers as one scan over stacked weights, or unrolled (--no-scan-layers: on CPU ~12%% "
-                   "faster batch-1 decode, ~5x longer compiles)",
-    "min_token_bucket": "smallest token bucket compiled (tokens per step are padded up to a bucket)",
-    "min_seq_bucket": "smallest sequence bucket compiled",
+    "scan_layers": "run the layers as one scan (compiled once; on CPU over per-layer weights through switched "
+                   "matmuls), or unrolled (--no-scan-layers: ~6x longer compiles)",
+    "min_token_bucket": "smallest token bucket compiled; tokens per step are padded up to a bucket (default: 2 on "
+                        "CPU, 16 on TPU/GPU)",
+    "min_seq_bucket": "smallest sequence bucket compiled (default: 2 on CPU, 8 on TPU/GPU)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
 

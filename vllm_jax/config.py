@@ -20,6 +20,8 @@ _CPU_DEFAULT_MAX_NUM_SEQS = 32
 _CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 _ACCEL_DEFAULT_MAX_NUM_SEQS = 256
 _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_CPU_MIN_BUCKET = 2
+_ACCEL_MIN_TOKEN_BUCKET, _ACCEL_MIN_SEQ_BUCKET = 16, 8
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
 
@@ -112,8 +114,10 @@ class EngineArgs:
     # arrays: on CPU a scan copies each layer's weights out of the stack, so unrolling saves ~12% of a batch-1
     # decode step there, at ~5x the compile time of each program.
     scan_layers: bool = True
-    min_token_bucket: int = 16
-    min_seq_bucket: int = 8
+    # Smallest buckets (default: 2 on CPU, where every padding row costs time, 16 / 8 on accelerators). One-token
+    # buckets are avoided: XLA:CPU turns a one-row KV write into a dynamic-update-slice and copies the cache.
+    min_token_bucket: int | None = None
+    min_seq_bucket: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -138,7 +142,7 @@ class EngineArgs:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         for name in ("tensor_parallel_size", "data_parallel_size", "min_token_bucket", "min_seq_bucket"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
@@ -188,8 +192,9 @@ class EngineArgs:
             scheduler_config=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
-                policy=self.scheduling_policy, min_token_bucket=self.min_token_bucket,
-                min_seq_bucket=self.min_seq_bucket),
+                policy=self.scheduling_policy,
+                min_token_bucket=self.min_token_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_TOKEN_BUCKET),
+                min_seq_bucket=self.min_seq_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_SEQ_BUCKET)),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel),

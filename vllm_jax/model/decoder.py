@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +84,11 @@ class DecoderLayers(nnx.Module):
 
 
 class DecoderLM(nnx.Module):
+    # With per-layer arrays (unstack_layers): scan with switched matmuls (True) or a Python loop (False).
+    # The runner sets it before splitting the module; it is static (part of the graphdef).
+    scan_layers: bool = True
+    switched_scan: bool = True  # whether _run_layers can scan over per-layer arrays (the MoE model cannot)
+
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto"):
         self.spec = spec
         self.attention_backend = attention_backend
@@ -105,28 +111,54 @@ class DecoderLM(nnx.Module):
 
     def _run_layers(self, hidden: jax.Array, kv_cache: jax.Array, cos: jax.Array, sin: jax.Array,
                     inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """All layers: a scan over the stacked params, or a Python loop when the runner unstacked them
-        (`unstack_layers`); subclasses with other MLPs override this."""
+        """All layers: a scan over the stacked params; over per-layer arrays (`unstack_layers`), a scan whose
+        matmuls pick their layer's array through a switch (`scan_layers`, the CPU form) or a Python loop;
+        subclasses with other MLPs override this."""
         spec = self.spec
         layer_weights = layer_param_values(self.layers)
-        if is_unstacked(layer_weights):
+        if is_unstacked(layer_weights) and not self.scan_layers:
             for i in range(spec.num_layers):
                 w = {name: value[i] for name, value in layer_weights.items()}
                 hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, i,
                                                   spec.sliding_windows[i], cos, sin, inputs)
             return hidden, kv_cache
         windows = jnp.asarray(np.array(spec.sliding_windows, dtype=np.int32))
+        per_layer, stacked = {}, layer_weights
+        if is_unstacked(layer_weights):
+            per_layer = {name: value for name, value in layer_weights.items() if value[0].ndim == 2}
+            stacked = {name: jnp.stack(value) for name, value in layer_weights.items() if name not in per_layer}
 
         def layer(carry, xs):
             hidden, kv_cache = carry
             w, layer_index, window = xs
+            w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
             hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, layer_index,
                                               window, cos, sin, inputs)
             return (hidden, kv_cache), None
 
         (hidden, kv_cache), _ = jax.lax.scan(
-            layer, (hidden, kv_cache), (layer_weights, jnp.arange(spec.num_layers, dtype=jnp.int32), windows))
+            layer, (hidden, kv_cache), (stacked, jnp.arange(spec.num_layers, dtype=jnp.int32), windows))
         return hidden, kv_cache
+
+
+@dataclass(frozen=True)
+class LayerSwitch:
+    """One layer's matrix inside a scan over per-layer arrays: `x @ W[layer]` runs as a switch over the layers.
+
+    XLA:CPU copies a dynamic slice of a stacked weight out before every dot (its dot reads whole buffers), which
+    made a batch-1 decode step ~1.7x slower than an unrolled loop; a switch branch reads its operand in place, and
+    the layer body is still compiled once."""
+
+    arrays: tuple[jax.Array, ...]
+    index: jax.Array
+
+    def __rmatmul__(self, x: jax.Array) -> jax.Array:
+        branches = [partial(_dot_nth, n) for n in range(len(self.arrays))]
+        return jax.lax.switch(self.index, branches, x, self.arrays)
+
+
+def _dot_nth(n: int, x: jax.Array, arrays: tuple[jax.Array, ...]) -> jax.Array:
+    return jnp.dot(x, arrays[n], preferred_element_type=jnp.float32)
 
 
 def layer_param_values(layers: nnx.Module) -> dict:
@@ -142,8 +174,8 @@ def unstack_layers(state: nnx.State) -> None:
     """Replace each stacked layer param [L, ...] in `state` by a tuple of L separate arrays, in place.
 
     XLA on CPU copies a layer's weights out of the stack at every iteration of a scan (its dot cannot read a
-    slice in place); separate arrays let an unrolled loop read them directly (--no-scan-layers). Compile time
-    then grows with depth, which is why scanning is the default."""
+    slice in place); separate arrays let an unrolled loop (--no-scan-layers) or a scan's switched matmuls
+    (`LayerSwitch`, the CPU default) read them directly."""
     for name, variable in state["layers"].items():
         value = variable.get_value()
         variable.set_value(tuple(value[i] for i in range(value.shape[0])))
@@ -181,8 +213,11 @@ def _dense_mlp(w: dict, x: jax.Array) -> jax.Array:
     return _linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
 
 
-def _linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None) -> jax.Array:
-    y = jnp.dot(x, weight, preferred_element_type=jnp.float32)
+def _linear(x: jax.Array, weight: jax.Array | LayerSwitch, bias: jax.Array | None) -> jax.Array:
+    if isinstance(weight, LayerSwitch):
+        y = x @ weight
+    else:
+        y = jnp.dot(x, weight, preferred_element_type=jnp.float32)
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(x.dtype)

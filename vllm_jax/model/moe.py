@@ -123,6 +123,8 @@ class MoeLM(DecoderLM):
     must then be sharded on their expert axis (axis 1 of the stacked [L, E, ...] params) over that mesh axis.
     """
 
+    switched_scan = False  # its scans index stacked params; per-layer arrays mean the unrolled loop
+
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  expert_mesh: Mesh | None = None, expert_axis: str = "model"):
         self.spec = spec

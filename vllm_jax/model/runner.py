@@ -89,8 +89,11 @@ class ModelRunner:
                             attention_backend=_attention_backend(config.attention_backend, tp), seed=mc.seed,
                             sharding_for=self._param_sharding, model_kwargs=self._expert_parallel_kwargs())
         self.load_seconds = time.perf_counter() - t0
+        # On CPU a scan reads per-layer arrays through switched matmuls (see decoder.LayerSwitch).
+        switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
+        model.scan_layers = config.scan_layers
         graphdef, params = nnx.split(model)
-        if not config.scan_layers:
+        if not config.scan_layers or switched_scan:
             unstack_layers(params)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
