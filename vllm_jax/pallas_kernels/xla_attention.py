@@ -3,8 +3,8 @@
 Same contract and the same in-step part as the reference (reference.py, the kernels' oracle), but the context
 part (the KV each sequence had before this step) reads each sequence's pages once instead of once per query row:
 
-* sequences with one query row (decode) gather their pages as one [S, chunk] batch: S rows, not T, so the
-  padding rows of a bucket cost nothing there;
+* sequences with one query row (decode) gather their pages in groups of 8 sequences, packed first, so the
+  padding rows and sequence slots of a bucket cost no page reads;
 * sequences with several query rows and a context (a chunked prefill, a prefix-cache hit) run a loop over
   (sequence, tile of QT rows, chunk of pages): the tile's rows share each gathered chunk, a real matmul.
 
@@ -22,6 +22,7 @@ from vllm_jax.pallas_kernels.reference import (MASKED, cap, in_step_attention, i
 
 _CHUNK_BLOCKS = 8  # pages per iteration of a context loop
 _QUERY_TILE = 64  # query rows per tile of a multi-row sequence
+_DECODE_GROUP = 8  # one-row sequences per gather
 
 
 def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
@@ -80,25 +81,34 @@ class _PageReader:
 
 
 def _single_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc, layout, selected):
-    """Context of the one-row sequences, all at once: row s of the gather is sequence s's only query row."""
-    num_tokens = qg.shape[0]
-    rows = jnp.clip(query_start_loc[:-1], 0, num_tokens - 1)
-    context = jnp.where(selected, layout.context_lens, 0)
-    q_pos = seq_lens - 1
-    seqs = jnp.arange(seq_lens.shape[0])
-    q = qg[rows]
+    """Context of the one-row sequences, `_DECODE_GROUP` at a time: row i of a gather is sequence i's only query
+    row. The selected sequences are packed first, so padding sequence slots cost no gathers."""
+    num_tokens, num_slots = qg.shape[0], seq_lens.shape[0]
+    group = min(_DECODE_GROUP, num_slots)
+    order = jnp.argsort(~selected, stable=True)  # selected sequence slots first
+    num_selected = selected.sum()
 
-    def chunk(j, carry):
-        k, v = pages.chunk(seqs, j)
-        k_pos = j * pages.chunk_tokens + jnp.arange(pages.chunk_tokens, dtype=jnp.int32)
-        ok = (k_pos[None, :] < context[:, None]) & in_window(q_pos[:, None], k_pos[None, :], pages.window)
-        scores = jnp.einsum("skgd,sckd->skgc", q, k)
-        return pages.fold(carry, scores, v, ok[:, None, None, :], "skgc,sckd->skgd")
+    def one_group(g, state):
+        seqs = jax.lax.dynamic_slice_in_dim(order, g * group, group)
+        live = g * group + jnp.arange(group) < num_selected
+        rows = jnp.clip(query_start_loc[seqs], 0, num_tokens - 1)
+        context = jnp.where(live, layout.context_lens[seqs], 0)
+        q_pos = seq_lens[seqs] - 1
+        q = qg[rows]
 
-    num_chunks = -(-context.max() // pages.chunk_tokens)
-    sub = jax.lax.fori_loop(0, num_chunks, chunk, tuple(x[rows] for x in state))
-    target = jnp.where(selected, rows, num_tokens)  # unselected sequences write nowhere
-    return tuple(x.at[target].set(y, mode="drop") for x, y in zip(state, sub))
+        def chunk(j, carry):
+            k, v = pages.chunk(seqs, j)
+            k_pos = j * pages.chunk_tokens + jnp.arange(pages.chunk_tokens, dtype=jnp.int32)
+            ok = (k_pos[None, :] < context[:, None]) & in_window(q_pos[:, None], k_pos[None, :], pages.window)
+            scores = jnp.einsum("skgd,sckd->skgc", q, k)
+            return pages.fold(carry, scores, v, ok[:, None, None, :], "skgc,sckd->skgd")
+
+        num_chunks = -(-context.max() // pages.chunk_tokens)
+        sub = jax.lax.fori_loop(0, num_chunks, chunk, tuple(x[rows] for x in state))
+        target = jnp.where(live, rows, num_tokens)  # padding entries of the group write nowhere
+        return tuple(x.at[target].set(y, mode="drop") for x, y in zip(state, sub))
+
+    return jax.lax.fori_loop(0, -(-num_selected // group), one_group, state)
 
 
 def _multi_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc, layout, num_seqs, selected,
