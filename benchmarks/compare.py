@@ -12,7 +12,8 @@ transformers runs `generate` at batch 32 with left padding and a static cache (i
 static batch runs to its longest request, and only the tokens each request asked for are counted.
 Floors, measured in the same run: float32 matmul GFLOP/s at the model's MLP shape, and memory bandwidth (GB/s,
 a large reduction). A/B floor: 2 x params x tokens / GFLOP/s. C floor: (weights + KV read) bytes per token /
-bandwidth. Each workload is reported as output tok/s and as a share of its floor (floor time / actual time).
+bandwidth. Each workload is reported as output tok/s and as a share of its floor (floor time / actual time); D's
+floor counts the shared prompt once, as prefix caching computes it.
 EasyDeL's eSurge is the JAX peer; this harness does not drive it (it is not installable offline here) and says so.
 --device-mode runs device_decode.py instead: an accelerator's decode throughput on a Llama-3-8B-shaped model.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import time
 
 import numpy as np
@@ -79,8 +81,6 @@ def run_engine(requests, **engine_args) -> tuple[float, int, float]:
 def load_transformers():
     """transformers' LlamaForCausalLM with the default model's weights, dequantized by our GGUF reader (the same
     float32 tensors this engine loads)."""
-    import os
-
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -167,6 +167,9 @@ def main() -> None:
             kv_bytes = 2 * spec.num_layers * spec.kv_size * 4 * (len(requests[0][0]) + requests[0][1] / 2)
             floor_s = ours_out * (params * 4 + kv_bytes) / (floors["bandwidth_gbs"] * 1e9)
         else:
+            if name == "D":  # with prefix caching the shared prompt is computed once
+                shared = len(os.path.commonprefix([p for p, _ in requests]))
+                tokens -= shared * (len(requests) - 1)
             floor_s = 2 * params * tokens / (floors["matmul_gflops"] * 1e9)
         entry["ours_share_of_floor"] = floor_s / ours_s
         if name == "D":

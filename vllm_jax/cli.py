@@ -61,6 +61,7 @@ ENGINE_FLAG_HELP = {
     "min_token_bucket": "smallest token bucket compiled; tokens per step are padded up to a bucket (default: 2 on "
                         "CPU, 16 on TPU/GPU)",
     "min_seq_bucket": "smallest sequence bucket compiled (default: 2 on CPU, 8 on TPU/GPU)",
+    "bucket_growth": "ratio between consecutive token / sequence buckets (default: 4 on CPU, 2 on TPU/GPU)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
 

@@ -21,6 +21,7 @@ _CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 _ACCEL_DEFAULT_MAX_NUM_SEQS = 256
 _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _CPU_MIN_BUCKET = 2
+_CPU_BUCKET_GROWTH = 4
 _ACCEL_MIN_TOKEN_BUCKET, _ACCEL_MIN_SEQ_BUCKET = 16, 8
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
@@ -60,6 +61,7 @@ class SchedulerConfig:
     policy: str
     min_token_bucket: int
     min_seq_bucket: int
+    bucket_growth: int = 2
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,16 @@ class EngineArgs:
     distributed_coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
-    # Layers as one scan over stacked params (compile time independent of depth), or unrolled over per-layer
-    # arrays: on CPU a scan copies each layer's weights out of the stack, so unrolling saves ~12% of a batch-1
-    # decode step there, at ~5x the compile time of each program.
+    # Layers as one scan (compile time independent of depth; on CPU over per-layer arrays through switched
+    # matmuls, see decoder.LayerSwitch), or unrolled over per-layer arrays (~6x the compile time of a program).
     scan_layers: bool = True
     # Smallest buckets (default: 2 on CPU, where every padding row costs time, 16 / 8 on accelerators). One-token
     # buckets are avoided: XLA:CPU turns a one-row KV write into a dynamic-update-slice and copies the cache.
     min_token_bucket: int | None = None
     min_seq_bucket: int | None = None
+    # Ratio between consecutive buckets (default: 4 on CPU, where each compiled program costs ~1 s of warm-up,
+    # 2 on accelerators).
+    bucket_growth: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -144,6 +148,8 @@ class EngineArgs:
         for name in ("tensor_parallel_size", "data_parallel_size", "min_token_bucket", "min_seq_bucket"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.bucket_growth is not None and self.bucket_growth < 2:
+            raise ValueError(f"bucket_growth must be >= 2; got {self.bucket_growth}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
 
@@ -194,7 +200,8 @@ class EngineArgs:
                 max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
                 policy=self.scheduling_policy,
                 min_token_bucket=self.min_token_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_TOKEN_BUCKET),
-                min_seq_bucket=self.min_seq_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_SEQ_BUCKET)),
+                min_seq_bucket=self.min_seq_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_SEQ_BUCKET),
+                bucket_growth=self.bucket_growth or (_CPU_BUCKET_GROWTH if on_cpu else 2)),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel),

@@ -5,12 +5,12 @@ from __future__ import annotations
 import bisect
 
 
-def power_of_two_buckets(minimum: int, maximum: int) -> list[int]:
-    """minimum, 2*minimum, ... up to and including maximum (which need not be a power of two)."""
+def geometric_buckets(minimum: int, maximum: int, growth: int = 2) -> list[int]:
+    """minimum, growth*minimum, ... up to and including maximum (which need not be on the progression)."""
     buckets, b = [], max(1, minimum)
     while b < maximum:
         buckets.append(b)
-        b *= 2
+        b *= growth
     buckets.append(maximum)
     return buckets
 

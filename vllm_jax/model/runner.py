@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.batch import RowChunk, pack_step_inputs
-from vllm_jax.model.buckets import pick_bucket, power_of_two_buckets, seq_bucket_for
+from vllm_jax.model.buckets import geometric_buckets, pick_bucket, seq_bucket_for
 from vllm_jax.model.decoder import StepInputs, unstack_layers
 from vllm_jax.model.device_step import DeviceStep, StepPayload
 from vllm_jax.model.loader import build_model
@@ -115,8 +115,9 @@ class ModelRunner:
         kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape, NamedSharding(self.mesh, kv_spec))
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs)
 
-        self.token_buckets = power_of_two_buckets(sc.min_token_bucket, sc.max_num_batched_tokens)
-        self.seq_buckets = power_of_two_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs)
+        self.token_buckets = geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth)
+        self.seq_buckets = geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs,
+                                             sc.bucket_growth)
         self.requests: dict[str, CachedRequestState] = {}
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
