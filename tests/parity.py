@@ -10,6 +10,7 @@ from flax import nnx
 
 from tests.tiny_models import VOCAB_SIZE
 from vllm_jax.model.batch import RowChunk, pack_step_inputs
+from vllm_jax.model.decoder import unstack_layers
 from vllm_jax.model.loader import build_model
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.source import load_hf_config, resolve_model_source
@@ -20,11 +21,18 @@ SEQ_LENS = (5, 23, 2, 14)
 SPLITS = (3, 11, 1, 13)
 
 
-def load_forward(path):
-    """(spec, params, jitted forward(params, kv, inputs), zeroed KV cache) for a checkpoint directory."""
+def load_forward(path, layers: str = "stacked"):
+    """(spec, params, jitted forward(params, kv, inputs), zeroed KV cache) for a checkpoint directory.
+
+    `layers`: "stacked" (the scan over stacked params, as on TPU/GPU), "switched" (the scan over per-layer
+    arrays, as on CPU) or "unrolled" (--no-scan-layers)."""
     source = resolve_model_source(str(path))
     entry, spec = resolve_architecture(load_hf_config(source))
-    graphdef, params = nnx.split(build_model(entry, spec, "float32", source))
+    model = build_model(entry, spec, "float32", source)
+    model.scan_layers = layers != "unrolled"
+    graphdef, params = nnx.split(model)
+    if layers != "stacked":
+        unstack_layers(params)
     forward = jax.jit(lambda p, kv, x: nnx.merge(graphdef, p)(kv, x), donate_argnums=1)
     kv = jnp.zeros((spec.num_layers, 64, BLOCK_SIZE, 2 * spec.num_kv_heads, spec.head_dim), jnp.float32)
     return spec, params, forward, kv
@@ -35,10 +43,10 @@ def ragged_sequences(seed: int = 1) -> list[list[int]]:
     return [rng.integers(3, VOCAB_SIZE, n).tolist() for n in SEQ_LENS]
 
 
-def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]]) -> None:
+def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]], layers: str = "stacked") -> None:
     """Each sequence is split in two chunks computed in two steps (the second reads the first's KV from the
     pages), mixed with a decode-sized row: every computed position's logits match transformers within 1e-4."""
-    _, params, forward, kv = load_forward(path)
+    _, params, forward, kv = load_forward(path, layers)
     blocks, next_block = [], 1
     for s in seqs:
         n = -(-len(s) // BLOCK_SIZE)

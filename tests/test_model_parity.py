@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
 
-from tests.parity import (assert_greedy_matches_transformers, assert_logits_match_over_two_chunked_steps,
-                          ragged_sequences)
+from tests.parity import (BLOCK_SIZE, MAX_BLOCKS, assert_greedy_matches_transformers,
+                          assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences)
 from tests.tiny_models import ARCHS, make_tiny_checkpoint
+from vllm_jax.model.batch import pack_step_inputs
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -16,6 +18,19 @@ def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
     match transformers within 1e-4."""
     hf = make_tiny_checkpoint(arch, tmp_path)
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
+
+
+@pytest.mark.parametrize("layers", ["switched", "unrolled"])
+def test_every_layer_form_matches_transformers(layers, tmp_path):
+    """The CPU scan over per-layer arrays (switched matmuls) and the unrolled loop give the stacked scan's
+    logits (sliding-window Mistral: the per-layer window rides along the scan)."""
+    hf = make_tiny_checkpoint("mistral", tmp_path)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), layers=layers)
+    _, params, forward, kv = load_forward(tmp_path, layers)
+    inputs = pack_step_inputs([], block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS, num_tokens_padded=8,
+                              num_seqs_padded=8)
+    program = str(jax.make_jaxpr(forward)(params, kv, inputs))
+    assert ("scan[" in program and "cond[" in program) == (layers == "switched"), "not the asked layer form"
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
