@@ -53,7 +53,7 @@ def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 
     block_size = 16
     blocks_per_seq = -(-(context + 1) // block_size)
     with tempfile.TemporaryDirectory() as model_dir:
-        LlamaConfig(**SHAPES[shape]).save_pretrained(model_dir)
+        LlamaConfig(architectures=["LlamaForCausalLM"], **SHAPES[shape]).save_pretrained(model_dir)
         config = EngineArgs(model=model_dir, dtype=dtype, max_model_len=2 * context, block_size=block_size,
                             max_num_seqs=max(batches), max_num_batched_tokens=max(max(batches), 16),
                             num_gpu_blocks_override=max(batches) * blocks_per_seq + 1).create_config()
