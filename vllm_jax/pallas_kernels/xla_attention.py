@@ -26,10 +26,9 @@ _DECODE_GROUP = 8  # one-row sequences per gather
 
 
 def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
-                               query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
-                               sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
-                               layer_index: jax.Array | int | None = None,
-                               query_tile: int = _QUERY_TILE) -> jax.Array:
+                           query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
+                           sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
+                           layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE) -> jax.Array:
     """[T, num_q_heads, head_dim]; the same contract as reference.ragged_paged_attention_xla."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
