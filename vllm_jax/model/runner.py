@@ -9,7 +9,7 @@ Research use, without the scheduler or the server::
     runner = ModelRunner(EngineArgs(model="path/to/hf_dir").create_config())
     inputs = pack_step_inputs([RowChunk(token_ids=[1, 2, 3], num_computed=0, block_ids=[1])],
                               block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
-                              num_tokens_padded=16, num_seqs_padded=runner.seq_bucket(16))
+                              num_tokens_padded=8, num_seqs_padded=runner.seq_bucket(8))
     logits = runner.step(inputs)  # [S, vocab] float32; the KV cache is updated in place (donated)
 
 The step is a pure function of (params, kv_cache, inputs); the cache is donated so XLA updates it in place.
