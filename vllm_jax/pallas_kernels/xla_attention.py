@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.pallas_kernels.reference import (MASKED, cap, in_step_attention, in_window, row_layout,
+from vllm_jax.pallas_kernels.reference import (MASKED, RowLayout, cap, in_step_attention, in_window, row_layout,
                                                window_value)
 
 _CHUNK_BLOCKS = 8  # pages per iteration of a context loop
@@ -38,7 +38,12 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
     layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
     window = window_value(sliding_window)
     qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
-    state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
+    tile = min(query_tile, num_tokens)
+    if num_tokens % tile:
+        state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
+    else:
+        state = _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, layout, window, soft_cap,
+                               tile)
 
     width = block_tables.shape[1]
     tables = jnp.pad(block_tables, ((0, 0), (0, -(-width // _CHUNK_BLOCKS) * _CHUNK_BLOCKS - width)))
@@ -48,14 +53,50 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
     state = _single_row_context(qg, state, pages, seq_lens, query_start_loc, layout,
                                 has_context & (layout.q_lens == 1))
     state = _multi_row_context(qg, state, pages, seq_lens, query_start_loc, layout, num_seqs,
-                               has_context & (layout.q_lens > 1), min(query_tile, num_tokens))
+                               has_context & (layout.q_lens > 1), tile)
     m, l, acc = state
     out = acc / jnp.maximum(l, 1e-30)[..., None]
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 
+def _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, layout: RowLayout, window, soft_cap,
+                   tile: int):
+    """The keys written this step, by tiles of `tile` rows: query tile i only meets key tiles from the one holding
+    the start of its first row's sequence up to i (causal), instead of all T keys. Returns (m, l, acc)."""
+    num_tokens, num_kv_heads, group, head_dim = qg.shape
+    block_size = kv_cache.shape[2]
+    seq_idx, valid, q_pos = layout.seq_idx, layout.valid, layout.q_pos
+    slots = block_tables[seq_idx, q_pos // block_size] * block_size + q_pos % block_size
+    flat = kv_cache.reshape(kv_cache.shape[0], -1, *kv_cache.shape[3:])
+    batch_kv = flat[layer_index, slots].astype(jnp.float32)  # [T, 2*KVH, D]
+    k_all, v_all = batch_kv[:, 0::2], batch_kv[:, 1::2]
+    m = jnp.full((num_tokens, num_kv_heads, group), MASKED, jnp.float32)
+    state = (m, jnp.zeros_like(m), jnp.zeros_like(qg))
+
+    def query_tile(i, state):
+        rows = i * tile + jnp.arange(tile)
+        q = jax.lax.dynamic_slice_in_dim(qg, i * tile, tile)
+        first_key_tile = query_start_loc[seq_idx[i * tile]] // tile
+
+        def key_tile(j, carry):
+            keys = j * tile + jnp.arange(tile)
+            k = jax.lax.dynamic_slice_in_dim(k_all, j * tile, tile)
+            v = jax.lax.dynamic_slice_in_dim(v_all, j * tile, tile)
+            ok = ((seq_idx[rows][:, None] == seq_idx[keys][None, :]) & (keys[None, :] <= rows[:, None])
+                  & valid[rows][:, None] & valid[keys][None, :]
+                  & in_window(q_pos[rows][:, None], q_pos[keys][None, :], window))
+            return _fold(carry, jnp.einsum("tkgd,skd->tkgs", q, k), v, ok[:, None, None, :], "tkgs,skd->tkgd",
+                         soft_cap)
+
+        init = tuple(jax.lax.dynamic_slice_in_dim(x, i * tile, tile) for x in state)
+        out = jax.lax.fori_loop(first_key_tile, i + 1, key_tile, init)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, i * tile, 0) for x, y in zip(state, out))
+
+    return jax.lax.fori_loop(0, num_tokens // tile, query_tile, state)
+
+
 class _PageReader:
-    """Reads chunks of a sequence's pages and folds them into an online softmax."""
+    """Reads chunks of sequences' pages from one layer of the cache."""
 
     def __init__(self, kv_cache, layer_index, tables, soft_cap, window):
         self.kv_cache, self.layer_index, self.tables = kv_cache, layer_index, tables
@@ -69,14 +110,16 @@ class _PageReader:
         kv = kv.reshape(seqs.shape[0], self.chunk_tokens, *kv.shape[-2:])
         return kv[:, :, 0::2], kv[:, :, 1::2]
 
-    def fold(self, state, scores: jax.Array, v: jax.Array, ok: jax.Array, spec: str):
-        """Online-softmax update of (m, l, acc) with `scores` [..., c] masked by `ok`; `spec` is the p @ v einsum."""
-        m, l, acc = state
-        scores = jnp.where(ok, cap(scores, self.soft_cap), MASKED)
-        m_new = jnp.maximum(m, scores.max(-1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(scores - m_new[..., None])
-        return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + jnp.einsum(spec, p, v)
+
+def _fold(state, scores: jax.Array, v: jax.Array, ok: jax.Array, spec: str, soft_cap: float | None):
+    """Online-softmax update of (m, l, acc) with `scores` [..., c] masked by `ok`; `spec` is the p @ v einsum.
+    A row that sees nothing yet accumulates junk at m = MASKED, wiped (alpha = 0) by its first visible key."""
+    m, l, acc = state
+    scores = jnp.where(ok, cap(scores, soft_cap), MASKED)
+    m_new = jnp.maximum(m, scores.max(-1))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.exp(scores - m_new[..., None])
+    return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + jnp.einsum(spec, p, v)
 
 
 def _single_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc, layout, selected):
@@ -100,7 +143,7 @@ def _single_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc
             k_pos = j * pages.chunk_tokens + jnp.arange(pages.chunk_tokens, dtype=jnp.int32)
             ok = (k_pos[None, :] < context[:, None]) & in_window(q_pos[:, None], k_pos[None, :], pages.window)
             scores = jnp.einsum("skgd,sckd->skgc", q, k)
-            return pages.fold(carry, scores, v, ok[:, None, None, :], "skgc,sckd->skgd")
+            return _fold(carry, scores, v, ok[:, None, None, :], "skgc,sckd->skgd", pages.soft_cap)
 
         num_chunks = -(-context.max() // pages.chunk_tokens)
         sub = jax.lax.fori_loop(0, num_chunks, chunk, tuple(x[rows] for x in state))
@@ -131,7 +174,7 @@ def _multi_row_context(qg, state, pages: _PageReader, seq_lens, query_start_loc,
             ok = (mine[:, None] & (k_pos[None, :] < layout.context_lens[s])
                   & in_window(q_pos[:, None], k_pos[None, :], pages.window))
             scores = jnp.einsum("qkgd,ckd->qkgc", q, k[0])
-            return pages.fold(carry, scores, v[0], ok[:, None, None, :], "qkgc,ckd->qkgd")
+            return _fold(carry, scores, v[0], ok[:, None, None, :], "qkgc,ckd->qkgd", pages.soft_cap)
 
         after = jax.lax.fori_loop(0, -(-layout.context_lens[s] // pages.chunk_tokens), chunk, before)
         return tuple(jax.lax.dynamic_update_slice_in_dim(x, _where_rows(mine, a, b), start, 0)
