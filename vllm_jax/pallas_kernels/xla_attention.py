@@ -17,8 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.pallas_kernels.reference import (MASKED, RowLayout, cap, in_step_attention, in_window, row_layout,
-                                               window_value)
+from vllm_jax.pallas_kernels.reference import (MASKED, RowLayout, cap, in_step_attention, in_step_keys, in_window,
+                                               row_layout, window_value)
 
 _CHUNK_BLOCKS = 8  # pages per iteration of a context loop
 _QUERY_TILE = 64  # query rows per tile of a multi-row sequence
@@ -63,13 +63,9 @@ def _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, lay
                    tile: int):
     """The keys written this step, by tiles of `tile` rows: query tile i only meets key tiles from the one holding
     the start of its first row's sequence up to i (causal), instead of all T keys. Returns (m, l, acc)."""
-    num_tokens, num_kv_heads, group, head_dim = qg.shape
-    block_size = kv_cache.shape[2]
+    num_tokens, num_kv_heads, group, _ = qg.shape
     seq_idx, valid, q_pos = layout.seq_idx, layout.valid, layout.q_pos
-    slots = block_tables[seq_idx, q_pos // block_size] * block_size + q_pos % block_size
-    flat = kv_cache.reshape(kv_cache.shape[0], -1, *kv_cache.shape[3:])
-    batch_kv = flat[layer_index, slots].astype(jnp.float32)  # [T, 2*KVH, D]
-    k_all, v_all = batch_kv[:, 0::2], batch_kv[:, 1::2]
+    k_all, v_all = in_step_keys(kv_cache, layer_index, block_tables, layout)
     m = jnp.full((num_tokens, num_kv_heads, group), MASKED, jnp.float32)
     state = (m, jnp.zeros_like(m), jnp.zeros_like(qg))
 
