@@ -39,7 +39,7 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
     window = window_value(sliding_window)
     qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     tile = min(query_tile, num_tokens)
-    if num_tokens % tile:
+    if num_tokens % tile or tile == num_tokens:  # one tile: the dense product, without a loop around it
         state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
     else:
         state = _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, layout, window, soft_cap,
