@@ -152,7 +152,7 @@ class LayerSwitch:
     arrays: tuple[jax.Array, ...]
     index: jax.Array
 
-    def __rmatmul__(self, x: jax.Array) -> jax.Array:
+    def matmul(self, x: jax.Array) -> jax.Array:
         branches = [partial(_dot_nth, n) for n in range(len(self.arrays))]
         return jax.lax.switch(self.index, branches, x, self.arrays)
 
@@ -215,7 +215,7 @@ def _dense_mlp(w: dict, x: jax.Array) -> jax.Array:
 
 def _linear(x: jax.Array, weight: jax.Array | LayerSwitch, bias: jax.Array | None) -> jax.Array:
     if isinstance(weight, LayerSwitch):
-        y = x @ weight
+        y = weight.matmul(x)
     else:
         y = jnp.dot(x, weight, preferred_element_type=jnp.float32)
     if bias is not None:
