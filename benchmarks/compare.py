@@ -27,6 +27,7 @@ import os
 import time
 
 import numpy as np
+from device_decode import measure_bandwidth_gbs, run_device_mode
 
 SEED = 0
 
@@ -44,24 +45,18 @@ def workloads(vocab: int) -> dict[str, list[tuple[list[int], int]]]:
 
 
 def measure_floors(hidden: int, intermediate: int) -> dict[str, float]:
+    """f32 matmul GFLOP/s at the model's MLP shape, and read bandwidth over 256 MiB (far beyond any cache)."""
     import jax
     import jax.numpy as jnp
 
     a, b = jnp.ones((512, hidden), jnp.float32), jnp.ones((hidden, intermediate), jnp.float32)
     matmul = jax.jit(lambda a, b: a @ b)
-    big = jnp.ones((256 * 2**20 // 4,), jnp.float32)  # 1 GiB, far beyond any cache
-    reduce = jax.jit(lambda x: x.sum())
-    for fn, args in ((matmul, (a, b)), (reduce, (big,))):
-        jax.block_until_ready(fn(*args))
+    jax.block_until_ready(matmul(a, b))
     t0 = time.perf_counter()
     for _ in range(20):
         jax.block_until_ready(matmul(a, b))
     gflops = 20 * 2 * 512 * hidden * intermediate / (time.perf_counter() - t0) / 1e9
-    t0 = time.perf_counter()
-    for _ in range(5):
-        jax.block_until_ready(reduce(big))
-    bandwidth = 5 * big.nbytes / (time.perf_counter() - t0) / 1e9
-    return {"matmul_gflops": gflops, "bandwidth_gbs": bandwidth}
+    return {"matmul_gflops": gflops, "bandwidth_gbs": measure_bandwidth_gbs(256 << 20, repeats=5)}
 
 
 def run_engine(requests, **engine_args) -> tuple[float, int, float]:
@@ -131,8 +126,6 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ns = parser.parse_args()
     if ns.device_mode:
-        from device_decode import run_device_mode
-
         results = run_device_mode(ns.device_shape, tuple(ns.batches))
         if ns.output_json:
             with open(ns.output_json, "w") as f:

@@ -25,7 +25,7 @@ SHAPES = {
 }
 
 
-def measure_bandwidth_gbs(num_bytes: int) -> float:
+def measure_bandwidth_gbs(num_bytes: int, repeats: int = 10) -> float:
     """Read bandwidth of the default device: a reduction over a `num_bytes` array."""
     import jax
     import jax.numpy as jnp
@@ -34,9 +34,9 @@ def measure_bandwidth_gbs(num_bytes: int) -> float:
     reduce = jax.jit(lambda x: x.sum())
     jax.block_until_ready(reduce(big))
     t0 = time.perf_counter()
-    for _ in range(10):
+    for _ in range(repeats):
         jax.block_until_ready(reduce(big))
-    return 10 * big.nbytes / (time.perf_counter() - t0) / 1e9
+    return repeats * big.nbytes / (time.perf_counter() - t0) / 1e9
 
 
 def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 32, 64, 128, 256),
@@ -56,7 +56,8 @@ def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 
         LlamaConfig(architectures=["LlamaForCausalLM"], **SHAPES[shape]).save_pretrained(model_dir)
         config = EngineArgs(model=model_dir, dtype=dtype, max_model_len=2 * context, block_size=block_size,
                             max_num_seqs=max(batches), max_num_batched_tokens=max(max(batches), 16),
-                            num_gpu_blocks_override=max(batches) * blocks_per_seq + 1).create_config()
+                            num_gpu_blocks_override=1 + max(max(batches) * blocks_per_seq,
+                                                            -(-2 * context // block_size))).create_config()
         runner = ModelRunner(config, random_weights=True)
     spec = runner.spec
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(runner.params))
