@@ -1,7 +1,9 @@
 """The `xla` attention backend: ragged paged attention in plain XLA ops, shaped for CPU (and GSPMD under TP).
 
-Same contract and the same in-step part as the reference (reference.py, the kernels' oracle), but the context
-part (the KV each sequence had before this step) reads each sequence's pages once instead of once per query row:
+Same contract and the same split as the reference (reference.py, the kernels' oracle). The in-step part (the
+keys written this step) runs by tiles of query rows, each meeting only the key tiles of its own sequences up to
+itself, instead of the dense [T, T] product. The context part (the KV each sequence had before this step) reads
+each sequence's pages once instead of once per query row:
 
 * sequences with one query row (decode) gather their pages in groups of 8 sequences, packed first, so the
   padding rows and sequence slots of a bucket cost no page reads;
