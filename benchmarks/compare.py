@@ -61,8 +61,7 @@ def measure_floors(hidden: int, intermediate: int) -> dict[str, float]:
 
 def run_engine(requests, **engine_args) -> tuple[float, int, float]:
     """(seconds, output tokens, warm-up seconds) through LLM.generate."""
-    from vllm_jax import SamplingParams
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM, SamplingParams
 
     llm = LLM(**engine_args)
     prompts = [{"prompt_token_ids": p} for p, _ in requests]

@@ -30,8 +30,7 @@ def main() -> None:
     add_engine_args(parser)
     ns = parser.parse_args()
 
-    from vllm_jax import SamplingParams
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(**dataclasses.asdict(engine_args_from_namespace(ns, ns.model)))

@@ -20,8 +20,7 @@ from tests.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
-    from vllm_jax import SamplingParams
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM, SamplingParams
 
     llm = LLM(model_dir, **{**ENGINE_ARGS, **args})
     outs = llm.generate(prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)

@@ -17,7 +17,7 @@ from tests.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
 def main(rank: int, port: int, model_dir: str) -> None:
     from vllm_jax import EngineArgs, SamplingParams
     from vllm_jax.engine.worker import run_worker
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM
 
     dist = dict(tensor_parallel_size=2, distributed_coordinator=f"127.0.0.1:{port}", num_processes=2,
                 process_id=rank)

@@ -73,8 +73,7 @@ def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]], 
 def assert_greedy_matches_transformers(hf, path, max_tokens: int = 32) -> None:
     """Prompts of 7, 30 and 1 tokens through LLM.generate: greedy continuations token-identical to HF's."""
     from tests.tiny_models import hf_greedy
-    from vllm_jax import SamplingParams
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM, SamplingParams
 
     llm = LLM(str(path), max_model_len=128, num_gpu_blocks_override=64, block_size=8, max_num_seqs=8,
               max_num_batched_tokens=32)

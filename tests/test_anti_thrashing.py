@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
-from vllm_jax import SamplingParams
-from vllm_jax.llm import LLM
+from vllm_jax import LLM, SamplingParams
 
 MAX_TOKENS = 24
 NUM_BLOCKS = 20  # 19 usable blocks of 8 tokens for up to 8 requests of up to 73 tokens

