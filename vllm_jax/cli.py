@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import sys
 import time
 import typing
 
 from vllm_jax.config import EngineArgs
+from vllm_jax.logger import configure_logging
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -52,7 +52,10 @@ ENGINE_FLAG_HELP = {
     "data_parallel_size": "data-parallel replicas",
     "enable_expert_parallel": "shard MoE experts over the tensor-parallel devices",
     "attention_backend": "auto, xla, pallas_tpu or pallas_gpu",
-    "compilation_cache_dir": "persistent XLA compilation cache directory (faster restarts)",
+    "compilation_cache_dir": "where compiled programs persist, so a restart reads them instead of compiling "
+                             "(default: ~/.cache/vllm_jax/compile, or $VLLM_JAX_CACHE_ROOT/compile)",
+    "compilation_cache": "keep compiled programs on disk for fast restarts (--no-compilation-cache, or "
+                         "VLLM_DISABLE_COMPILE_CACHE=1, turns it off)",
     "distributed_coordinator": "host:port of the jax.distributed coordinator (multi-host runs)",
     "num_processes": "number of host processes in a multi-host run",
     "process_id": "this host's index in a multi-host run",
@@ -124,6 +127,7 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def _serve(ns: argparse.Namespace) -> int:
+    started = time.perf_counter()
     from vllm_jax.server.launcher import run_serve
 
     names = ns.served_model_name
@@ -136,7 +140,7 @@ def _serve(ns: argparse.Namespace) -> int:
 
         run_worker(args)
         return 0
-    return run_serve(args, ns)
+    return run_serve(args, ns, started=started)
 
 
 def _convert(ns: argparse.Namespace) -> int:
@@ -213,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(root=True)
     ns = build_parser().parse_args(argv)
     return ns.func(ns)
 

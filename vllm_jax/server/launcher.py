@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -130,8 +131,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_serve(args: Any, ns: Any) -> int:
-    """`vllm-jax serve`: build the engine and the app from the parsed flags, serve until a signal."""
+def run_serve(args: Any, ns: Any, started: float | None = None) -> int:
+    """`vllm-jax serve`: build the engine and the app from the parsed flags, serve until a signal.
+
+    `started`: the perf_counter() reading when the command began, for the start-up time in the ready line."""
+    started = time.perf_counter() if started is None else started
     from vllm_jax.engine.async_llm import AsyncLLM
     from vllm_jax.server.api_server import build_app
 
@@ -169,7 +173,8 @@ def run_serve(args: Any, ns: Any) -> int:
         return 1
 
     def announce(url: str) -> None:
-        print(f"INFO: vllm-jax serving {names[0]} at {url}/v1", flush=True)
+        print(f"INFO: vllm-jax serving {names[0]} at {url}/v1 (started in {time.perf_counter() - started:.1f} s)",
+              flush=True)
 
     server = HttpServer(app, engine, host=ns.host, port=ns.port, shutdown_timeout=ns.shutdown_timeout,
                         log_level=ns.uvicorn_log_level, on_ready=announce)
