@@ -135,6 +135,12 @@ CASES = [
         "only text content parts"),
     Bad("continue_final_message after a user message", "/v1/chat/completions",
         _chat(continue_final_message=True, add_generation_prompt=False), "messages", "assistant"),
+    Bad("chat_template_kwargs nested 900 deep", "/v1/chat/completions",
+        _chat(chat_template_kwargs={"deep": json.loads("[" * 900 + "]" * 900)}), "chat_template_kwargs",
+        "at most 64 levels"),
+    Bad("/tokenize chat_template_kwargs nested 900 deep", "/tokenize",
+        {"messages": USER, "chat_template_kwargs": {"d": json.loads("[" * 900 + "]" * 900)}},
+        "chat_template_kwargs", "at most 64 levels"),
     # text that is not Unicode: JSON can spell lone surrogates, UTF-8 cannot encode them
     Bad("lone surrogate in the prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt",
         "unpaired surrogates"),
@@ -289,7 +295,7 @@ def test_a_megabytes_long_prompt_is_tokenized_without_stalling_other_requests(se
     {"repetition_penalty": 1e-300}, {"logit_bias": {"5": 1e308}}, {"top_k": 2**31 - 1}, {"n": MAX_N},
     {"min_p": 1.0}, {"seed": -(2**63)}, {"priority": 2**63 - 1}, {"stop": ["x" * MAX_STOP_CHARS]},
     {"prompt": [[1, 5]] * 64}, {"x": json.loads("[" * 900 + "]" * 900)},
-    {"chat_template_kwargs": {"deep": json.loads("[" * 900 + "]" * 900)}},
+    {"chat_template_kwargs": {"deep": json.loads("[" * 60 + "]" * 60)}},
 ], ids=lambda f: ",".join(f))
 def test_extreme_but_valid_values_are_served(http: httpx.Client, fields: dict[str, Any]) -> None:
     path = "/v1/chat/completions" if "chat_template_kwargs" in fields else "/v1/completions"

@@ -33,6 +33,22 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
     "return_assistant_tokens_mask"})
 
 
+MAX_TEMPLATE_KWARGS_DEPTH = 64  # far beyond any template's needs; transformers recurses twice per level
+
+
+def nesting_depth(value: Any) -> int:
+    """How deep lists and dicts nest in a JSON value (counted without recursion: the input is the client's)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 def load_chat_template(value: str | None) -> str | None:
     """`--chat-template`: a file path, or the Jinja template itself (anything with braces or newlines)."""
     if value is None:
@@ -128,6 +144,9 @@ class ServingContext:
             raise bad_request("continue_final_message needs the last message to be from the assistant.",
                               param="messages")
         extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+        if nesting_depth(extra) > MAX_TEMPLATE_KWARGS_DEPTH:  # transformers walks the values recursively
+            raise bad_request(f"chat_template_kwargs may nest at most {MAX_TEMPLATE_KWARGS_DEPTH} levels deep.",
+                              param="chat_template_kwargs")
         try:
             text = tokenizer.apply_chat_template(
                 conversation, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
