@@ -1,40 +1,134 @@
-"""--compilation-cache-dir: the first engine fills the persistent XLA cache, a restart compiles from it.
+"""The compilation cache: on by default, the first engine stores every warm-up program, a restart loads them all
+(no trace, no compile) and generates the same tokens; a corrupt entry is recompiled; the cache can be moved or
+turned off.
 
-Run in subprocesses: jax's cache directory is process-wide configuration."""
+Engines run in subprocesses: jax's cache directory is process-wide configuration."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.tiny_models import make_tiny_checkpoint
+from vllm_jax.config import EngineArgs
+from vllm_jax.model.compile_cache import resolve_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import json, sys
-from vllm_jax.llm import LLM
-llm = LLM(sys.argv[1], compilation_cache_dir=sys.argv[2], max_model_len=64, block_size=8,
-          num_gpu_blocks_override=32, max_num_seqs=8, max_num_batched_tokens=32)
-print(json.dumps({"warmup_s": llm.llm_engine.warmup_seconds}))
+from vllm_jax import LLM, SamplingParams
+kwargs = json.loads(sys.argv[2])
+llm = LLM(sys.argv[1], max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=8,
+          max_num_batched_tokens=32, **kwargs)
+runner = llm.llm_engine.runner
+store = runner.device.store
+warm = {"compiled": runner.num_compilations, "loaded": store.loaded if store else 0,
+        "plan": len(runner.warmup_plan()), "cache_dir": runner.compilation_cache_dir}
+out = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+warm["tokens"] = out[0].outputs[0].token_ids
+print(json.dumps(warm))
 """
 
 
-def _start(model: Path, cache: Path) -> float:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model), str(cache)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-                                                      "PATH": "/usr/bin:/bin"})
+def _start(model: Path, env: dict[str, str], **kwargs) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model), json.dumps(kwargs)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])["warmup_s"]
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"stderr": proc.stderr}
 
 
-def test_second_start_reads_programs_from_the_persistent_cache(tmp_path):
-    make_tiny_checkpoint("llama", tmp_path / "model")
-    cache = tmp_path / "xla_cache"
-    cold = _start(tmp_path / "model", cache)
-    entries = sorted(p.name for p in cache.iterdir())
-    assert len(entries) >= 5  # forwards and sampler variants were written
-    warm = _start(tmp_path / "model", cache)
-    assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new to compile
-    assert warm < cold
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cc") / "model"
+    make_tiny_checkpoint("llama", path)
+    return path
+
+
+def test_default_cache_stores_every_program_and_a_restart_loads_them_all(model, tmp_path):
+    env = {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
+    cold = _start(model, env)
+    assert cold["cache_dir"] == str(tmp_path / "root" / "compile")
+    assert cold["compiled"] == cold["plan"] and cold["loaded"] == 0
+    stored = sorted(p.name for p in (tmp_path / "root" / "compile" / "programs").rglob("*.exe"))
+    assert len(stored) == cold["plan"]
+    warm = _start(model, env)
+    assert warm["compiled"] == 0 and warm["loaded"] == warm["plan"]  # nothing traced, nothing compiled
+    assert warm["tokens"] == cold["tokens"]
+    assert f"0 compiled, {warm['plan']} loaded from the compilation cache" in warm["stderr"]
+    assert sorted(p.name for p in (tmp_path / "root" / "compile" / "programs").rglob("*.exe")) == stored
+
+
+def test_a_different_config_does_not_reuse_programs(model, tmp_path):
+    env = {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
+    first = _start(model, env)
+    other = _start(model, env, max_logprobs=3)  # the logprobs sampler variant has another static K
+    assert other["loaded"] == 0 and other["compiled"] == other["plan"]
+    assert other["tokens"] == first["tokens"]
+
+
+def test_a_corrupt_stored_program_is_recompiled(model, tmp_path):
+    env = {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
+    cold = _start(model, env)
+    victim = sorted((tmp_path / "root" / "compile" / "programs").rglob("forward-*.exe"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    warm = _start(model, env)
+    assert warm["loaded"] == warm["plan"] - 1 and warm["compiled"] == 1
+    assert "dropping unreadable stored program" in warm["stderr"]
+    assert warm["tokens"] == cold["tokens"]
+
+
+def test_compilation_cache_dir_moves_it_and_no_compilation_cache_turns_it_off(model, tmp_path):
+    moved = _start(model, {}, compilation_cache_dir=str(tmp_path / "mine"))
+    assert moved["cache_dir"] == str(tmp_path / "mine") and any((tmp_path / "mine" / "programs").rglob("*.exe"))
+    off = _start(model, {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "unused")}, compilation_cache=False)
+    assert off["cache_dir"] is None and off["compiled"] == off["plan"]
+    assert not (tmp_path / "unused").exists()
+
+
+def test_cache_directory_resolution(monkeypatch):
+    monkeypatch.setenv("VLLM_JAX_CACHE_ROOT", "/somewhere")
+    assert resolve_cache_dir(None, True) == "/somewhere/compile"
+    assert resolve_cache_dir("~/elsewhere", True) == os.path.expanduser("~/elsewhere")
+    assert resolve_cache_dir("/x", False) is None
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")  # vLLM's switch
+    assert resolve_cache_dir("/x", True) is None
+    monkeypatch.delenv("VLLM_JAX_CACHE_ROOT")
+    monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert resolve_cache_dir(None, True) == "/xdg/vllm_jax/compile"
+    assert EngineArgs().compilation_cache is True
+
+
+SHARED_PROGRAMS = """
+import json, sys
+from vllm_jax import LLM, SamplingParams
+tokens = []
+for max_num_seqs in (4, 8, 8):  # 4 and 8 share their smallest buckets' programs
+    llm = LLM(sys.argv[1], max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=32)
+    out = llm.generate([[1, 2, 3], [4, 5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)
+    tokens.append([o.outputs[0].token_ids for o in out])
+    store = llm.llm_engine.runner.device.store
+    del llm
+print(json.dumps({"tokens": tokens, "loaded_last": store.loaded}))
+"""
+
+
+def test_programs_jax_read_from_its_cache_are_not_stored_again(model, tmp_path):
+    """The second engine gets its smallest buckets' programs from jax's cache (the first compiled them); storing
+    those would store executables without their kernels on CPU, so only its fresh compiles are stored, and the
+    third engine, loading them, runs."""
+    proc = subprocess.run([sys.executable, "-c", SHARED_PROGRAMS, str(model)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
+                                                      "PATH": "/usr/bin:/bin",
+                                                      "VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["tokens"][0] == result["tokens"][1] == result["tokens"][2]
+    assert result["loaded_last"] > 0

@@ -78,7 +78,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     attention_backend: str
-    compilation_cache_dir: str | None
+    compilation_cache_dir: str | None  # resolved: the directory in use, or None (no persistent cache)
     platform: str  # jax.default_backend() at config time: cpu / gpu / tpu
     scan_layers: bool
 
@@ -108,7 +108,10 @@ class EngineArgs:
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     attention_backend: str = "auto"
+    # Compiled programs persist in a per-user directory by default (model/compile_cache.py), so a restart reads
+    # them instead of compiling again; `compilation_cache_dir` moves it, `compilation_cache=False` turns it off.
     compilation_cache_dir: str | None = None
+    compilation_cache: bool = True
     distributed_coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
@@ -130,6 +133,7 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         import jax
 
+        from vllm_jax.model.compile_cache import resolve_cache_dir
         from vllm_jax.model.source import load_hf_config, resolve_model_source
 
         _check_choice("dtype", self.dtype, DTYPES)
@@ -206,7 +210,7 @@ class EngineArgs:
                 tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel),
             attention_backend=self.attention_backend,
-            compilation_cache_dir=self.compilation_cache_dir,
+            compilation_cache_dir=resolve_cache_dir(self.compilation_cache_dir, self.compilation_cache),
             platform=platform,
             scan_layers=self.scan_layers,
         )

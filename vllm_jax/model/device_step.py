@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vllm_jax.model.compile_cache import ProgramStore, count_cache_lookups
 from vllm_jax.model.decoder import StepInputs
 from vllm_jax.model.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
 
@@ -34,11 +36,22 @@ class StepResult:
 
 
 class DeviceStep:
+    """The jitted forward, sampler and prompt-logprobs programs over the params and the donated KV cache.
+
+    Warm-up precompiles the forward and sampler for every bucket (`precompile_forward` / `precompile_sample`):
+    the executables are loaded from the `ProgramStore` when it has them, else lowered, compiled and stored. A
+    call whose input shapes have a precompiled executable runs it; any other goes through `jax.jit`, which
+    traces (counted in `num_compilations`) and compiles on first use.
+    """
+
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, mesh: Mesh,
-                 max_logprobs: int):
+                 max_logprobs: int, store: ProgramStore | None = None):
         self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
         self.max_logprobs = max_logprobs
         self.num_compilations = 0
+        self.store = store
+        self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
+        self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
         replicated = NamedSharding(mesh, PartitionSpec())
         self._to_device = _replicator(replicated)
         self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
@@ -60,7 +73,8 @@ class DeviceStep:
 
     def forward(self, inputs: StepInputs) -> jax.Array:
         """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits."""
-        self.kv_cache, logits = self._forward(self.params, self.kv_cache, self._to_device(inputs))
+        program = self._executables.get(("forward", _signature(inputs)), self._forward)
+        self.kv_cache, logits = program(self.params, self.kv_cache, self._to_device(inputs))
         return logits
 
     def run(self, payload: StepPayload) -> StepResult:
@@ -78,7 +92,52 @@ class DeviceStep:
         return StepResult(self.sample(logits, payload.sampling, payload.num_logprobs), prompt_lp)
 
     def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
-        return _fetch(self._sample(logits, self._to_device(tensors), num_logprobs))
+        executable = self._executables.get(("sample", _signature(tensors), num_logprobs))
+        tensors = self._to_device(tensors)
+        out = executable(logits, tensors) if executable is not None else self._sample(logits, tensors, num_logprobs)
+        return _fetch(out)
+
+    # --- warm-up ---
+    def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
+        """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""
+        key = ("forward", _signature(inputs))
+        args = (self.params, self.kv_cache, self._to_device(inputs))
+        executable = self._executables.get(key) or self._load_or_compile(key, self._forward, args, args, (0, 0))
+        self._executables[key] = executable
+        _, logits = executable.out_info  # outputs: (kv_cache, logits)
+        return jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=executable.output_shardings[1])
+
+    def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors, num_logprobs: int) -> None:
+        key = ("sample", _signature(tensors), num_logprobs)
+        if key not in self._executables:
+            tensors = self._to_device(tensors)
+            outputs = SamplerOutput(0) if num_logprobs < 0 else SamplerOutput(0, 0, 0, 0)  # see sampler.sample
+            self._executables[key] = self._load_or_compile(key, self._sample, (logits, tensors, num_logprobs),
+                                                           (logits, tensors), outputs)
+
+    def _load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
+        """The executable for `key`: loaded from the store, else compiled (and stored when freshly compiled).
+
+        `outputs`: any pytree shaped like the program's outputs, to rebuild the executable's pytrees on load."""
+        if self.store is None:
+            return jitted.lower(*args).compile()
+        name, signature = key[0], repr(key[1:])
+        trees = (jax.tree.structure((dynamic_args, {})), jax.tree.structure(outputs))
+        executable = self.store.load(name, signature, trees, self.devices)
+        if executable is None:
+            with count_cache_lookups() as jax_cache:
+                executable = jitted.lower(*args).compile()
+            # Only a fresh compile is stored: on CPU, an executable jax read back from its own cache serializes
+            # without its kernels ("Function ... not found" once loaded). jax's cache serves that program anyway.
+            if jax_cache.hits == 0:
+                self.store.save(name, signature, executable, trees)
+        return executable
+
+
+def _signature(tree: Any) -> tuple:
+    """What picks a compiled program: the pytree's structure and each leaf's shape and dtype."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
 def _replicator(sharding: NamedSharding):

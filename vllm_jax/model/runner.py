@@ -20,8 +20,10 @@ payload and the others run `serve_worker()`, executing the same device step.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jax
@@ -32,6 +34,7 @@ from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.batch import RowChunk, pack_step_inputs
+from vllm_jax.model.compile_cache import ProgramStore, count_cache_lookups, use_compilation_cache
 from vllm_jax.model.buckets import geometric_buckets, pick_bucket, seq_bucket_for
 from vllm_jax.model.decoder import StepInputs, unstack_layers
 from vllm_jax.model.device_step import DeviceStep, StepPayload
@@ -75,10 +78,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, *, random_weights: bool = False, devices: list | None = None):
         self.config = config
         mc, cc, sc, pc = config.model_config, config.cache_config, config.scheduler_config, config.parallel_config
-        if config.compilation_cache_dir:
-            jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        self.compilation_cache_dir = use_compilation_cache(config.compilation_cache_dir)
         self.model_entry, self.spec = resolve_architecture(mc.hf_config)
         tp = pc.tensor_parallel_size
         self.mesh = make_mesh(tp, 1, pc.enable_expert_parallel, devices=devices)
@@ -113,7 +113,8 @@ class ModelRunner:
         self.kv_shape = kv_cache_alloc.KVCacheShape(self.spec.num_layers, self.num_blocks, cc.block_size,
                                                     self.spec.num_kv_heads, self.spec.head_dim, mc.kv_cache_dtype)
         kv_cache = kv_cache_alloc.allocate_kv_cache(self.kv_shape, NamedSharding(self.mesh, kv_spec))
-        self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs)
+        self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs,
+                                 store=self._program_store(params, kv_cache))
 
         self.token_buckets = geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth)
         self.seq_buckets = geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs,
@@ -256,23 +257,110 @@ class ModelRunner:
             multihost.broadcast_stop()
 
     # --- warm-up ---
-    def warmup(self, show_progress: bool = True) -> float:
-        """Compile every token bucket's forward and every sampler variant; returns the seconds it took.
+    def warmup_plan(self) -> list[tuple[str, Callable[[], object]]]:
+        """Every program a workload can need, one (label, make-it-ready) pair each, in a fixed order.
 
-        Deterministic given the config, so every process of a multi-host run performs the same calls."""
-        t0 = time.perf_counter()
-        pairs = [(t, self.seq_bucket(t)) for t in self.token_buckets]
-        variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, repetition_penalty=1.1)]
-        for num_tokens, num_seqs in tqdm(pairs, desc="warm-up: compiling buckets", disable=not show_progress):
+        Each token bucket's forward, then per new sequence bucket the sampler variants (plain and with penalties,
+        without and with logprobs). Deterministic given the config, so every process of a multi-host run performs
+        the same calls."""
+        plan: list[tuple[str, Callable[[], object]]] = []
+        variants = [("greedy", SamplingParams(temperature=0.0)),
+                    ("penalties", SamplingParams(temperature=0.0, repetition_penalty=1.1))]
+        logits_for: dict[int, jax.ShapeDtypeStruct] = {}  # sequence bucket -> the forward's logits (abstract)
+
+        def forward(num_tokens: int, num_seqs: int) -> None:
             inputs = pack_step_inputs([], block_size=self.block_size, max_blocks_per_seq=self.max_blocks_per_seq,
                                       num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
-            logits = self.step(inputs)
-            for params in variants:  # compiles once per sequence bucket, then only runs
-                row = RowSamplingInput(params, 0, [0], [], 1)
-                tensors, _, _ = build_sampling_tensors([row], num_seqs, self.vocab_size)
+            logits_for[num_seqs] = self.device.precompile_forward(inputs)
+
+        def sampler(num_seqs: int, params: SamplingParams, num_logprobs: int) -> None:
+            tensors, _, _ = build_sampling_tensors([RowSamplingInput(params, 0, [0], [], 1)], num_seqs,
+                                                   self.vocab_size)
+            self.device.precompile_sample(logits_for[num_seqs], tensors, num_logprobs)
+
+        sampled_buckets: set[int] = set()
+        for num_tokens in self.token_buckets:
+            num_seqs = self.seq_bucket(num_tokens)
+            plan.append((f"forward T={num_tokens} S={num_seqs}", functools.partial(forward, num_tokens, num_seqs)))
+            if num_seqs in sampled_buckets:
+                continue  # the sampler programs depend on the sequence bucket only
+            sampled_buckets.add(num_seqs)
+            for name, params in variants:
                 for k in (NO_LOGPROBS, self.max_logprobs):
-                    self.device.sample(logits, tensors, k)
-        jax.block_until_ready(self.kv_cache)
+                    plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",
+                                 functools.partial(sampler, num_seqs, params, k)))
+        return plan
+
+    def warmup(self, show_progress: bool = True) -> float:
+        """Make every program of `warmup_plan` ready (loaded from the compilation cache, or compiled and stored);
+        returns the seconds it took.
+
+        Progress: a bar when `show_progress`, else a log line every few seconds saying how many programs remain."""
+        t0 = time.perf_counter()
+        plan = self.warmup_plan()
+        if self.compilation_cache_dir:
+            logger.info("warm-up: %d programs to compile, or to load from the compilation cache at %s", len(plan),
+                        self.compilation_cache_dir)
+        else:
+            logger.info("warm-up: %d programs to compile (compilation cache off: every start compiles them)",
+                        len(plan))
+        store = self.device.store
+        loaded_before = store.loaded if store is not None else 0
+        report = _WarmupReport(len(plan), show_progress)
+        with count_cache_lookups() as jax_cache:
+            for label, make_ready in plan:
+                report.start(label)
+                make_ready()
+                report.done()
+            jax.block_until_ready(self.kv_cache)
+        report.close()
+        if store is not None:
+            store.touch_and_prune()
         seconds = time.perf_counter() - t0
-        logger.info("warm-up compiled %d programs in %.1f s", self.num_compilations, seconds)
+        loaded = (store.loaded - loaded_before if store is not None else 0) + jax_cache.hits
+        logger.info("warm-up: %d programs ready in %.1f s (%d compiled, %d loaded from the compilation cache)",
+                    len(plan), seconds, len(plan) - loaded, loaded)
         return seconds
+
+    def _program_store(self, params: nnx.State, kv_cache: jax.Array) -> ProgramStore | None:
+        """The store of warm-up's executables, filed under everything that shapes them (None: cache off, or
+        several processes, where jax's own cache is used)."""
+        if not self.compilation_cache_dir or jax.process_count() > 1:
+            return None
+        cfg, mc = self.config, self.config.model_config
+        avals = jax.tree.map(lambda x: (x.shape, str(x.dtype), repr(x.sharding)), (params, kv_cache))
+        fingerprint = [mc.hf_config.to_json_string(), mc.dtype, mc.kv_cache_dtype, str(mc.max_model_len),
+                       str(mc.max_logprobs), repr(cfg.cache_config.block_size), repr(cfg.scheduler_config),
+                       repr(cfg.parallel_config), cfg.attention_backend, cfg.platform, str(cfg.scan_layers),
+                       repr([(d.id, d.device_kind) for d in self.mesh.devices.flat]), repr(avals)]
+        return ProgramStore(self.compilation_cache_dir, fingerprint)
+
+
+class _WarmupReport:
+    """Warm-up progress: a tqdm bar (offline use), or a log line at most every few seconds (the server's log)."""
+
+    INTERVAL_S = 5.0
+
+    def __init__(self, total: int, bar: bool):
+        self.total, self.finished = total, 0
+        self.bar = tqdm(total=total, desc="warm-up: compiling programs", unit="program") if bar else None
+        self.t0 = self.last = time.perf_counter()
+
+    def start(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+
+    def done(self) -> None:
+        self.finished += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            return
+        now = time.perf_counter()
+        if now - self.last >= self.INTERVAL_S and self.finished < self.total:
+            self.last = now
+            logger.info("warm-up: %d/%d programs ready, %d to go (%.0f s so far)", self.finished, self.total,
+                        self.total - self.finished, now - self.t0)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
