@@ -51,20 +51,27 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                            backend: str = "auto", interpret=False,
-                           layer_index: jax.Array | int | None = None, platform: str | None = None) -> jax.Array:
+                           layer_index: jax.Array | int | None = None, platform: str | None = None,
+                           kv_head_offset: jax.Array | int | None = None) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
     Extension to DESIGN.md's signature: with `layer_index`, `kv_cache_layer` may be the whole
     [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the donated cache.
     `interpret`: force Pallas interpret mode (True, or a pltpu.InterpretParams for pallas_tpu).
     `platform`: the target chip's platform when it is not jax's backend (ahead-of-time compilation).
+    `kv_head_offset` (Pallas backends, for sharding/kernel_sharding.py): all of q's heads attend that one KV
+    head of a cache that holds every KV head.
     """
     backend = resolve_backend(backend, platform)
     args = (q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs)
     kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index)
     if backend == "xla":
+        if kv_head_offset is not None:
+            raise ValueError("kv_head_offset is for the Pallas backends (the xla backend is partitioned by GSPMD)")
         return xla_attention.ragged_paged_attention(*args, **kwargs)
     mode = _interpret_mode(backend, interpret, platform)
+    if kv_head_offset is not None:
+        kwargs["kv_head_offset"] = kv_head_offset
     if backend == "pallas_tpu":
         return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode,
                                                         head_loads=_tpu_head_loads(kv_cache_layer, mode))

@@ -43,6 +43,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from vllm_jax.pallas_kernels.costs import attention_cost
+
 MASKED = -1e30  # finite: rows that see nothing stay finite (exp(MASKED - MASKED) is never taken unmasked)
 _LANES = 128
 _ANY = getattr(pl, "ANY", None) or getattr(pltpu, "ANY", None) or pltpu.TPUMemorySpace.ANY
@@ -341,24 +343,6 @@ def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, h
             f"{chip.smem_bytes // 1024} KiB: lower --max-num-seqs or --max-num-batched-tokens")
     return TpuPlan(tq=tq, pages_per_block=pages, vmem_estimate_bytes=estimate(tq, pages), vmem_limit_bytes=limit,
                    smem_bytes=smem, chip=chip.name)
-
-
-def attention_cost(*, num_tokens: int, num_seqs: int, num_q_heads: int, cache_kv_heads: int, head_dim: int,
-                   block_size: int, table_width: int, num_pages: int, q_dtype, kv_dtype, tile_tokens: int,
-                   extra_bytes: int = 0) -> pl.CostEstimate:
-    """A static pl.CostEstimate of one attention call at full occupancy: every sequence slot holds
-    min(max_model_len, cache size / slots) tokens of context (the lengths are only known at run time, so this
-    is the bucket's upper bound). Flops: QK^T and PV (2 x 2 x head_dim per query head and key); bytes: the
-    queries and the output once, each sequence's pages once per query tile of it, and its table entries."""
-    context = max(1, min(table_width * block_size, num_pages * block_size // max(num_seqs, 1)))
-    tokens_per_seq = -(-num_tokens // max(num_seqs, 1))
-    tiles_per_seq = max(1, -(-tokens_per_seq // max(tile_tokens, 1)))
-    page_reads = num_seqs * tiles_per_seq * -(-context // block_size)
-    kv_bytes = page_reads * block_size * 2 * cache_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize
-    q_bytes = 2 * num_tokens * num_q_heads * head_dim * jnp.dtype(q_dtype).itemsize
-    keys = num_tokens * context
-    return pl.CostEstimate(flops=int(4 * keys * num_q_heads * head_dim), transcendentals=int(keys * num_q_heads),
-                           bytes_accessed=int(kv_bytes + q_bytes + 4 * page_reads + extra_bytes))
 
 
 def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
