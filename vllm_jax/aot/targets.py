@@ -204,6 +204,9 @@ def get_target(name: str) -> Target:
 
     if spec.platform == "tpu":
         os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata-server query on a non-TPU host
+        # Compile-only use touches no chip: let several processes (tests, a benchmark) load libtpu at once
+        # instead of failing on its /tmp/libtpu_lockfile.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         x, y = (int(v) for v in (shape or "1x1").split("x"))
         topo = topologies.get_topology_desc(
             topology_name=f"{spec.topology_prefix}:{x}x{y}", platform="tpu", chip_config_name="default",
