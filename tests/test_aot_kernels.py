@@ -10,6 +10,7 @@ must contain the Pallas kernel (a fallback to XLA ops must not pass). Shapes: Ll
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -143,7 +144,7 @@ def test_the_compile_enforces_the_chips_limits():
     assert not report.ok and "RESOURCE_EXHAUSTED" in report.error
 
     g = _target("h100")
-    roomy = targets.CHIPS["h100"].__class__(**{**vars(targets.CHIPS["h100"]), "shared_memory_per_block_optin": 1 << 20})
+    roomy = dataclasses.replace(targets.CHIPS["h100"], shared_memory_per_block_optin=1 << 20)
 
     def whole_pages(q, cache, tables, lens, qsl, num_seqs, layer):  # planned for a chip with 1 MiB per block
         from vllm_jax.pallas_kernels import gpu_attention
