@@ -297,6 +297,21 @@ def table_window(table_width: int, pages_per_block: int) -> int:
     return table_width if table_width <= 128 else min(table_width, _round_up(128 + pages_per_block, 128))
 
 
+def _unlisted_tpu():
+    """A TPU missing from aot.targets.CHIPS (v4, v5p, ...): its VMEM and SMEM from jax's own chip info."""
+    from vllm_jax.aot.targets import CHIPS
+
+    if jax.default_backend() != "tpu":
+        return None
+    try:
+        from jax._src.pallas.mosaic import tpu_info
+        info = tpu_info.get_tpu_info()
+        return dataclasses.replace(CHIPS["v5e"], name=str(info.chip_version), vmem_bytes=info.vmem_capacity_bytes,
+                                   smem_bytes=info.smem_capacity_bytes)
+    except Exception:  # pragma: no cover - private API moved: the smallest VMEM of any TPU generation
+        return dataclasses.replace(CHIPS["v5e"], name="unknown TPU", vmem_bytes=16 * 2**20, smem_bytes=16 * 1024)
+
+
 def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, head_dim: int, block_size: int,
              q_dtype, kv_dtype, table_width: int, cache_kv_heads: int | None = None, chip=None,
              tq: int | None = None, pages_per_block: int | None = None) -> TpuPlan:
@@ -306,9 +321,9 @@ def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, h
     The limit is 3/4 of the core's VMEM. A configuration that cannot fit is a ValueError naming the flag."""
     from vllm_jax.aot.targets import CHIPS, current_chip
 
-    chip = chip or current_chip()
+    chip = chip or current_chip() or _unlisted_tpu()
     if chip is None or chip.platform != "tpu":
-        chip = CHIPS["v5e"]  # CPU (interpret mode): plan as for the smallest known VMEM budget
+        chip = CHIPS["v5e"]  # CPU (interpret mode): plan as v5e would
     cache_kv_heads = cache_kv_heads or num_kv_heads
     limit = chip.vmem_bytes * 3 // 4
     auto_tq, auto_pages = tpu_block_sizes(num_tokens=num_tokens, group=group, num_kv_heads=cache_kv_heads,
