@@ -4,6 +4,9 @@ The model calls `ragged_paged_attention` / `write_kv_cache` and never knows whic
 `auto` picks the platform's kernel (pallas_tpu on TPU, pallas_gpu on GPU, xla on CPU). A Pallas backend named
 explicitly on CPU runs in Pallas interpret mode, so the whole engine can be tested on CPU through a kernel
 (slow: meant for tests with tiny models). Asking for the other accelerator's kernel is an error.
+
+`platform` (default: jax's backend) is the chip the program is built for. A CPU host compiling ahead of time for
+a TPU or GPU target (vllm_jax.aot) passes `platform="tpu"` / `"gpu"` to get the real kernel, not interpret mode.
 """
 
 from __future__ import annotations
@@ -48,19 +51,27 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                            backend: str = "auto", interpret=False,
-                           layer_index: jax.Array | int | None = None) -> jax.Array:
+                           layer_index: jax.Array | int | None = None, platform: str | None = None,
+                           kv_head_offset: jax.Array | int | None = None) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
     Extension to DESIGN.md's signature: with `layer_index`, `kv_cache_layer` may be the whole
     [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the donated cache.
     `interpret`: force Pallas interpret mode (True, or a pltpu.InterpretParams for pallas_tpu).
+    `platform`: the target chip's platform when it is not jax's backend (ahead-of-time compilation).
+    `kv_head_offset` (Pallas backends, for sharding/kernel_sharding.py): all of q's heads attend that one KV
+    head of a cache that holds every KV head.
     """
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, platform)
     args = (q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs)
     kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index)
     if backend == "xla":
+        if kv_head_offset is not None:
+            raise ValueError("kv_head_offset is for the Pallas backends (the xla backend is partitioned by GSPMD)")
         return xla_attention.ragged_paged_attention(*args, **kwargs)
-    mode = _interpret_mode(backend, interpret)
+    mode = _interpret_mode(backend, interpret, platform)
+    if kv_head_offset is not None:
+        kwargs["kv_head_offset"] = kv_head_offset
     if backend == "pallas_tpu":
         return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode,
                                                         head_loads=_tpu_head_loads(kv_cache_layer, mode))
@@ -69,13 +80,13 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
 
 def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                    layer_index: jax.Array | int | None = None, backend: str = "auto",
-                   interpret=False) -> jax.Array:
+                   interpret=False, platform: str | None = None) -> jax.Array:
     """Write this step's K/V at `slot_mapping` (K/V interleaved on the head axis); the cache is updated in place
-    when donated."""
-    backend = resolve_backend(backend)
+    when donated. `platform` as for ragged_paged_attention."""
+    backend = resolve_backend(backend, platform)
     if backend == "xla":
         return reference.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index)
-    mode = _interpret_mode(backend, interpret)
+    mode = _interpret_mode(backend, interpret, platform)
     write = kv_write.write_kv_cache_tpu if backend == "pallas_tpu" else kv_write.write_kv_cache_gpu
     return write(kv_cache, k, v, slot_mapping, layer_index=layer_index, interpret=mode)
 

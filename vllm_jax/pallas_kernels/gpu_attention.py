@@ -17,11 +17,14 @@ Block sizes below 16 use a broadcast-multiply instead of `dot` (Triton's dot nee
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from vllm_jax.pallas_kernels.costs import attention_cost
 
 MASKED = -1e30
 
@@ -55,11 +58,12 @@ def gpu_block_sizes(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads:
 
 
 def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref, q_ref, kv_ref,
-            o_ref, m_ref, l_ref, *, rows: int, group: int, group_pad: int, block_size: int,
+            o_ref, m_ref, l_ref, *, rows: int, group: int, group_pad: int, block_size: int, kv_rows: int,
             num_splits: int, sm_scale: float, soft_cap: float | None):
     h, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     tile_tokens = rows // group_pad
-    layer, window = params_ref[0], params_ref[1]
+    chunks_per_page = block_size // kv_rows
+    layer, window, kv_head = params_ref[0], params_ref[1], params_ref[2] + h
     seq = tile_seq_ref[tile]
     valid = seq >= 0
     seq = jnp.maximum(seq, 0)
@@ -75,27 +79,31 @@ def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref
     q_pos = ctx + q0 + tok
     q = q_ref[h, pl.ds((qs + q0) * group_pad, rows), :]
 
-    # Pages this tile can see, then this program's share of them.
+    # KV chunks (kv_rows slots of a page) this tile can see, then this program's share of them.
     pos_hi = ctx + q0 + num_tok - 1
     k_lo = jnp.where(window > 0, jnp.maximum(ctx + q0 - window + 1, 0), 0)
-    first_page = jax.lax.div(k_lo, block_size)
-    num_pages = jnp.where(num_tok > 0, jax.lax.div(jnp.maximum(pos_hi, 0), block_size) - first_page + 1, 0)
-    per_split = jax.lax.div(num_pages + num_splits - 1, num_splits)
-    lo = first_page + split * per_split
-    hi = jnp.minimum(lo + per_split, first_page + num_pages)
+    first_chunk = jax.lax.div(k_lo, kv_rows)
+    num_chunks = jnp.where(num_tok > 0, jax.lax.div(jnp.maximum(pos_hi, 0), kv_rows) - first_chunk + 1, 0)
+    per_split = jax.lax.div(num_chunks + num_splits - 1, num_splits)
+    lo = first_chunk + split * per_split
+    hi = jnp.minimum(lo + per_split, first_chunk + num_chunks)
     precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
-    def page_step(j, carry):
+    def chunk_step(j, carry):
         m, l, acc = carry
-        page = tables_ref[seq, j]
-        k = kv_ref[layer, page, :, 2 * h, :]
-        v = kv_ref[layer, page, :, 2 * h + 1, :]
+        if chunks_per_page == 1:
+            page, slots = tables_ref[seq, j], slice(None)
+        else:
+            page = tables_ref[seq, jax.lax.div(j, chunks_per_page)]
+            slots = pl.ds(jax.lax.rem(j, chunks_per_page) * kv_rows, kv_rows)
+        k = kv_ref[layer, page, slots, 2 * kv_head, :]
+        v = kv_ref[layer, page, slots, 2 * kv_head + 1, :]
         if k.dtype != q.dtype:
             k, v = k.astype(q.dtype), v.astype(q.dtype)
-        k_pos = j * block_size + jax.lax.broadcasted_iota(jnp.int32, (block_size,), 0)
+        k_pos = j * kv_rows + jax.lax.broadcasted_iota(jnp.int32, (kv_rows,), 0)
         # Slots past the sequence end may hold anything: keep them out of p @ V.
         v = jnp.where((k_pos <= pos_hi)[:, None], v, jnp.zeros_like(v))
-        if block_size >= 16:
+        if kv_rows >= 16:
             s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                                     preferred_element_type=jnp.float32)
         else:
@@ -109,7 +117,7 @@ def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
         p = jnp.where(ok, jnp.exp(s - m_new[:, None]), 0.0)
-        if block_size >= 16:
+        if kv_rows >= 16:
             pv = jnp.dot(p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
         else:
             pv = jnp.sum(p[:, :, None] * v.astype(jnp.float32)[None, :, :], axis=1)
@@ -117,10 +125,67 @@ def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref
 
     init = (jnp.full((rows,), MASKED, jnp.float32), jnp.zeros((rows,), jnp.float32),
             jnp.zeros((rows, q.shape[-1]), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(lo, hi, page_step, init)
+    m, l, acc = jax.lax.fori_loop(lo, hi, chunk_step, init)
     o_ref[...] = acc
     m_ref[...] = m
     l_ref[...] = l
+
+
+def shared_memory_estimate(*, rows: int, kv_rows: int, head_dim: int, num_stages: int, dtype) -> int:
+    """Shared memory of one program: Triton's pipeline keeps `num_stages` copies of the K and V chunks
+    ([kv_rows, head_dim] each); the query block and the score tile may be staged there too."""
+    item = jnp.dtype(dtype).itemsize
+    return num_stages * 2 * kv_rows * head_dim * item + rows * head_dim * item + rows * kv_rows * 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPlan:
+    rows: int  # query rows per program
+    num_splits: int
+    kv_rows: int  # KV slots per loop step (a page, or a power-of-two part of one)
+    num_stages: int
+    shared_memory_bytes: int
+    chip: str
+
+
+def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, table_width: int, head_dim: int,
+             block_size: int, dtype, chip=None, rows: int | None = None, num_splits: int | None = None,
+             num_stages: int | None = None) -> GpuPlan:
+    """Block sizes for `chip` (aot.targets.ChipSpec; default: the chip being compiled for, H100's figures
+    elsewhere): the shape rule (gpu_block_sizes) with the chip's SM count, then whole pages per loop step with
+    two pipeline stages, halving the KV chunk (down to 16 slots) and then dropping to one stage until the
+    estimate fits the chip's shared memory per block. A configuration that cannot fit is a ValueError."""
+    from vllm_jax.aot.targets import CHIPS, current_chip
+
+    chip = chip or current_chip()
+    if chip is None and jax.default_backend() == "gpu":  # a GPU not in the table: a conservative budget
+        device = jax.devices()[0]
+        chip = dataclasses.replace(CHIPS["a100"], name=device.device_kind, shared_memory_per_block_optin=99 * 1024,
+                                   num_sms=int(getattr(device, "core_count", 0)) or 108)
+    if chip is None or chip.platform != "gpu":
+        chip = CHIPS["h100"]  # CPU (interpret mode)
+    auto_rows, auto_splits = gpu_block_sizes(num_tokens=num_tokens, num_seqs=num_seqs, group=group,
+                                             num_kv_heads=num_kv_heads, table_width=table_width,
+                                             num_sms=chip.num_sms)
+    rows, num_splits = rows or auto_rows, num_splits or auto_splits
+    kv_rows, stages = block_size, num_stages or 2
+    limit = chip.shared_memory_per_block_optin
+
+    def estimate():
+        return shared_memory_estimate(rows=rows, kv_rows=kv_rows, head_dim=head_dim, num_stages=stages, dtype=dtype)
+
+    while estimate() > limit:
+        if kv_rows > 16:
+            kv_rows //= 2
+        elif stages > 1 and num_stages is None:
+            stages -= 1
+        else:
+            raise ValueError(
+                f"pallas_gpu attention does not fit {chip.name}'s {limit // 1024} KiB of shared memory per block "
+                f"({estimate() // 1024} KiB for {rows} query rows, head_dim {head_dim}); use a smaller --dtype "
+                f"or lower --max-num-batched-tokens")
+    return GpuPlan(rows=rows, num_splits=num_splits, kv_rows=kv_rows, num_stages=stages,
+                   shared_memory_bytes=estimate(), chip=chip.name)
 
 
 def sequence_tiles(query_start_loc: jax.Array, num_seqs: jax.Array, num_tiles: int,
@@ -145,21 +210,26 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                                layer_index: jax.Array | int | None = None, interpret: bool = False,
                                rows: int | None = None, num_splits: int | None = None,
-                               num_warps: int = 4, num_stages: int = 2) -> jax.Array:
-    """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call."""
+                               num_warps: int = 4, num_stages: int | None = None,
+                               kv_head_offset: jax.Array | int | None = None, chip=None) -> jax.Array:
+    """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call.
+    `kv_head_offset`: all of q's heads attend that one KV head of a cache holding every KV head (tensor
+    parallelism over more devices than KV heads); `chip`: the aot.targets.ChipSpec to plan for."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
-    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3] // 2
+    _, num_pages, block_size, combined, _ = kv_cache.shape
     if head_dim & (head_dim - 1) or block_size & (block_size - 1):
         raise ValueError(f"pallas_gpu needs power-of-two head_dim and block_size; got {head_dim}, {block_size}")
+    num_kv_heads = combined // 2 if kv_head_offset is None else 1
+    offset = jnp.int32(0) if kv_head_offset is None else jnp.asarray(kv_head_offset, jnp.int32)
     group = num_q_heads // num_kv_heads
     group_pad = _next_pow2(group)
     num_slots, table_width = block_tables.shape
-    auto_rows, auto_splits = gpu_block_sizes(num_tokens=num_tokens, num_seqs=num_slots, group=group,
-                                             num_kv_heads=num_kv_heads, table_width=table_width,
-                                             num_sms=_num_sms())
-    rows, num_splits = rows or auto_rows, num_splits or auto_splits
+    plan = gpu_plan(num_tokens=num_tokens, num_seqs=num_slots, group=group, num_kv_heads=num_kv_heads,
+                    table_width=table_width, head_dim=head_dim, block_size=block_size, dtype=kv_cache.dtype,
+                    chip=chip, rows=rows, num_splits=num_splits, num_stages=num_stages)
+    rows, num_splits = plan.rows, plan.num_splits
     tile_tokens = rows // group_pad
     num_tiles = -(-num_tokens // tile_tokens) + num_slots
 
@@ -169,12 +239,18 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     qg = qg.transpose(1, 0, 2, 3).reshape(num_kv_heads, (num_tokens + tile_tokens) * group_pad, head_dim)
     tile_seq, tile_q0, seq_first_tile = sequence_tiles(query_start_loc, num_seqs, num_tiles, tile_tokens)
     window = jnp.int32(0) if sliding_window is None else jnp.asarray(sliding_window, jnp.int32)
-    params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(())])
+    params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(()), offset.reshape(())])
 
     kernel = functools.partial(_kernel, rows=rows, group=group, group_pad=group_pad, block_size=block_size,
-                               num_splits=num_splits, sm_scale=float(sm_scale), soft_cap=soft_cap)
+                               kv_rows=plan.kv_rows, num_splits=num_splits, sm_scale=float(sm_scale),
+                               soft_cap=soft_cap)
     whole = pl.BlockSpec()
     part_rows = num_tiles * rows
+    partial_bytes = 3 * num_splits * num_kv_heads * part_rows * (head_dim + 2) * 4  # written, then merged
+    cost = attention_cost(num_tokens=num_tokens, num_seqs=num_slots, num_q_heads=num_q_heads,
+                          cache_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+                          table_width=table_width, num_pages=num_pages, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,
+                          tile_tokens=tile_tokens, extra_bytes=partial_bytes)
     o, m, l = pl.pallas_call(
         kernel,
         grid=(num_kv_heads, num_tiles, num_splits),
@@ -185,7 +261,8 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
         out_shape=[jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows, head_dim), jnp.float32),
                    jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows), jnp.float32),
                    jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows), jnp.float32)],
-        compiler_params=_CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=_CompilerParams(num_warps=num_warps, num_stages=plan.num_stages),
+        cost_estimate=cost,
         interpret=interpret,
         name="vllm_jax_ragged_paged_attention",
     )(tile_seq, tile_q0, query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32),
@@ -204,12 +281,3 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     l_all = jnp.sum(w * l, axis=0)
     out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(l_all, 1e-30)[..., None]
     return out.transpose(1, 0, 2, 3).reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
-
-
-def _num_sms() -> int:
-    """Streaming multiprocessors of the first GPU (132 on H100 if the runtime does not say)."""
-    try:
-        device = jax.devices()[0]
-        return int(getattr(device, "core_count", 0)) or 132
-    except Exception:  # pragma: no cover - no device / attribute
-        return 132

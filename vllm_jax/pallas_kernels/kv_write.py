@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from vllm_jax.pallas_kernels.costs import kv_write_cost
 from vllm_jax.pallas_kernels.gpu_attention import _CompilerParams as _TritonParams
 from vllm_jax.pallas_kernels.tpu_attention import _ANY, _CompilerParams as _MosaicParams
 
@@ -66,9 +67,16 @@ def _tpu_kernel(slots_ref, layer_ref, new_hbm, cache_in, cache_out, sem, *, chun
 def write_kv_cache_tpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                        layer_index: jax.Array | int | None = None, interpret=False) -> jax.Array:
     """Same contract as reference.write_kv_cache, as a Mosaic kernel."""
+    from vllm_jax.aot.targets import CHIPS, current_chip
+
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
     new = interleave_kv(cache, k, v)
     num_tokens = new.shape[0]
+    chip = current_chip()
+    chip = chip if chip is not None and chip.platform == "tpu" else CHIPS["v5e"]
+    if 4 * num_tokens > chip.smem_bytes // 2:  # slot_mapping is scalar-prefetched whole
+        raise ValueError(f"pallas_tpu KV write: {num_tokens} slots ({4 * num_tokens // 1024} KiB) exceed half of "
+                         f"{chip.name}'s {chip.smem_bytes // 1024} KiB SMEM: lower --max-num-batched-tokens")
     chunk = min(_TPU_CHUNK, num_tokens)
     kernel = functools.partial(_tpu_kernel, chunk=chunk, num_tokens=num_tokens, block_size=cache.shape[2])
     out = pl.pallas_call(
@@ -81,6 +89,8 @@ def write_kv_cache_tpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_map
         out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
         input_output_aliases={3: 0},  # (slots, layer, new, cache) -> cache
         compiler_params=_MosaicParams(dimension_semantics=("parallel",)),
+        cost_estimate=kv_write_cost(num_tokens=num_tokens, combined=new.shape[1], head_dim=new.shape[2],
+                                    dtype=cache.dtype),
         interpret=interpret,
         name="vllm_jax_write_kv_cache",
     )(slot_mapping.astype(jnp.int32), layer, new, cache)
@@ -117,6 +127,8 @@ def write_kv_cache_gpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_map
         out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
         input_output_aliases={3: 0},
         compiler_params=_TritonParams(num_warps=1, num_stages=1),
+        cost_estimate=kv_write_cost(num_tokens=new.shape[0], combined=new.shape[1], head_dim=head_dim,
+                                    dtype=cache.dtype),
         interpret=interpret,
         name="vllm_jax_write_kv_cache",
     )(slot_mapping.astype(jnp.int32), layer, new, cache)

@@ -8,9 +8,18 @@ Pages are copied HBM -> VMEM by async DMA into one of two buffers while the othe
 prefetch runs across page blocks and across sequence boundaries. Softmax is online, in float32 VMEM scratch.
 Grid steps share no state, so the grid axis is "parallel" (megacore chips split it across cores).
 
-Scalars (tile -> first/last sequence, query_start_loc, seq_lens, the flattened block table, the layer index
-and the traced sliding window) are scalar-prefetched into SMEM. The cache stays in HBM (memory space ANY)
-and is read only through DMAs of whole pages `cache[layer, page]`, so the stacked form never copies a layer.
+Scalars (tile -> first/last sequence, query_start_loc, seq_lens, the layer index, the traced sliding window
+and KV-head offset) are scalar-prefetched into SMEM. The block table is not: at 131072 tokens of context and
+256 sequences it is 8 MiB (block 16) and SMEM holds 1 MiB. It stays in HBM, and for each page block the kernel
+DMAs the window of the sequence's table row holding that block's page ids (128-aligned, at most 256 int32)
+into one of two SMEM slots, one page block ahead of the page DMAs that need it (two ahead of the compute). The
+cache stays in HBM (memory space ANY) and is read only through DMAs of whole pages `cache[layer, page]`, so the
+stacked form never copies a layer.
+
+Block sizes and the VMEM limit come from the chip (`tpu_plan`): the shape rule's tile and page block, shrunk
+until the estimated VMEM of a grid step fits half of the `vmem_limit_bytes` set on the kernel (3/4 of the
+core's VMEM; the compiler's default scoped limit is 16 MiB on v5e, 32 MiB on v6e). A configuration that cannot
+fit is refused with a ValueError naming the flag to change. Each call carries a pl.CostEstimate.
 
 GQA: queries are regrouped outside the kernel to [num_kv_heads, tokens * group, head_dim] (row = t * group + g),
 so one KV head's query rows are a single 2-D [tq * group, head_dim] operand for the MXU.
@@ -26,12 +35,15 @@ head's rows out of the VMEM page buffer (`head_loads`):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from vllm_jax.pallas_kernels.costs import attention_cost
 
 MASKED = -1e30  # finite: rows that see nothing stay finite (exp(MASKED - MASKED) is never taken unmasked)
 _LANES = 128
@@ -88,16 +100,18 @@ def _load_kv_head(buf, h: int, mode: str) -> tuple[jax.Array, jax.Array]:
     return k, v
 
 
-def _kernel(first_ref, last_ref, qsl_ref, lens_ref, tables_ref, params_ref,  # scalar prefetch (SMEM)
-            q_ref, kv_hbm, o_ref,  # q/o: [H, tq * group, D] VMEM blocks; kv_hbm: [L, NB, BS, 2H, D] in HBM
-            kv_buf, sems, m_ref, l_ref, acc_ref,  # scratch
-            *, tq: int, group: int, block_size: int, pages_per_block: int, table_width: int,
-            sm_scale: float, soft_cap: float | None, head_loads: str):
+def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefetch (SMEM)
+            q_ref, kv_hbm, tables_hbm, o_ref,  # q/o: [H, tq * group, D] VMEM blocks; kv_hbm, tables_hbm: HBM
+            kv_buf, sems, table_buf, table_sems, m_ref, l_ref, acc_ref,  # scratch
+            *, tq: int, group: int, block_size: int, pages_per_block: int, table_window: int,
+            sm_scale: float, soft_cap: float | None, head_loads: str, select_kv_head: bool):
     num_kv_heads, rows, _ = q_ref.shape
+    cache_kv_heads = kv_buf.shape[2] // 2
+    table_width = tables_hbm.shape[1]
     block_tokens = pages_per_block * block_size
     tile = pl.program_id(0)
     t0 = tile * tq
-    layer, window = params_ref[0], params_ref[1]
+    layer, window, kv_offset = params_ref[0], params_ref[1], params_ref[2]
 
     def span(s):
         """Query rows of sequence s in this tile and the pages they can see."""
@@ -111,15 +125,36 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, tables_ref, params_ref,  # s
         num_blocks = jnp.maximum(_div(num_pages + pages_per_block - 1, pages_per_block), 1)
         return qs, ctx, r0, r1, pos_hi, first_page, first_page + num_pages - 1, num_blocks
 
+    def advance(s, j):
+        """The (sequence, page block) after (s, j) in this tile's walk."""
+        last_block = j + 1 >= span(s)[-1]
+        return jnp.where(last_block, s + 1, s), jnp.where(last_block, 0, j + 1)
+
+    def window_start(s, j):
+        """First table column of the window holding page block j of sequence s: 128-aligned (the HBM tiling
+        of the table) and inside the row; the window is 128 + pages_per_block columns or more, so it holds
+        the block wherever the block starts."""
+        p0 = span(s)[5] + j * pages_per_block
+        start = jnp.minimum(_div(p0, 128) * 128, table_width - table_window)
+        return pl.multiple_of(start, 128)
+
+    def table_copy(s, j, slot):
+        """DMA of the block table window of page block j of sequence s into SMEM slot `slot`."""
+        return pltpu.make_async_copy(tables_hbm.at[s, pl.ds(window_start(s, j), table_window)],
+                                     table_buf.at[slot], table_sems.at[slot])
+
     def page_copies(s, j, slot, action):
-        """Start or wait for the DMAs of page block j of sequence s (the same predicate both times)."""
+        """Start or wait for the DMAs of page block j of sequence s (the same predicate both times). Starting
+        reads the page ids from the block's table window, already in SMEM slot `slot`; a wait only needs the
+        semaphore and the copy's size."""
         _, _, _, _, _, first_page, last_page, _ = span(s)
+        start = window_start(s, j) if action == "start" else 0
         for i in range(pages_per_block):
             idx = first_page + j * pages_per_block + i
 
             @pl.when(idx <= last_page)
             def _():
-                page = tables_ref[s * table_width + idx]
+                page = table_buf[slot, idx - start] if action == "start" else 0
                 copy = pltpu.make_async_copy(kv_hbm.at[layer, page],
                                              kv_buf.at[slot, pl.ds(i * block_size, block_size)], sems.at[slot])
                 if action == "start":
@@ -134,9 +169,18 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, tables_ref, params_ref,  # s
 
     @pl.when(first <= last)
     def _():
+        copy = table_copy(first, 0, 0)
+        copy.start()
+        copy.wait()
         page_copies(first, 0, 0, "start")
+        s1, j1 = advance(first, 0)
 
-    def attend(s, j, slot):
+        @pl.when(s1 <= last)
+        def _():
+            table_copy(s1, j1, 1).start()
+
+    def attend_head(s, j, slot, h: int, c: int):
+        """Online-softmax update of query head block h with KV head c of the page buffer."""
         qs, ctx, r0, r1, pos_hi, first_page, _, _ = span(s)
         start = (first_page + j * pages_per_block) * block_size
         token = t0 + _div(jax.lax.broadcasted_iota(jnp.int32, (rows, block_tokens), 0), group)
@@ -145,37 +189,50 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, tables_ref, params_ref,  # s
         mask = (token >= r0) & (token < r1) & (k_pos <= q_pos) & ((window <= 0) | (q_pos - k_pos < window))
         # Unfetched or stale rows of the buffer may hold anything (NaN): keep them out of p @ V.
         v_ok = start + jax.lax.broadcasted_iota(jnp.int32, (block_tokens, 1), 0) <= pos_hi
-        buf = kv_buf.at[slot]
-        for h in range(num_kv_heads):
-            k, v = _load_kv_head(buf, h, head_loads)
-            q = q_ref[h]
-            if k.dtype != q.dtype:
-                k, v = k.astype(jnp.float32), v.astype(jnp.float32)
-                q = q.astype(jnp.float32)
-            precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-            scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                                         preferred_element_type=jnp.float32) * sm_scale
-            if soft_cap:
-                scores = soft_cap * jnp.tanh(scores / soft_cap)
-            scores = jnp.where(mask, scores, MASKED)
-            m_prev, l_prev = m_ref[h][:, :1], l_ref[h][:, :1]
-            m_new = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
-            alpha = jnp.exp(m_prev - m_new)
-            p = jnp.where(mask, jnp.exp(scores - m_new), 0.0)
-            v = jnp.where(v_ok, v, jnp.zeros_like(v))
-            pv = jnp.dot(p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
-            acc_ref[h] = acc_ref[h] * alpha + pv
-            l_ref[h] = jnp.broadcast_to(l_prev * alpha + jnp.sum(p, axis=1, keepdims=True), (rows, _LANES))
-            m_ref[h] = jnp.broadcast_to(m_new, (rows, _LANES))
+        k, v = _load_kv_head(kv_buf.at[slot], c, head_loads)
+        q = q_ref[h]
+        if k.dtype != q.dtype:
+            k, v = k.astype(jnp.float32), v.astype(jnp.float32)
+            q = q.astype(jnp.float32)
+        precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+        scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                                     preferred_element_type=jnp.float32) * sm_scale
+        if soft_cap:
+            scores = soft_cap * jnp.tanh(scores / soft_cap)
+        scores = jnp.where(mask, scores, MASKED)
+        m_prev, l_prev = m_ref[h][:, :1], l_ref[h][:, :1]
+        m_new = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_new)
+        p = jnp.where(mask, jnp.exp(scores - m_new), 0.0)
+        v = jnp.where(v_ok, v, jnp.zeros_like(v))
+        pv = jnp.dot(p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
+        acc_ref[h] = acc_ref[h] * alpha + pv
+        l_ref[h] = jnp.broadcast_to(l_prev * alpha + jnp.sum(p, axis=1, keepdims=True), (rows, _LANES))
+        m_ref[h] = jnp.broadcast_to(m_new, (rows, _LANES))
+
+    def attend(s, j, slot):
+        if not select_kv_head:
+            for h in range(num_kv_heads):
+                attend_head(s, j, slot, h, h)
+            return
+        # The cache holds every KV head (replicated under tensor parallelism) and this shard's query heads
+        # use head kv_offset, a traced value: one branch per KV head (static strided loads), one runs.
+        for c in range(cache_kv_heads):
+            pl.when(kv_offset == c)(functools.partial(attend_head, s, j, slot, 0, c))
 
     def step(carry):
         s, j, slot = carry
-        last_block = j + 1 >= span(s)[-1]
-        next_s, next_j = jnp.where(last_block, s + 1, s), jnp.where(last_block, 0, j + 1)
+        next_s, next_j = advance(s, j)
 
         @pl.when(next_s <= last)
         def _():
+            table_copy(next_s, next_j, 1 - slot).wait()
             page_copies(next_s, next_j, 1 - slot, "start")
+            after_s, after_j = advance(next_s, next_j)
+
+            @pl.when(after_s <= last)
+            def _():
+                table_copy(after_s, after_j, slot).start()  # slot's window was read when (s, j) started
 
         page_copies(s, j, slot, "wait")
         attend(s, j, slot)
@@ -200,25 +257,140 @@ def tile_sequence_ranges(query_start_loc: jax.Array, num_seqs: jax.Array, num_ti
     return jnp.where(empty, 1, first), jnp.where(empty, 0, last)
 
 
+@dataclasses.dataclass(frozen=True)
+class TpuPlan:
+    """Block sizes and the VMEM limit of one attention call, chosen for one chip."""
+
+    tq: int
+    pages_per_block: int
+    vmem_estimate_bytes: int  # what the plan's buffers and the main temporaries take
+    vmem_limit_bytes: int  # passed to Mosaic (the scoped-VMEM limit of this kernel)
+    smem_bytes: int  # scalar-prefetched arrays + the block-table windows
+    chip: str
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def vmem_estimate(*, tq: int, pages_per_block: int, group: int, num_kv_heads: int, cache_kv_heads: int,
+                  head_dim: int, block_size: int, q_dtype, kv_dtype) -> int:
+    """VMEM bytes of one grid step: the pipelined q/o blocks (two buffers each), the two KV page buffers,
+    the softmax state, and the per-head temporaries of one page block (scores, probabilities, mask, the K/V
+    rows read out of the buffer), each padded to the (sublane, 128-lane) tiling."""
+    rows = tq * group
+    d = _round_up(head_dim, _LANES)
+    qi, ki = jnp.dtype(q_dtype).itemsize, jnp.dtype(kv_dtype).itemsize
+    block_tokens = pages_per_block * block_size
+    rows_q = _round_up(rows, 8 * _sublane_packing(q_dtype))
+    qo = 2 * 2 * num_kv_heads * rows_q * d * qi
+    combined = _round_up(2 * cache_kv_heads, 8 * _sublane_packing(kv_dtype))
+    kv = 2 * block_tokens * combined * d * ki
+    rows32 = _round_up(rows, 8)
+    state = num_kv_heads * rows32 * (2 * _LANES + d) * 4
+    temps = 6 * rows32 * _round_up(block_tokens, _LANES) * 4 + 4 * block_tokens * d * 4 + 3 * rows32 * d * 4
+    return qo + kv + state + temps
+
+
+def table_window(table_width: int, pages_per_block: int) -> int:
+    """Columns of the block table copied into SMEM per page block (table_width is a multiple of 128)."""
+    return table_width if table_width <= 128 else min(table_width, _round_up(128 + pages_per_block, 128))
+
+
+def _unlisted_tpu():
+    """A TPU missing from aot.targets.CHIPS (v4, v5p, ...): its VMEM and SMEM from jax's own chip info."""
+    from vllm_jax.aot.targets import CHIPS
+
+    if jax.default_backend() != "tpu":
+        return None
+    try:
+        from jax._src.pallas.mosaic import tpu_info
+        info = tpu_info.get_tpu_info()
+        return dataclasses.replace(CHIPS["v5e"], name=str(info.chip_version), vmem_bytes=info.vmem_capacity_bytes,
+                                   smem_bytes=info.smem_capacity_bytes)
+    except Exception:  # pragma: no cover - private API moved: the smallest VMEM of any TPU generation
+        return dataclasses.replace(CHIPS["v5e"], name="unknown TPU", vmem_bytes=16 * 2**20, smem_bytes=16 * 1024)
+
+
+def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, head_dim: int, block_size: int,
+             q_dtype, kv_dtype, table_width: int, cache_kv_heads: int | None = None, chip=None,
+             tq: int | None = None, pages_per_block: int | None = None) -> TpuPlan:
+    """Block sizes for `chip` (an aot.targets.ChipSpec; default: the chip being compiled for, v5e's figures
+    on CPU): start from the shape rule (tpu_block_sizes), then halve the page block and then the query tile
+    until the estimate fits half the VMEM limit (the rest is headroom for what the estimate does not see).
+    The limit is 3/4 of the core's VMEM. A configuration that cannot fit is a ValueError naming the flag."""
+    from vllm_jax.aot.targets import CHIPS, current_chip
+
+    chip = chip or current_chip() or _unlisted_tpu()
+    if chip is None or chip.platform != "tpu":
+        chip = CHIPS["v5e"]  # CPU (interpret mode): plan as v5e would
+    cache_kv_heads = cache_kv_heads or num_kv_heads
+    limit = chip.vmem_bytes * 3 // 4
+    auto_tq, auto_pages = tpu_block_sizes(num_tokens=num_tokens, group=group, num_kv_heads=cache_kv_heads,
+                                          head_dim=head_dim, block_size=block_size, kv_dtype=kv_dtype,
+                                          max_blocks_per_seq=table_width)
+    fixed_tq, fixed_pages = tq is not None, pages_per_block is not None
+    tq, pages = tq or auto_tq, pages_per_block or auto_pages
+
+    def estimate(tq, pages):
+        return vmem_estimate(tq=tq, pages_per_block=pages, group=group, num_kv_heads=num_kv_heads,
+                             cache_kv_heads=cache_kv_heads, head_dim=head_dim, block_size=block_size,
+                             q_dtype=q_dtype, kv_dtype=kv_dtype)
+
+    while estimate(tq, pages) > limit // 2:
+        if pages > 1 and not fixed_pages:
+            pages //= 2
+        elif tq > 16 and not fixed_tq:
+            tq //= 2
+        else:
+            page_kib = block_size * 2 * cache_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize // 1024
+            raise ValueError(
+                f"pallas_tpu attention does not fit {chip.name}'s VMEM: {estimate(tq, pages) / 2**20:.1f} MiB "
+                f"needed for {tq} query tokens x {num_kv_heads} KV heads and {pages} page(s) of {page_kib} KiB "
+                f"(budget {limit // 2 / 2**20:.0f} MiB); lower --block-size, use a smaller --dtype, or shard the "
+                f"heads with --tensor-parallel-size")
+    num_tiles = -(-num_tokens // tq)
+    smem = 4 * (2 * _round_up(num_tiles, 128) + _round_up(num_seqs + 1, 128) + _round_up(num_seqs, 128) + 128
+                + 2 * table_window(_round_up(table_width, 128), pages))
+    if smem > chip.smem_bytes // 2:
+        raise ValueError(
+            f"pallas_tpu attention's scalars need {smem / 1024:.0f} KiB of SMEM, more than half of {chip.name}'s "
+            f"{chip.smem_bytes // 1024} KiB: lower --max-num-seqs or --max-num-batched-tokens")
+    return TpuPlan(tq=tq, pages_per_block=pages, vmem_estimate_bytes=estimate(tq, pages), vmem_limit_bytes=limit,
+                   smem_bytes=smem, chip=chip.name)
+
+
 def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                                query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                                sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                                layer_index: jax.Array | int | None = None, interpret=False,
                                head_loads: str | None = None, tq: int | None = None,
-                               pages_per_block: int | None = None) -> jax.Array:
-    """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call."""
+                               pages_per_block: int | None = None, kv_head_offset: jax.Array | int | None = None,
+                               chip=None) -> jax.Array:
+    """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call.
+
+    `kv_head_offset` (tensor parallelism over more devices than KV heads, the cache replicated): all of q's
+    heads attend the one KV head `kv_head_offset` (traced) of a cache that holds every KV head. Without it, q's
+    heads cover the cache's KV heads in order (GQA group = q heads / cache KV heads).
+    `chip`: the aot.targets.ChipSpec to plan VMEM for (default: the chip being compiled for).
+    """
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
-    _, _, block_size, combined, _ = kv_cache.shape
-    num_kv_heads = combined // 2
+    _, num_pages, block_size, combined, _ = kv_cache.shape
+    cache_kv_heads = combined // 2
+    if kv_head_offset is None:
+        num_kv_heads, offset = cache_kv_heads, jnp.int32(0)
+    else:
+        num_kv_heads, offset = 1, jnp.asarray(kv_head_offset, jnp.int32)
     group = num_q_heads // num_kv_heads
     num_seqs_padded, table_width = block_tables.shape
-    auto_tq, auto_pages = tpu_block_sizes(
-        num_tokens=num_tokens, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
-        kv_dtype=kv_cache.dtype, max_blocks_per_seq=table_width)
-    tq, pages_per_block = tq or auto_tq, pages_per_block or auto_pages
-    head_loads = head_loads or default_head_loads(num_kv_heads, kv_cache.dtype)
+    plan = tpu_plan(num_tokens=num_tokens, num_seqs=num_seqs_padded, group=group, num_kv_heads=num_kv_heads,
+                    head_dim=head_dim, block_size=block_size, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,
+                    table_width=table_width, cache_kv_heads=cache_kv_heads, chip=chip, tq=tq,
+                    pages_per_block=pages_per_block)
+    tq, pages_per_block = plan.tq, plan.pages_per_block
+    head_loads = head_loads or default_head_loads(cache_kv_heads, kv_cache.dtype)
     num_tiles = -(-num_tokens // tq)
     padded = num_tiles * tq
 
@@ -226,33 +398,44 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     qg = qg.transpose(1, 0, 2, 3).reshape(num_kv_heads, padded * group, head_dim)
     first, last = tile_sequence_ranges(query_start_loc, num_seqs, num_tiles, tq)
     window = jnp.int32(0) if sliding_window is None else jnp.asarray(sliding_window, jnp.int32)
-    params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(())])
-    prefetch = (first, last, query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32),
-                block_tables.astype(jnp.int32).reshape(-1), params)
+    params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(()), offset.reshape(())])
+    prefetch = (first, last, query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32), params)
+    tables = block_tables.astype(jnp.int32)
+    if table_width % 128:  # the kernel copies 128-aligned windows of a row (the table's HBM tiling)
+        tables = jnp.pad(tables, ((0, 0), (0, _round_up(table_width, 128) - table_width)))
+    window_cols = table_window(tables.shape[1], pages_per_block)
 
     rows = tq * group
     block_tokens = pages_per_block * block_size
     q_spec = pl.BlockSpec((num_kv_heads, rows, head_dim), lambda i, *_: (0, i, 0))
     kernel = functools.partial(
         _kernel, tq=tq, group=group, block_size=block_size, pages_per_block=pages_per_block,
-        table_width=table_width, sm_scale=float(sm_scale), soft_cap=soft_cap, head_loads=head_loads)
+        table_window=window_cols, sm_scale=float(sm_scale), soft_cap=soft_cap, head_loads=head_loads,
+        select_kv_head=kv_head_offset is not None)
+    cost = attention_cost(num_tokens=num_tokens, num_seqs=num_seqs_padded, num_q_heads=num_q_heads,
+                          cache_kv_heads=cache_kv_heads, head_dim=head_dim, block_size=block_size,
+                          table_width=table_width, num_pages=num_pages, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,
+                          tile_tokens=tq)
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(prefetch), grid=(num_tiles,),
-            in_specs=[q_spec, pl.BlockSpec(memory_space=_ANY)], out_specs=q_spec,
+            in_specs=[q_spec, pl.BlockSpec(memory_space=_ANY), pl.BlockSpec(memory_space=_ANY)], out_specs=q_spec,
             scratch_shapes=[
                 pltpu.VMEM((2, block_tokens, combined, head_dim), kv_cache.dtype),
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SMEM((2, window_cols), jnp.int32),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, head_dim), jnp.float32),
             ]),
         out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
-        compiler_params=_CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=_CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=cost,
         interpret=interpret,
         name="vllm_jax_ragged_paged_attention",
-    )(*prefetch, qg, kv_cache)
+    )(*prefetch, qg, kv_cache, tables)
     out = out.reshape(num_kv_heads, padded, group, head_dim).transpose(1, 0, 2, 3)
     return out.reshape(padded, num_q_heads, head_dim)[:num_tokens]
 

@@ -1,0 +1,108 @@
+"""The Pallas kernels under shard_map on 8 fake CPU devices, in interpret mode. XLA_FLAGS must be set before jax
+is imported, so tests/test_kernel_sharding.py runs this file in a subprocess:
+`python -m tests.kernel_sharding_checks` prints one JSON object."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import functools  # noqa: E402
+import json  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from tests import test_pallas_kernels as kernels_test  # noqa: E402
+from vllm_jax.pallas_kernels import reference  # noqa: E402
+from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_ragged_paged_attention,  # noqa: E402
+                                               sharded_write_kv_cache)
+from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
+
+# (name, KV heads, GQA group, head_dim, dtype, sliding window)
+CASES = [("kv4_g2", 4, 2, 64, jnp.float32, None), ("kv2_g4_window", 2, 4, 128, jnp.bfloat16, 7)]
+BACKENDS = {"pallas_tpu": dict(interpret=True), "pallas_gpu": dict(interpret=True)}
+
+
+def _batch(num_kv_heads: int, group: int, head_dim: int, dtype, seed: int):
+    kernels_test.NUM_KV_HEADS = num_kv_heads  # make_batch reads the module's KV head count
+    return kernels_test.make_batch("mixed", group=group, head_dim=head_dim, dtype=dtype, block_size=16, layers=2,
+                                   seed=seed)
+
+
+def _place(mesh, x, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def attention(backend: str, case, tp: int) -> tuple[np.ndarray, int, str]:
+    _, num_kv_heads, group, head_dim, dtype, window = case
+    q, cache, tables, lens, qsl, n, total = _batch(num_kv_heads, group, head_dim, dtype, seed=3)
+    mesh = make_mesh(tensor_parallel_size=tp)
+    layout = kv_head_layout(num_kv_heads, tp, q.shape[1])
+    cache_spec = P(None, None, None, "model", None) if layout == "sharded" and tp > 1 else P()
+    q = _place(mesh, q, P(None, "model", None))
+    cache = _place(mesh, cache, cache_spec)
+    fn = jax.jit(functools.partial(sharded_ragged_paged_attention, mesh, sm_scale=head_dim ** -0.5, soft_cap=None,
+                                   backend=backend, **BACKENDS[backend]))
+    out = fn(q, cache, tables, lens, qsl, n, sliding_window=None if window is None else jnp.int32(window),
+             layer_index=jnp.int32(1))
+    return np.asarray(out, np.float32)[:total], total, layout
+
+
+def kv_write(backend: str, num_kv_heads: int, tp: int) -> np.ndarray:
+    cache, k, v, slots = _write_inputs(num_kv_heads)
+    mesh = make_mesh(tensor_parallel_size=tp)
+    sharded = kv_head_layout(num_kv_heads, tp) == "sharded" and tp > 1
+    cache = _place(mesh, cache, P(None, None, None, "model", None) if sharded else P())
+    k, v = (_place(mesh, x, P(None, "model", None) if sharded else P()) for x in (k, v))
+    fn = jax.jit(functools.partial(sharded_write_kv_cache, mesh, backend=backend, **BACKENDS[backend]),
+                 donate_argnums=0)
+    got = fn(cache, k, v, slots, layer_index=jnp.int32(1))
+    return np.asarray(got, np.float32), got.sharding.spec
+
+
+def _write_inputs(num_kv_heads: int):
+    rng = np.random.default_rng(7)
+    head_dim, block_size, num_tokens = 64, 8, 13
+    cache = jnp.asarray(rng.standard_normal((2, 10, block_size, 2 * num_kv_heads, head_dim)), jnp.bfloat16)
+    slots = jnp.asarray(np.concatenate([rng.choice(np.arange(block_size, 10 * block_size), num_tokens - 3,
+                                                   replace=False), [0, 1, 2]]), jnp.int32)
+    k, v = (jnp.asarray(rng.standard_normal((num_tokens, num_kv_heads, head_dim)), jnp.float32) for _ in "kv")
+    return cache, k, v, slots
+
+
+def main() -> dict:
+    result: dict = {}
+    for backend in BACKENDS:
+        for case in CASES:
+            name = case[0]
+            base, total, _ = attention(backend, case, 1)
+            _, num_kv_heads, group, head_dim, dtype, window = case
+            q, cache, tables, lens, qsl, n, _ = _batch(num_kv_heads, group, head_dim, dtype, seed=3)
+            want = reference.ragged_paged_attention_xla(
+                q, cache, tables, lens, qsl, n, sm_scale=head_dim ** -0.5,
+                sliding_window=None if window is None else jnp.int32(window), layer_index=jnp.int32(1))
+            diff = np.abs(base - np.asarray(want, np.float32)[:total])
+            result[f"{backend}/{name}/tp1_vs_reference"] = float(np.max(diff))
+            for tp in (2, 4):
+                out, _, layout = attention(backend, case, tp)
+                result[f"{backend}/{name}/tp{tp}"] = {"layout": layout, "max_diff": float(np.max(np.abs(out - base)))}
+        for num_kv_heads in (4, 2):
+            base, _ = kv_write(backend, num_kv_heads, 1)
+            want = reference.write_kv_cache(*_write_inputs(num_kv_heads), layer_index=1)
+            result[f"{backend}/kv_write_kv{num_kv_heads}/tp1_equals_reference"] = bool(
+                np.array_equal(base, np.asarray(want, np.float32)))
+            for tp in (2, 4):
+                got, spec = kv_write(backend, num_kv_heads, tp)
+                result[f"{backend}/kv_write_kv{num_kv_heads}/tp{tp}"] = {
+                    "equal": bool(np.array_equal(got, base)), "spec": [str(s) for s in spec]}
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))

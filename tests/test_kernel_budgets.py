@@ -1,0 +1,149 @@
+"""The kernels' per-chip budgets (pallas_tpu VMEM/SMEM plan, pallas_gpu shared-memory plan), their cost
+estimates, and the code paths those plans open, in interpret mode on CPU:
+
+* pallas_tpu reads the block table through 128-aligned windows DMA'd into SMEM per page block; a table wider
+  than one window (here 384 columns) with sliding windows makes the blocks start anywhere in a row, cross
+  128-column boundaries and reach the clamped last window;
+* pallas_gpu walks a page in several KV chunks when a whole page does not fit the chip's shared memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.test_pallas_kernels import NUM_KV_HEADS, make_batch
+from vllm_jax.aot.targets import CHIPS, gpu_target_config, spec_for_device_kind
+from vllm_jax.pallas_kernels import gpu_attention, reference, tpu_attention
+
+LLAMA3_8B = dict(group=4, num_kv_heads=8)
+
+
+def _long_batch(seed: int, dtype, block_size: int, window: int | None):
+    """Four long decode rows and a chunk, lengths reaching past 128 table columns (block_size 4)."""
+    rng = np.random.default_rng(seed)
+    q_lens = np.array([1, 1, 1, 7, 1])
+    seq_lens = np.array([rng.integers(520, 600), 1300, rng.integers(100, 200), rng.integers(900, 1000), 3])
+    pages_needed = -(-seq_lens // block_size)
+    width = int(pages_needed.max()) + 5
+    num_blocks = int(pages_needed.sum()) + 2
+    pages = rng.permutation(np.arange(1, num_blocks))
+    tables = np.zeros((len(q_lens) + 1, width), np.int32)
+    used = 0
+    for s, n in enumerate(pages_needed):
+        tables[s, :n] = pages[used:used + n]
+        used += n
+    qsl = np.concatenate([[0], np.cumsum(q_lens), [q_lens.sum()]]).astype(np.int32)
+    lens = np.concatenate([seq_lens, [0]]).astype(np.int32)
+    kv = rng.standard_normal((2, num_blocks, block_size, 2 * NUM_KV_HEADS, 64))
+    q = rng.standard_normal((int(q_lens.sum()) + 3, 2 * NUM_KV_HEADS, 64))
+    kwargs = dict(sm_scale=0.125, layer_index=jnp.int32(1),
+                  sliding_window=None if window is None else jnp.int32(window))
+    return (jnp.asarray(q, dtype), jnp.asarray(kv, dtype), jnp.asarray(tables), jnp.asarray(lens), jnp.asarray(qsl),
+            jnp.asarray([len(q_lens)], jnp.int32)), kwargs, int(q_lens.sum())
+
+
+@pytest.mark.parametrize("window", [None, 37, 700], ids=["full", "window37", "window700"])
+def test_tpu_kernel_reads_wide_block_tables_through_smem_windows(window):
+    batch, kwargs, total = _long_batch(1, jnp.float32, 4, window)
+    assert batch[2].shape[1] > 256  # padded to 384 columns: windows of 256 at 0, 128, and the clamped 128
+    want = np.asarray(jax.jit(functools.partial(reference.ragged_paged_attention_xla, **kwargs))(*batch))
+    run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=True, tq=16, pages_per_block=8,
+                            **kwargs)
+    got = np.asarray(jax.jit(run)(*batch))
+    np.testing.assert_allclose(got[:total], want[:total], atol=2e-5, rtol=2e-5)
+
+
+def test_tpu_kernel_wide_table_under_the_tpu_interpreter():
+    """Simulated DMAs (performed at their wait) catch a page id read from a window before its DMA landed."""
+    batch, kwargs, total = _long_batch(2, jnp.bfloat16, 4, 300)
+    want = np.asarray(jax.jit(functools.partial(reference.ragged_paged_attention_xla, **kwargs))(*batch), np.float32)
+    run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=tpu_attention.interpret_params(),
+                            head_loads="indexed", tq=16, pages_per_block=16, **kwargs)
+    got = np.asarray(jax.jit(run)(*batch), np.float32)
+    np.testing.assert_allclose(got[:total], want[:total], atol=3e-2, rtol=3e-2)
+
+
+def test_gpu_kernel_splits_pages_that_do_not_fit_shared_memory():
+    small = dataclasses.replace(CHIPS["h100"], shared_memory_per_block_optin=40_000)
+    plan = gpu_attention.gpu_plan(num_tokens=40, num_seqs=8, group=2, num_kv_heads=2, table_width=4, head_dim=64,
+                                  block_size=64, dtype=jnp.float32, chip=small)
+    assert (plan.kv_rows, plan.num_stages) == (16, 2) and plan.shared_memory_bytes <= 40_000  # 4 chunks a page
+    *batch, total = make_batch("mixed", group=2, head_dim=64, dtype=jnp.float32, block_size=64, layers=None, seed=5)
+    kwargs = dict(sm_scale=0.125, sliding_window=jnp.int32(40))
+    want = np.asarray(reference.ragged_paged_attention_xla(*batch, **kwargs))
+    got = np.asarray(gpu_attention.ragged_paged_attention_gpu(*batch, **kwargs, interpret=True, chip=small,
+                                                              num_splits=2))
+    np.testing.assert_allclose(got[:total], want[:total], atol=2e-5, rtol=2e-5)
+
+
+def test_tpu_plan_fits_the_chip_and_sets_a_vmem_limit():
+    # 32 query heads, no GQA, float32, 512 tokens: 23 MB of scoped VMEM before (v5e's default limit is 16M).
+    for chip in (CHIPS["v5e"], CHIPS["v6e"]):
+        plan = tpu_attention.tpu_plan(num_tokens=512, num_seqs=256, group=1, num_kv_heads=32, head_dim=128,
+                                      block_size=16, q_dtype=jnp.float32, kv_dtype=jnp.float32, table_width=256,
+                                      chip=chip)
+        assert plan.vmem_limit_bytes == 96 * 2**20
+        assert plan.vmem_estimate_bytes <= plan.vmem_limit_bytes // 2
+    llama = tpu_attention.tpu_plan(num_tokens=8192, num_seqs=256, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
+                                   kv_dtype=jnp.bfloat16, table_width=8192, chip=CHIPS["v5e"],
+                                   group=4, num_kv_heads=8)
+    assert (llama.tq, llama.pages_per_block) == (32, 8)  # the shape rule's choice fits untouched
+    assert llama.smem_bytes < 64 * 1024  # no block table in SMEM: windows of 256 entries
+
+
+def test_tpu_plan_shrinks_the_page_block_then_the_tile_before_refusing():
+    tight = dataclasses.replace(CHIPS["v5e"], vmem_bytes=24 * 2**20)  # 9 MiB budget
+    plan = tpu_attention.tpu_plan(num_tokens=1024, num_seqs=64, group=1, num_kv_heads=32, head_dim=128,
+                                  block_size=16, q_dtype=jnp.float32, kv_dtype=jnp.float32, table_width=256,
+                                  chip=tight)
+    assert plan.pages_per_block == 1 and plan.tq < 128
+    assert plan.vmem_estimate_bytes <= 9 * 2**20
+    with pytest.raises(ValueError, match="--block-size"):
+        tpu_attention.tpu_plan(num_tokens=1024, num_seqs=64, group=1, num_kv_heads=32, head_dim=128,
+                               block_size=512, q_dtype=jnp.float32, kv_dtype=jnp.float32, table_width=256,
+                               chip=tight)
+    with pytest.raises(ValueError, match="--max-num-seqs"):
+        tpu_attention.tpu_plan(num_tokens=8192, num_seqs=65536, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
+                               kv_dtype=jnp.bfloat16, table_width=8192, chip=CHIPS["v5e"], **LLAMA3_8B)
+
+
+def test_gpu_plan_halves_the_kv_chunk_for_large_float32_pages():
+    for name, limit in (("h100", 227 * 1024), ("a100", 163 * 1024)):
+        plan = gpu_attention.gpu_plan(num_tokens=8192, num_seqs=256, group=4, num_kv_heads=8, table_width=1024,
+                                      head_dim=128, block_size=128, dtype=jnp.float32, chip=CHIPS[name])
+        assert plan.kv_rows < 128 and plan.shared_memory_bytes <= limit  # 256 KiB for whole pages x 2 stages
+    tiny = dataclasses.replace(CHIPS["a100"], shared_memory_per_block_optin=8 * 1024)
+    with pytest.raises(ValueError, match="shared memory"):
+        gpu_attention.gpu_plan(num_tokens=8192, num_seqs=256, group=4, num_kv_heads=8, table_width=1024,
+                               head_dim=128, block_size=128, dtype=jnp.float32, chip=tiny)
+
+
+def test_cost_estimates_count_the_bucket_at_full_occupancy():
+    q = jax.ShapeDtypeStruct((256, 32, 128), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((2, 4096, 16, 16, 128), jnp.bfloat16)
+    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    fn = functools.partial(tpu_attention.ragged_paged_attention_tpu, sm_scale=0.1, layer_index=1)
+    jaxpr = jax.make_jaxpr(fn)(q, cache, i32((256, 8192)), i32((256,)), i32((257,)), i32((1,)))
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
+    cost = eqn.params["cost_estimate"]
+    context = 4096 * 16 // 256  # the cache shared by 256 slots: 256 tokens each
+    assert cost.flops == 4 * 256 * context * 32 * 128
+    kv = 256 * context * 16 * 128 * 2  # every slot's pages once (decode: one tile per sequence)
+    assert kv < cost.bytes_accessed <= kv + 2 * 256 * 32 * 128 * 2 + 4 * 4096  # + q and out, + page ids
+
+
+def test_chip_table_and_gpu_target_config():
+    assert spec_for_device_kind("TPU v5 lite").name == "v5e"
+    assert spec_for_device_kind("TPU v6 lite").name == "v6e"
+    assert spec_for_device_kind("NVIDIA H100 80GB HBM3").name == "h100"
+    assert spec_for_device_kind("cpu") is None
+    for spec in CHIPS.values():
+        assert spec.sources and spec.hbm_bytes and spec.hbm_bytes_per_s and spec.peak_bf16_flops
+    text = gpu_target_config(CHIPS["h100"])
+    assert "shared_memory_per_block_optin: 232448" in text and "major: 9" in text and "core_count: 132" in text

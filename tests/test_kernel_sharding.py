@@ -1,0 +1,55 @@
+"""The Pallas kernels under tensor parallelism (sharding/kernel_sharding.py): attention and the KV write inside
+shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
+precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
+(split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the replicated pages)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_jax.sharding.kernel_sharding import kv_head_layout
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tests.kernel_sharding_checks"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+@pytest.mark.parametrize("case", ["kv4_g2", "kv2_g4_window"])
+def test_tp2_and_tp4_attention_equals_tp1(checks, backend, case):
+    assert checks[f"{backend}/{case}/tp1_vs_reference"] < (2e-5 if case == "kv4_g2" else 3e-2)
+    for tp in (2, 4):
+        got = checks[f"{backend}/{case}/tp{tp}"]
+        assert got["max_diff"] <= 1e-6, (tp, got)
+    assert checks[f"{backend}/kv2_g4_window/tp4"]["layout"] == "replicated"
+    assert checks[f"{backend}/kv4_g2/tp4"]["layout"] == "sharded"
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_tp2_and_tp4_kv_write_equals_tp1_and_keeps_the_cache_sharding(checks, backend):
+    for heads in (4, 2):
+        assert checks[f"{backend}/kv_write_kv{heads}/tp1_equals_reference"]
+        for tp in (2, 4):
+            got = checks[f"{backend}/kv_write_kv{heads}/tp{tp}"]
+            assert got["equal"], (heads, tp)
+            replicated = heads == 2 and tp == 4
+            assert got["spec"] == ([] if replicated else ["None", "None", "None", "model", "None"])
+
+
+def test_layouts_the_kernels_cannot_split_are_clear_errors():
+    assert kv_head_layout(8, 2, 32) == "sharded" and kv_head_layout(8, 16, 32) == "replicated"
+    with pytest.raises(ValueError, match="--tensor-parallel-size"):
+        kv_head_layout(6, 4, 24)
+    with pytest.raises(ValueError, match="query heads"):
+        kv_head_layout(2, 4, 6)

@@ -1,0 +1,152 @@
+"""Compile a jitted function for a chip this host does not have, and say what came out.
+
+`compile_for_target(fn, args, "v5e:1x1")` lowers and compiles `fn` on abstract inputs (ShapeDtypeStructs) for
+the target's compile-only devices: real XLA:TPU + Mosaic or XLA:GPU + Triton, with the chip's VMEM, SMEM and
+shared-memory limits enforced, so an oversized kernel fails here as it would on the chip. The report says
+whether it compiled (and the compiler's message if not), how long compiling took, whether the compiled program
+really contains the Pallas kernels (a silent fallback to XLA ops must not pass), XLA's memory analysis, the
+flops and bytes of XLA's cost analysis next to the kernels' own `pl.CostEstimate`s (XLA:GPU does not see
+those), and a roofline time from the chip's public peak figures.
+
+The lowering runs under `jax.set_mesh` of the target's devices, so code that asks which chip it is built for
+(Pallas's TPU lowering, the kernels' VMEM / shared-memory budgets: vllm_jax.aot.targets.current_chip) sees
+the target and not this host's CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any, Callable
+
+import jax
+import jax.extend.core
+
+from vllm_jax.aot.targets import Target, get_target
+
+# What a Pallas kernel becomes in compiled HLO.
+KERNEL_MARKERS = {"tpu": 'custom_call_target="tpu_custom_call"', "gpu": 'custom_call_target="__gpu$xla.gpu.triton"'}
+# XLA:TPU's cost analysis adds each Mosaic call's pl.CostEstimate; XLA:GPU's has none for Triton calls (and
+# jax's Triton lowering drops the estimate), so there the kernels' own estimates are added.
+KERNEL_COSTS_IN_XLA = {"tpu": True, "gpu": False}
+
+
+@dataclasses.dataclass
+class CompileReport:
+    target: str
+    ok: bool
+    error: str | None = None
+    compile_seconds: float = 0.0
+    kernel_calls: int = 0  # Pallas custom calls in the compiled program
+    kernel_names: tuple[str, ...] = ()
+    memory: dict[str, int] = dataclasses.field(default_factory=dict)
+    xla_flops: float = 0.0
+    xla_bytes_accessed: float = 0.0
+    kernel_flops: int = 0  # sum of the pallas_calls' CostEstimates (traced once each)
+    kernel_bytes_accessed: int = 0
+    roofline_seconds: float = 0.0
+
+    @property
+    def kernel_present(self) -> bool:
+        return self.kernel_calls > 0
+
+    def summary(self) -> str:
+        if not self.ok:
+            return f"{self.target}: FAILED {self.error.splitlines()[0] if self.error else ''}"
+        return (f"{self.target}: ok in {self.compile_seconds:.1f}s, {self.kernel_calls} kernel call(s) "
+                f"{sorted(set(self.kernel_names))}, temp {self.memory.get('temp_size_in_bytes', 0) / 2**20:.1f} MiB,"
+                f" kernel flops {self.kernel_flops:.3g}, bytes {self.kernel_bytes_accessed:.3g}, "
+                f"roofline {self.roofline_seconds * 1e6:.1f} us")
+
+
+def place(args: Any, target: Target, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs on the target's devices: `shardings` (a matching pytree of Shardings or
+    PartitionSpecs over target.mesh()) or, by default, all on the first device."""
+    mesh = target.mesh()
+    one = jax.sharding.SingleDeviceSharding(target.devices[0])
+
+    def put(leaf, sharding=None):
+        if sharding is None:
+            sharding = one
+        elif isinstance(sharding, jax.sharding.PartitionSpec):
+            sharding = jax.sharding.NamedSharding(mesh, sharding)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    if shardings is None:
+        return jax.tree.map(put, args)
+    return jax.tree.map(put, args, shardings,
+                        is_leaf=lambda x: isinstance(x, (jax.ShapeDtypeStruct, jax.sharding.PartitionSpec)))
+
+
+def _kernel_costs(fn: Callable, args: Any) -> tuple[int, int]:
+    """Flops and bytes of every pallas_call's CostEstimate in fn's jaxpr, inside jit/shard_map/cond bodies
+    too (a scan's body counted `length` times; a while loop's once)."""
+    flops = bytes_accessed = 0
+
+    def walk(jaxpr, times):
+        nonlocal flops, bytes_accessed
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                cost = eqn.params.get("cost_estimate")
+                if cost is not None:
+                    flops += times * cost.flops
+                    bytes_accessed += times * cost.bytes_accessed
+                continue
+            inner = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
+            for sub in _subjaxprs(eqn):
+                walk(sub, inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr, 1)
+    return flops, bytes_accessed
+
+
+def _subjaxprs(eqn):
+    for value in eqn.params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, jax.extend.core.ClosedJaxpr):
+                yield v.jaxpr
+            elif isinstance(v, jax.extend.core.Jaxpr):
+                yield v
+
+
+def compile_for_target(fn: Callable, args: tuple, target: str | Target, *, shardings: Any = None,
+                       donate_argnums: tuple[int, ...] = ()) -> CompileReport:
+    """Lower and compile `jax.jit(fn)(*args)` for `target`; never raises for a compile failure (see .error)."""
+    target = get_target(target) if isinstance(target, str) else target
+    report = CompileReport(target=target.name, ok=False)
+    placed = place(args, target, shardings)
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(target.mesh()):
+            lowered = jax.jit(fn, donate_argnums=donate_argnums).lower(*placed)
+            compiled = lowered.compile()
+            report.kernel_flops, report.kernel_bytes_accessed = _kernel_costs(fn, placed)
+    except Exception as exc:  # the compiler's own message is the point
+        report.compile_seconds = time.perf_counter() - start
+        report.error = f"{type(exc).__name__}: {exc}"
+        return report
+    report.compile_seconds = time.perf_counter() - start
+    report.ok = True
+    text = compiled.as_text() or ""
+    marker = KERNEL_MARKERS[target.platform]
+    calls = [line for line in text.splitlines() if marker in line]
+    report.kernel_calls = len(calls)
+    report.kernel_names = tuple(m.group(1) for line in calls
+                                for m in [re.search(r'op_name="[^"]*?(vllm_jax_\w+|[\w.]+)/pallas_call', line)] if m)
+    memory = compiled.memory_analysis()
+    if memory is not None:
+        report.memory = {f: int(getattr(memory, f)) for f in ("argument_size_in_bytes", "output_size_in_bytes",
+                                                              "alias_size_in_bytes", "temp_size_in_bytes",
+                                                              "generated_code_size_in_bytes")}
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if cost:
+        report.xla_flops = float(cost.get("flops", 0.0))
+        report.xla_bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    flops, moved = report.xla_flops, report.xla_bytes_accessed
+    if not KERNEL_COSTS_IN_XLA[target.platform]:
+        flops, moved = flops + report.kernel_flops, moved + report.kernel_bytes_accessed
+    report.roofline_seconds = target.spec.roofline_seconds(flops, moved)  # per device (SPMD: per shard)
+    return report
