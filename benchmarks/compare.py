@@ -78,8 +78,8 @@ def load_transformers():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_jax.model.gguf_file import iter_gguf_tensors, read_gguf_config
-    from vllm_jax.model.source import default_model_path
+    from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, read_gguf_config
+    from vllm_jax.model_loader.source import default_model_path
 
     torch.set_num_threads(os.cpu_count() or 1)
     path = default_model_path()

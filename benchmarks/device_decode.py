@@ -45,8 +45,8 @@ def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 
     from transformers import LlamaConfig
 
     from vllm_jax import EngineArgs
-    from vllm_jax.model.batch import RowChunk, pack_step_inputs
-    from vllm_jax.model.runner import ModelRunner
+    from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+    from vllm_jax.worker.model_runner import ModelRunner
 
     on_cpu = jax.default_backend() == "cpu"
     dtype = "float32" if on_cpu else "bfloat16"

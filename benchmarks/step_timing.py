@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 from vllm_jax import EngineArgs
-from vllm_jax.model.batch import RowChunk, pack_step_inputs
-from vllm_jax.model.runner import ModelRunner
+from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+from vllm_jax.worker.model_runner import ModelRunner
 
 
 def decode_inputs(runner: ModelRunner, batch: int, context: int):

@@ -7,7 +7,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Compiled programs go to a cache of this test session, never to the user's ~/.cache: engines with the same tiny
-# config then load each other's warm-up programs (vllm_jax/model/compile_cache.py), which keeps the suite fast.
+# config then load each other's warm-up programs (vllm_jax/worker/compilation_cache.py), which keeps the suite fast.
 if "VLLM_JAX_CACHE_ROOT" not in os.environ:
     import atexit
     import shutil

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
+from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import LLM, SamplingParams
 
 MAX_TOKENS = 24

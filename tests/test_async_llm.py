@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
+from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, RequestOutputKind, SamplingParams
 from vllm_jax.engine.async_llm import AsyncLLM, EngineDeadError, EngineShutdownError, QueueFullError
 from vllm_jax.engine.llm_engine import LLMEngine

@@ -22,8 +22,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from tests.live_server import MAX_MODEL_LEN, MODEL, Served, openai_error, start_server, tiny_checkpoint
-from tests.tiny_models import VOCAB_SIZE
+from tests.helpers.live_server import MAX_MODEL_LEN, MODEL, Served, openai_error, start_server, tiny_checkpoint
+from tests.helpers.tiny_models import VOCAB_SIZE
 from vllm_jax.server.api_server import build_app
 from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES
 from vllm_jax.server.protocol import MAX_BAD_WORDS, MAX_N, MAX_PROMPTS, MAX_STOP_CHARS, MAX_STOP_STRINGS

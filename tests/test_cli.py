@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.cli import build_parser, engine_args_from_namespace, main
-from vllm_jax.model.source import resolve_model_source
+from vllm_jax.model_loader.source import resolve_model_source
 
 
 def test_parallelism_short_flags_and_optional_bools_reach_engine_args():

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import make_tiny_checkpoint
-from vllm_jax.config import EngineArgs
-from vllm_jax.model.compile_cache import resolve_cache_dir
+from tests.helpers.tiny_models import make_tiny_checkpoint
+from vllm_jax.config import EngineArgs, resolve_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = """

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
+from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import LLM, SamplingParams
 
 MAX_TOKENS = 12

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving_harness import (LETTERS, MODEL, Served, error_of, make_checkpoint, metric, openai_error, serve,
+from tests.helpers.serving_harness import (LETTERS, MODEL, Served, error_of, make_checkpoint, metric, openai_error, serve,
                                    wait_healthy)
 from vllm_jax.config import EngineArgs
 from vllm_jax.engine.async_llm import AsyncLLM

@@ -1,5 +1,5 @@
 """GGUF reading: tiny random HF checkpoints are written out the way llama.cpp's converter would, then read back
-with vllm_jax.model.gguf_file and compared with the safetensors weights and the HF config."""
+with vllm_jax.model_loader.gguf_file and compared with the safetensors weights and the HF config."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import transformers
 from safetensors.numpy import load_file
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from vllm_jax.model.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
-from vllm_jax.model.source import DEFAULT_MODEL_PACKAGE, ModelSourceError
+from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
+from vllm_jax.model_loader.source import DEFAULT_MODEL_PACKAGE, ModelSourceError
 
 GLOBAL = {"model.embed_tokens": "token_embd", "lm_head": "output", "model.norm": "output_norm"}
 BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
@@ -302,7 +302,7 @@ needs_default_model = pytest.mark.skipif(importlib.util.find_spec(DEFAULT_MODEL_
 
 @pytest.fixture(scope="module")
 def default_model() -> str:
-    from vllm_jax.model.source import default_model_path
+    from vllm_jax.model_loader.source import default_model_path
 
     return default_model_path()
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def checks() -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.kernel_sharding_checks"], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.kernel_sharding_checks"], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

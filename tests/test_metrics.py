@@ -9,12 +9,12 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs, RequestOutputKind, SamplingParams
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.engine.llm_engine import LLMEngine
-from vllm_jax.engine.stats import EngineStats, FinishedRequestStats, IterationStats
-from vllm_jax.server.metrics import EngineMetrics
+from vllm_jax.metrics.stats import EngineStats, FinishedRequestStats, IterationStats
+from vllm_jax.metrics.prometheus import EngineMetrics
 
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8, max_num_batched_tokens=32)
 GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]

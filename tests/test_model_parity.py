@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 import pytest
 
-from tests.parity import (BLOCK_SIZE, MAX_BLOCKS, assert_greedy_matches_transformers,
+from tests.helpers.parity import (BLOCK_SIZE, MAX_BLOCKS, assert_greedy_matches_transformers,
                           assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences)
-from tests.tiny_models import ARCHS, make_tiny_checkpoint
-from vllm_jax.model.batch import pack_step_inputs
+from tests.helpers.tiny_models import ARCHS, make_tiny_checkpoint
+from vllm_jax.worker.batch import pack_step_inputs
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.parity import (assert_greedy_matches_transformers, assert_logits_match_over_two_chunked_steps,
+from tests.helpers.parity import (assert_greedy_matches_transformers, assert_logits_match_over_two_chunked_steps,
                           load_forward, ragged_sequences)
-from tests.tiny_models import MOE_ARCHS, make_tiny_checkpoint
+from tests.helpers.tiny_models import MOE_ARCHS, make_tiny_checkpoint
 from vllm_jax.model.moe import grouped_expert_ffn, route
 
 def _hf_routing(hf, seq) -> list[np.ndarray]:

@@ -50,7 +50,7 @@ def test_cli_logging_shows_our_info_lines_but_not_jax_backend_probe():
 
 
 def test_warmup_progress_lines_say_how_many_programs_remain(caplog):
-    from vllm_jax.model.runner import _WarmupReport
+    from vllm_jax.worker.model_runner import _WarmupReport
 
     caplog.set_level(logging.INFO, logger="vllm_jax")
     report = _WarmupReport(3, bar=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
+from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, SamplingParams
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=8,

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vllm_jax.model.sampler import SamplingTensors, _candidate_threshold, apply_logits_processors, apply_top_k_top_p, \
+from vllm_jax.sample.sampler import SamplingTensors, _candidate_threshold, apply_logits_processors, apply_top_k_top_p, \
     compute_logprobs, sample
-from vllm_jax.model.sampling_metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors, seed_to_uint32
+from vllm_jax.sample.metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors, seed_to_uint32
 from vllm_jax.sampling_params import SamplingParams
 
 SAMPLE = jax.jit(sample, static_argnames="num_logprobs")
@@ -264,7 +264,7 @@ def test_seed_to_uint32_is_deterministic_and_fits():
 
 
 def test_top_k_beyond_the_vocab_or_int32_means_no_top_k():
-    from vllm_jax.model.sampling_metadata import RowSamplingInput, build_sampling_tensors
+    from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
     from vllm_jax.sampling_params import SamplingParams
 
     rows = [RowSamplingInput(SamplingParams(top_k=k), 0, [1], [], 1) for k in (5, 320, 2**40)]

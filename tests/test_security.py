@@ -21,11 +21,11 @@ import pytest
 from fastapi.routing import APIRoute
 
 import vllm_jax
-from tests.live_server import MODEL, Served, openai_error, start_server, tiny_checkpoint
+from tests.helpers.live_server import MODEL, Served, openai_error, start_server, tiny_checkpoint
 from vllm_jax.cli import build_parser, main
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.source import ModelSourceError
-from vllm_jax.model.tokenizer import load_tokenizer
+from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.tokenizer import load_tokenizer
 from vllm_jax.server import launcher
 from vllm_jax.server.middleware import OPEN_PATHS
 

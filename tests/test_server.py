@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from tests.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.cli import build_parser
 from vllm_jax.config import EngineArgs
 from vllm_jax.engine.async_llm import AsyncLLM
@@ -31,7 +31,7 @@ API_KEY = "sk-test-key"
 MODEL, ALIAS = "tiny-llama", "tiny-alias"
 MAX_MODEL_LEN = 64
 MAX_REQUEST_BYTES = 64 * 1024
-LETTERS = list(range(259, 259 + 26))  # tests/tiny_models.py: 'a'..'z' are token ids 259..284
+LETTERS = list(range(259, 259 + 26))  # tests/helpers/tiny_models.py: 'a'..'z' are token ids 259..284
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_check(name: str, workdir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.multidevice_checks", name, str(workdir)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", name, str(workdir)], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -78,15 +78,15 @@ def test_orbax_converted_params_restore_into_a_tp2_mesh_unchanged(tmp_path):
 def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
     import socket
 
-    from tests.parallel_workload import ENGINE_ARGS, prompts
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.parallel_workload import ENGINE_ARGS, prompts
+    from tests.helpers.tiny_models import make_tiny_checkpoint
     from vllm_jax import LLM, SamplingParams
 
     make_tiny_checkpoint("llama", tmp_path, seed=6)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.multihost_process", str(rank), str(port), str(tmp_path)],
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.multihost_process", str(rank), str(port), str(tmp_path)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     try:

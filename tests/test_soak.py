@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.serving_harness import (LETTERS, MODEL, Served, error_of, make_checkpoint, metric, serve,
+from tests.helpers.serving_harness import (LETTERS, MODEL, Served, error_of, make_checkpoint, metric, serve,
                                    wait_idle_metrics)
 from vllm_jax.config import EngineArgs
 from vllm_jax.engine.async_llm import AsyncLLM

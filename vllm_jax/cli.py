@@ -136,7 +136,7 @@ def _serve(ns: argparse.Namespace) -> int:
     args = engine_args_from_namespace(ns, ns.model)
     args.served_model_name = names[0] if names else None
     if (getattr(ns, "process_id", None) or 0) > 0:  # a multi-host worker: it follows process 0, no HTTP server
-        from vllm_jax.engine.worker import run_worker
+        from vllm_jax.worker.follower import run_worker
 
         run_worker(args)
         return 0
@@ -144,7 +144,7 @@ def _serve(ns: argparse.Namespace) -> int:
 
 
 def _convert(ns: argparse.Namespace) -> int:
-    from vllm_jax.model.convert import convert
+    from vllm_jax.model_loader.convert import convert
 
     out, seconds = convert(ns.model, ns.out_dir, ns.dtype)
     print(f"converted in {seconds:.1f} s -> {out}; serve it with `vllm-jax serve {out}`")

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_jax.model_loader.source import ModelSource
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -31,8 +35,7 @@ class ModelConfig:
     """What was resolved about the model: where it lives, its HF config and the dtypes to run it in."""
 
     model: str  # what the user asked for (path, hub id, or the default model's path)
-    source_kind: str  # "hf" or "gguf"
-    path: str  # local directory (hf) or file (gguf)
+    source: ModelSource  # where it was found: kind (hf / gguf / orbax) and local path
     hf_config: Any  # transformers.PretrainedConfig
     dtype: str  # resolved: float32 / bfloat16 / float16
     kv_cache_dtype: str
@@ -108,8 +111,9 @@ class EngineArgs:
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     attention_backend: str = "auto"
-    # Compiled programs persist in a per-user directory by default (model/compile_cache.py), so a restart reads
-    # them instead of compiling again; `compilation_cache_dir` moves it, `compilation_cache=False` turns it off.
+    # Compiled programs persist in a per-user directory by default (worker/compilation_cache.py), so a restart
+    # loads them instead of compiling again; `compilation_cache_dir` moves it, `compilation_cache=False` turns it
+    # off (resolve_cache_dir).
     compilation_cache_dir: str | None = None
     compilation_cache: bool = True
     distributed_coordinator: str | None = None
@@ -133,8 +137,7 @@ class EngineArgs:
     def create_config(self) -> EngineConfig:
         import jax
 
-        from vllm_jax.model.compile_cache import resolve_cache_dir
-        from vllm_jax.model.source import load_hf_config, resolve_model_source
+        from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
 
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, DTYPES)
@@ -189,7 +192,7 @@ class EngineArgs:
             kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
 
         model_config = ModelConfig(
-            model=self.model or source.path, source_kind=source.kind, path=source.path, hf_config=hf_config,
+            model=self.model or source.path, source=source, hf_config=hf_config,
             dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
             tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)
@@ -214,6 +217,27 @@ class EngineArgs:
             platform=platform,
             scan_layers=self.scan_layers,
         )
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def default_cache_root() -> str:
+    """vllm_jax's per-user cache root (compiled programs live in its `compile` folder)."""
+    root = os.environ.get("VLLM_JAX_CACHE_ROOT")
+    if root:
+        return os.path.expanduser(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "vllm_jax")
+
+
+def resolve_cache_dir(requested: str | None, enabled: bool) -> str | None:
+    """The directory an engine uses (None: no persistent cache): the flag's, else the per-user default."""
+    if not enabled or os.environ.get("VLLM_DISABLE_COMPILE_CACHE", "").lower() in _TRUE:
+        return None
+    if requested:
+        return os.path.abspath(os.path.expanduser(requested))
+    return os.path.join(default_cache_root(), "compile")
 
 
 def engine_args_from_kwargs(model: str | None, kwargs: dict) -> EngineArgs:

@@ -28,11 +28,11 @@ from typing import Any
 from vllm_jax.config import EngineArgs, EngineConfig
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
 from vllm_jax.engine.output_processor import child_request_ids
-from vllm_jax.engine.stats import EngineCounters, EngineStats, IterationStats, RequestTimer
+from vllm_jax.metrics.stats import EngineCounters, EngineStats, IterationStats, RequestTimer
 from vllm_jax.outputs import CompletionOutput, RequestOutput
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 from vllm_jax.scheduler.request import RequestStatus
-from vllm_jax.server.metrics import EngineMetrics
+from vllm_jax.metrics.prometheus import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ class AsyncLLM:
 
     def _run(self) -> None:
         try:
-            from vllm_jax.model.tokenizer import load_tokenizer
+            from vllm_jax.model_loader.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self._config.model_config)
             engine = self._engine_factory(self._config)

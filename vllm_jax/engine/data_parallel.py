@@ -13,10 +13,10 @@ from typing import Any
 from vllm_jax.config import EngineArgs, EngineConfig
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.engine.llm_engine import LLMEngine
-from vllm_jax.engine.stats import EngineStats
+from vllm_jax.metrics.stats import EngineStats
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
-from vllm_jax.server.metrics import EngineMetrics
+from vllm_jax.metrics.prometheus import EngineMetrics
 from vllm_jax.sharding import make_mesh
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
-from vllm_jax.model.runner import ModelRunner
-from vllm_jax.model.tokenizer import generation_eos_token_ids, load_tokenizer
+from vllm_jax.worker.model_runner import ModelRunner
+from vllm_jax.model_loader.tokenizer import generation_eos_token_ids, load_tokenizer
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.sampling_params import SamplingParams

@@ -21,22 +21,8 @@ import numpy as np
 from flax import nnx
 
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
-
-
-@jax.tree_util.register_dataclass
-@dataclass
-class StepInputs:
-    """One step's ragged batch, padded to a (T tokens, S sequences) bucket; see DESIGN.md's step table."""
-
-    input_ids: jax.Array  # [T] int32
-    positions: jax.Array  # [T] int32
-    slot_mapping: jax.Array  # [T] int32
-    block_tables: jax.Array  # [S, max_blocks_per_seq] int32
-    seq_lens: jax.Array  # [S] int32
-    query_start_loc: jax.Array  # [S + 1] int32
-    num_seqs: jax.Array  # [1] int32
-    logits_indices: jax.Array  # [S] int32
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.02) -> nnx.Param:

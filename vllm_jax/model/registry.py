@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.decoder_weights import decoder_param_sources
+from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
-from vllm_jax.model.moe_weights import moe_param_sources
-from vllm_jax.model.param_source import ParamSource
+from vllm_jax.model_loader.moe_weights import moe_param_sources
+from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, spec_from_hf_config
 
 

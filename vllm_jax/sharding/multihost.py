@@ -33,7 +33,7 @@ def broadcast_payload(payload):
     """Process 0 passes its payload and gets it back; the others pass None and receive it (None = stop)."""
     from jax.experimental import multihost_utils
 
-    from vllm_jax.model.device_step import StepPayload
+    from vllm_jax.worker.device_step import StepPayload
 
     data = _encode(payload) if payload is not None else np.zeros(0, np.uint8)
     length = int(multihost_utils.broadcast_one_to_all(np.array(len(data) if payload is not None else 0, np.int64)))
@@ -67,8 +67,8 @@ def _encode(payload) -> np.ndarray:
 
 
 def _decode(data: bytes, payload_cls):
-    from vllm_jax.model.decoder import StepInputs
-    from vllm_jax.model.sampler import SamplingTensors
+    from vllm_jax.model.step_inputs import StepInputs
+    from vllm_jax.sample.sampler import SamplingTensors
 
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_jax.model.param_source import ParamSource, per_layer, single
+from vllm_jax.model_loader.param_source import ParamSource, per_layer, single
 from vllm_jax.model.spec import DecoderSpec
 
 # our stacked layer param -> (HF suffix under model.layers.{layer}., transpose)

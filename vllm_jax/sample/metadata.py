@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_jax.model.sampler import SamplingTensors
+from vllm_jax.sample.sampler import SamplingTensors
 from vllm_jax.sampling_params import SamplingParams
 
 _MASK32 = 0xFFFFFFFF

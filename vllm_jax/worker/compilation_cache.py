@@ -31,25 +31,6 @@ logger = logging.getLogger(__name__)
 
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _MISS_EVENT = "/jax/compilation_cache/cache_misses"
-_TRUE = ("1", "true", "yes", "on")
-
-
-def default_cache_root() -> str:
-    """vllm_jax's per-user cache root (compiled programs live in its `compile` folder)."""
-    root = os.environ.get("VLLM_JAX_CACHE_ROOT")
-    if root:
-        return os.path.expanduser(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "vllm_jax")
-
-
-def resolve_cache_dir(requested: str | None, enabled: bool) -> str | None:
-    """The directory an engine uses (None: no persistent cache): the flag's, else the per-user default."""
-    if not enabled or os.environ.get("VLLM_DISABLE_COMPILE_CACHE", "").lower() in _TRUE:
-        return None
-    if requested:
-        return os.path.abspath(os.path.expanduser(requested))
-    return os.path.join(default_cache_root(), "compile")
 
 
 def use_compilation_cache(path: str | None) -> str | None:

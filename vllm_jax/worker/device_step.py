@@ -16,9 +16,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vllm_jax.model.compile_cache import ProgramStore, count_cache_lookups
-from vllm_jax.model.decoder import StepInputs
-from vllm_jax.model.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
+from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
 
 
 @dataclass

@@ -9,11 +9,10 @@ from pathlib import Path
 from flax import nnx
 
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.loader import build_model
-from vllm_jax.model.orbax_io import save_converted
+from vllm_jax.model_loader.loader import build_model
+from vllm_jax.model_loader.orbax_io import save_converted
 from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.source import ModelSource
-from vllm_jax.model.tokenizer import load_tokenizer
+from vllm_jax.model_loader.tokenizer import load_tokenizer
 
 
 def convert(model: str | None, out_dir: str, dtype: str = "auto") -> tuple[Path, float]:
@@ -22,11 +21,11 @@ def convert(model: str | None, out_dir: str, dtype: str = "auto") -> tuple[Path,
     mc = config.model_config
     entry, spec = resolve_architecture(mc.hf_config)
     t0 = time.perf_counter()
-    loaded = build_model(entry, spec, mc.dtype, ModelSource(mc.source_kind, mc.path, mc.served_model_name))
+    loaded = build_model(entry, spec, mc.dtype, mc.source)
     params = nnx.to_pure_dict(nnx.state(loaded))
     seconds = time.perf_counter() - t0
     out = save_converted(out_dir, params, mc.hf_config, load_tokenizer(mc), mc.dtype)
-    generation_config = Path(mc.path) / "generation_config.json"
-    if mc.source_kind != "gguf" and generation_config.is_file():
+    generation_config = Path(mc.source.path) / "generation_config.json"
+    if mc.source.kind != "gguf" and generation_config.is_file():
         shutil.copy(generation_config, out / "generation_config.json")
     return out, seconds

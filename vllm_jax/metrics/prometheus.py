@@ -15,7 +15,7 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from vllm_jax.engine.stats import EngineStats, IterationStats
+from vllm_jax.metrics.stats import EngineStats, IterationStats
 
 FINISH_REASONS = ("stop", "length", "abort")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_jax.model.decoder import StepInputs
+from vllm_jax.model.step_inputs import StepInputs
 
 
 @dataclass

@@ -3,8 +3,8 @@
 Research use, without the scheduler or the server::
 
     from vllm_jax import EngineArgs
-    from vllm_jax.model.runner import ModelRunner
-    from vllm_jax.model.batch import RowChunk, pack_step_inputs
+    from vllm_jax.worker.model_runner import ModelRunner
+    from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
     runner = ModelRunner(EngineArgs(model="path/to/hf_dir").create_config())
     inputs = pack_step_inputs([RowChunk(token_ids=[1, 2, 3], num_computed=0, block_ids=[1])],
@@ -33,16 +33,16 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
-from vllm_jax.model.batch import RowChunk, pack_step_inputs
-from vllm_jax.model.compile_cache import ProgramStore, count_cache_lookups, use_compilation_cache
-from vllm_jax.model.buckets import geometric_buckets, pick_bucket, seq_bucket_for
-from vllm_jax.model.decoder import StepInputs, unstack_layers
-from vllm_jax.model.device_step import DeviceStep, StepPayload
-from vllm_jax.model.loader import build_model
+from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups, use_compilation_cache
+from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_for
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.model.decoder import unstack_layers
+from vllm_jax.worker.device_step import DeviceStep, StepPayload
+from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.sampling_metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
-from vllm_jax.model.source import ModelSource
-from vllm_jax.paged_kv import kv_cache_alloc
+from vllm_jax.sample.metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
+from vllm_jax.worker import kv_cache as kv_cache_alloc
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
@@ -83,7 +83,7 @@ class ModelRunner:
         tp = pc.tensor_parallel_size
         self.mesh = make_mesh(tp, 1, pc.enable_expert_parallel, devices=devices)
         check_tensor_parallel_layout(self.spec, tp)
-        source = None if random_weights else ModelSource(mc.source_kind, mc.path, mc.served_model_name)
+        source = None if random_weights else mc.source
         t0 = time.perf_counter()
         model = build_model(self.model_entry, self.spec, mc.dtype, source,
                             attention_backend=_attention_backend(config.attention_backend, tp), seed=mc.seed,

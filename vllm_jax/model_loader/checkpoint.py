@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from vllm_jax.model.source import ModelSource, ModelSourceError
+from vllm_jax.model_loader.source import ModelSource, ModelSourceError
 
 
 class Checkpoint(Protocol):
@@ -38,7 +38,7 @@ class GGUFCheckpoint:
     """All tensors dequantized up front: GGUF blocks cannot be sliced before dequantization."""
 
     def __init__(self, path: str):
-        from vllm_jax.model.gguf_file import iter_gguf_tensors
+        from vllm_jax.model_loader.gguf_file import iter_gguf_tensors
 
         self.path = path
         self._tensors = dict(iter_gguf_tensors(path))

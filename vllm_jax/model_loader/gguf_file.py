@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.model.source import ModelSourceError
+from vllm_jax.model_loader.source import ModelSourceError
 
 _ARCHS = {  # general.architecture -> (config class name, HF architectures entry, q/k rows permuted by llama.cpp)
     "llama": ("LlamaConfig", "LlamaForCausalLM", True),

@@ -57,7 +57,7 @@ def resolve_model_source(model: str | None) -> ModelSource:
             if len(ggufs) == 1:
                 return ModelSource("gguf", str(ggufs[0]), ggufs[0].stem)
             raise ModelSourceError(f"{path}: no config.json in this directory (nor a single .gguf file)")
-        from vllm_jax.model.orbax_io import is_converted_checkpoint
+        from vllm_jax.model_loader.orbax_io import is_converted_checkpoint
 
         return ModelSource("orbax" if is_converted_checkpoint(path) else "hf", str(path), path.name)
     if model.startswith((".", "/", "~")) or os.sep + os.sep in model or model.count("/") > 1:
@@ -81,7 +81,7 @@ def _hub_cache_dir(repo_id: str) -> str:
 def load_hf_config(source: ModelSource) -> Any:
     """The transformers config for the source, with a clear error for a missing or corrupt file."""
     if source.kind == "gguf":
-        from vllm_jax.model.gguf_file import read_gguf_config
+        from vllm_jax.model_loader.gguf_file import read_gguf_config
 
         return read_gguf_config(source.path)
     from transformers import AutoConfig

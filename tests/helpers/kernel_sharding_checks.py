@@ -1,6 +1,6 @@
 """The Pallas kernels under shard_map on 8 fake CPU devices, in interpret mode. XLA_FLAGS must be set before jax
 is imported, so tests/test_kernel_sharding.py runs this file in a subprocess:
-`python -m tests.kernel_sharding_checks` prints one JSON object."""
+`python -m tests.helpers.kernel_sharding_checks` prints one JSON object."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Checks that need 8 (fake CPU) devices. XLA_FLAGS must be set before jax is imported, so the tests run this
-file in a subprocess: `python -m tests.multidevice_checks CHECK WORKDIR` prints one JSON object."""
+file in a subprocess: `python -m tests.helpers.multidevice_checks CHECK WORKDIR` prints one JSON object."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tests.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
-from tests.tiny_models import make_tiny_checkpoint  # noqa: E402
+from tests.helpers.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
+from tests.helpers.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
@@ -90,7 +90,7 @@ def check_orbax_restore_into_another_mesh(workdir: Path) -> dict:
     """Convert on one device, restore into a TP=2 mesh: same params, same greedy tokens, sharded placement."""
     from flax import nnx
 
-    from vllm_jax.model.convert import convert
+    from vllm_jax.model_loader.convert import convert
 
     model_dir = workdir / "llama"
     make_tiny_checkpoint("llama", model_dir, seed=4)
@@ -101,7 +101,7 @@ def check_orbax_restore_into_another_mesh(workdir: Path) -> dict:
     b = nnx.to_pure_dict(restored.llm_engine.runner.params)
     same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(_leaves(a), _leaves(b)))
     return {"direct": direct_tokens, "restored_tp2": restored_tokens, "params_equal": same,
-            "restored_specs": _specs(restored), "source_kind": restored.llm_engine.config.model_config.source_kind}
+            "restored_specs": _specs(restored), "source_kind": restored.llm_engine.config.model_config.source.kind}
 
 
 def _leaves(tree: dict) -> list:

@@ -1,4 +1,4 @@
-"""One process of a two-process engine on 127.0.0.1 (CPU, gloo): `python -m tests.multihost_process RANK PORT
+"""One process of a two-process engine on 127.0.0.1 (CPU, gloo): `python -m tests.helpers.multihost_process RANK PORT
 MODEL_DIR`. Rank 0 generates and prints the greedy tokens as JSON; rank 1 is a worker."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import json  # noqa: E402
 import sys  # noqa: E402
 
-from tests.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
+from tests.helpers.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
 
 
 def main(rank: int, port: int, model_dir: str) -> None:
     from vllm_jax import EngineArgs, SamplingParams
-    from vllm_jax.engine.worker import run_worker
+    from vllm_jax.worker.follower import run_worker
     from vllm_jax import LLM
 
     dist = dict(tensor_parallel_size=2, distributed_coordinator=f"127.0.0.1:{port}", num_processes=2,

@@ -19,11 +19,11 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from vllm_jax.model import orbax_io
-from vllm_jax.model.checkpoint import Checkpoint, open_checkpoint
-from vllm_jax.model.param_source import ParamSource
+from vllm_jax.model_loader import orbax_io
+from vllm_jax.model_loader.checkpoint import Checkpoint, open_checkpoint
+from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model.registry import ModelEntry
-from vllm_jax.model.source import ModelSource, ModelSourceError
+from vllm_jax.model_loader.source import ModelSource, ModelSourceError
 
 NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

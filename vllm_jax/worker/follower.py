@@ -11,7 +11,7 @@ import logging
 import jax
 
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.runner import ModelRunner
+from vllm_jax.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

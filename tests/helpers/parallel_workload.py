@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.tiny_models import VOCAB_SIZE
+from tests.helpers.tiny_models import VOCAB_SIZE
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8,
                    max_num_batched_tokens=32)

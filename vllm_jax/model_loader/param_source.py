@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_jax.model.checkpoint import Checkpoint
+from vllm_jax.model_loader.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from vllm_jax.config import ModelConfig
-from vllm_jax.model.source import ModelSourceError
+from vllm_jax.model_loader.source import ModelSourceError
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:
-    path = model_config.tokenizer or model_config.path
-    if model_config.tokenizer is None and model_config.source_kind == "gguf":
-        from vllm_jax.model.gguf_file import load_gguf_tokenizer
+    path = model_config.tokenizer or model_config.source.path
+    if model_config.tokenizer is None and model_config.source.kind == "gguf":
+        from vllm_jax.model_loader.gguf_file import load_gguf_tokenizer
 
         return load_gguf_tokenizer(path)
     from transformers import AutoTokenizer
@@ -27,8 +27,8 @@ def load_tokenizer(model_config: ModelConfig) -> Any:
 def generation_eos_token_ids(model_config: ModelConfig) -> set[int]:
     """Extra EOS ids from generation_config.json (e.g. Llama 3's <|eot_id|>), which also end generation."""
     ids: set[int] = set()
-    if model_config.source_kind in ("hf", "orbax"):
-        gen = Path(model_config.path) / "generation_config.json"
+    if model_config.source.kind in ("hf", "orbax"):
+        gen = Path(model_config.source.path) / "generation_config.json"
         if gen.is_file():
             try:
                 eos = json.loads(gen.read_text()).get("eos_token_id")

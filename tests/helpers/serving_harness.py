@@ -19,7 +19,7 @@ from vllm_jax.server.api_server import build_app
 from vllm_jax.server.launcher import HttpServer, bind_socket, serve_in_thread
 
 MODEL = "tiny-llama"
-LETTERS = list(range(259, 259 + 26))  # tests/tiny_models.py: 'a'..'z' are token ids 259..284
+LETTERS = list(range(259, 259 + 26))  # tests/helpers/tiny_models.py: 'a'..'z' are token ids 259..284
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
 
@@ -98,7 +98,7 @@ def wait_idle_metrics(url: str, timeout: float = 20.0) -> str:
 
 
 def make_checkpoint(path: Path) -> Path:
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     make_tiny_checkpoint("llama", path)
     return path

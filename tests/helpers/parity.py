@@ -8,12 +8,12 @@ import numpy as np
 import torch
 from flax import nnx
 
-from tests.tiny_models import VOCAB_SIZE
-from vllm_jax.model.batch import RowChunk, pack_step_inputs
+from tests.helpers.tiny_models import VOCAB_SIZE
+from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 from vllm_jax.model.decoder import unstack_layers
-from vllm_jax.model.loader import build_model
+from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.source import load_hf_config, resolve_model_source
+from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
 
 BLOCK_SIZE = 4
 MAX_BLOCKS = 16
@@ -72,7 +72,7 @@ def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]], 
 
 def assert_greedy_matches_transformers(hf, path, max_tokens: int = 32) -> None:
     """Prompts of 7, 30 and 1 tokens through LLM.generate: greedy continuations token-identical to HF's."""
-    from tests.tiny_models import hf_greedy
+    from tests.helpers.tiny_models import hf_greedy
     from vllm_jax import LLM, SamplingParams
 
     llm = LLM(str(path), max_model_len=128, num_gpu_blocks_override=64, block_size=8, max_num_seqs=8,

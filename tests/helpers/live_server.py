@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from tests.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.config import EngineArgs
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.server.api_server import build_app

@@ -1,0 +1,23 @@
+"""StepInputs: one step's ragged batch, padded to a (T tokens, S sequences) bucket (docs/architecture.md, "The
+step's arrays"). The contract between the host side that packs it (worker/batch.py) and the model that reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+
+@jax.tree_util.register_dataclass
+@dataclass
+class StepInputs:
+    """One step's ragged batch, padded to a (T tokens, S sequences) bucket."""
+
+    input_ids: jax.Array  # [T] int32
+    positions: jax.Array  # [T] int32
+    slot_mapping: jax.Array  # [T] int32
+    block_tables: jax.Array  # [S, max_blocks_per_seq] int32
+    seq_lens: jax.Array  # [S] int32
+    query_start_loc: jax.Array  # [S + 1] int32
+    num_seqs: jax.Array  # [1] int32
+    logits_indices: jax.Array  # [S] int32
