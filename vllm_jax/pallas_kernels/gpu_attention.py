@@ -151,11 +151,11 @@ class GpuPlan:
 def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, table_width: int, head_dim: int,
              block_size: int, dtype, chip=None, rows: int | None = None, num_splits: int | None = None,
              num_stages: int | None = None) -> GpuPlan:
-    """Block sizes for `chip` (aot.targets.ChipSpec; default: the chip being compiled for, H100's figures
+    """Block sizes for `chip` (chips.ChipSpec; default: the chip being compiled for, H100's figures
     elsewhere): the shape rule (gpu_block_sizes) with the chip's SM count, then whole pages per loop step with
     two pipeline stages, halving the KV chunk (down to 16 slots) and then dropping to one stage until the
     estimate fits the chip's shared memory per block. A configuration that cannot fit is a ValueError."""
-    from vllm_jax.aot.targets import CHIPS, current_chip
+    from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
 
     chip = chip or current_chip()
     if chip is None and jax.default_backend() == "gpu":  # a GPU not in the table: a conservative budget
@@ -214,7 +214,7 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                kv_head_offset: jax.Array | int | None = None, chip=None) -> jax.Array:
     """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call.
     `kv_head_offset`: all of q's heads attend that one KV head of a cache holding every KV head (tensor
-    parallelism over more devices than KV heads); `chip`: the aot.targets.ChipSpec to plan for."""
+    parallelism over more devices than KV heads); `chip`: the chips.ChipSpec to plan for."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0

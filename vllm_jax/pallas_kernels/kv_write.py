@@ -67,7 +67,7 @@ def _tpu_kernel(slots_ref, layer_ref, new_hbm, cache_in, cache_out, sem, *, chun
 def write_kv_cache_tpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                        layer_index: jax.Array | int | None = None, interpret=False) -> jax.Array:
     """Same contract as reference.write_kv_cache, as a Mosaic kernel."""
-    from vllm_jax.aot.targets import CHIPS, current_chip
+    from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
 
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
     new = interleave_kv(cache, k, v)

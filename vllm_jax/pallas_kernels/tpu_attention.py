@@ -298,8 +298,8 @@ def table_window(table_width: int, pages_per_block: int) -> int:
 
 
 def _unlisted_tpu():
-    """A TPU missing from aot.targets.CHIPS (v4, v5p, ...): its VMEM and SMEM from jax's own chip info."""
-    from vllm_jax.aot.targets import CHIPS
+    """A TPU missing from chips.CHIPS (v4, v5p, ...): its VMEM and SMEM from jax's own chip info."""
+    from vllm_jax.pallas_kernels.chips import CHIPS
 
     if jax.default_backend() != "tpu":
         return None
@@ -315,11 +315,11 @@ def _unlisted_tpu():
 def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, head_dim: int, block_size: int,
              q_dtype, kv_dtype, table_width: int, cache_kv_heads: int | None = None, chip=None,
              tq: int | None = None, pages_per_block: int | None = None) -> TpuPlan:
-    """Block sizes for `chip` (an aot.targets.ChipSpec; default: the chip being compiled for, v5e's figures
+    """Block sizes for `chip` (an chips.ChipSpec; default: the chip being compiled for, v5e's figures
     on CPU): start from the shape rule (tpu_block_sizes), then halve the page block and then the query tile
     until the estimate fits half the VMEM limit (the rest is headroom for what the estimate does not see).
     The limit is 3/4 of the core's VMEM. A configuration that cannot fit is a ValueError naming the flag."""
-    from vllm_jax.aot.targets import CHIPS, current_chip
+    from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
 
     chip = chip or current_chip() or _unlisted_tpu()
     if chip is None or chip.platform != "tpu":
@@ -372,7 +372,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     `kv_head_offset` (tensor parallelism over more devices than KV heads, the cache replicated): all of q's
     heads attend the one KV head `kv_head_offset` (traced) of a cache that holds every KV head. Without it, q's
     heads cover the cache's KV heads in order (GQA group = q heads / cache KV heads).
-    `chip`: the aot.targets.ChipSpec to plan VMEM for (default: the chip being compiled for).
+    `chip`: the chips.ChipSpec to plan VMEM for (default: the chip being compiled for).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
