@@ -233,6 +233,27 @@ def test_priority_preemption_of_an_already_scheduled_request_returns_its_budget(
     assert out.num_scheduled_tokens == {"a": 1, "d": 1}
 
 
+def test_one_allocation_preempts_victims_in_policy_order_until_it_fits_and_takes_back_their_tokens():
+    sched = make_scheduler(num_blocks=6, budget=10, policy="priority")  # 5 usable blocks
+    events = _watch_preemptions(sched)
+    runner = FakeRunner(sched)
+    sched.add_request(make_request("b", 4, priority=5, max_tokens=10))
+    sched.add_request(make_request("c", 2, priority=6, max_tokens=10))
+    step(sched, runner)  # b: 1 block, c: 1 block
+    sched.add_request(make_request("a", 16, priority=0, max_tokens=4))
+    out, _ = step(sched, runner)  # b: 2 blocks, c: 1, a's first 8 prompt tokens: 2; none free
+    assert out.num_scheduled_tokens == {"b": 1, "c": 1, "a": 8} and sched.kv_cache_manager.num_free_blocks == 0
+    out, _ = step(sched, runner)  # b and c scheduled, then a's next chunk needs 2 blocks: c frees 1, b frees 2
+    assert [request_id for request_id, _ in events] == ["c", "b"]
+    assert out.preempted_req_ids == {"b", "c"}
+    assert out.num_scheduled_tokens == {"a": 8} and out.total_num_scheduled_tokens == 8
+    assert [r.req_id for r in out.scheduled_cached_reqs] == ["a"] and out.scheduled_new_reqs == []
+    assert [r.request_id for r in sched.waiting] == ["b", "c"] and sched.kv_cache_manager.num_free_blocks == 1
+    outputs = drain(sched, runner)
+    assert {o.req_id for o in outputs if o.finish_reason == "length"} == {"a", "b", "c"}
+    assert sched.kv_cache_manager.num_free_blocks == 5
+
+
 def test_without_chunking_a_resumed_request_longer_than_the_budget_is_chunked_rather_than_starved():
     sched = make_scheduler(num_blocks=8, budget=16, chunking=False, policy="priority", caching=False)
     runner = FakeRunner(sched)

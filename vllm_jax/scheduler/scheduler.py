@@ -11,12 +11,14 @@ output token (`Request.awaiting_progress`): the victim is the policy's choice (f
 priority: the lowest priority, then the latest arrival) among the running requests that do not await progress.
 Only when every running request awaits progress does the policy choose among all of them, so a step can always
 make room or give up its own request; such a forced choice is counted in `num_preemptions_without_progress`.
+(docs/architecture.md, "Scheduling")
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from vllm_jax.config import SchedulerConfig
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
@@ -29,10 +31,45 @@ def _priority_key(request: Request) -> tuple[int, float]:
     return (request.priority, request.arrival_time)
 
 
+@dataclass
+class _StepPlan:
+    """What one schedule() call has decided so far. `num_scheduled`'s order is the batch's row order: running
+    requests first, in order, then newcomers."""
+
+    budget: int  # tokens still free this step
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    running: list[Request] = field(default_factory=list)  # scheduled requests that were already running
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # for `running` only
+    new: list[Request] = field(default_factory=list)  # admitted from the waiting queue
+    preempted: list[Request] = field(default_factory=list)
+
+    def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int]) -> None:
+        self.running.append(request)
+        self.new_block_ids[request.request_id] = new_block_ids
+        self._take(request, num_tokens)
+
+    def add_new(self, request: Request, num_tokens: int) -> None:
+        self.new.append(request)
+        self._take(request, num_tokens)
+
+    def unschedule(self, request: Request) -> None:
+        """Drop a running request planned earlier (now a victim) and give its tokens back; no-op otherwise."""
+        num_tokens = self.num_scheduled.pop(request.request_id, None)
+        if num_tokens is None:
+            return
+        self.running.remove(request)
+        del self.new_block_ids[request.request_id]
+        self.budget += num_tokens
+
+    def _take(self, request: Request, num_tokens: int) -> None:
+        self.num_scheduled[request.request_id] = num_tokens
+        self.budget -= num_tokens
+
+
 class Scheduler:
+    """`scheduler_config` arrives validated (EngineArgs.create_config): its policy is "fcfs" or "priority"."""
+
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager, block_size: int) -> None:
-        if scheduler_config.policy not in ("fcfs", "priority"):
-            raise ValueError(f"unknown scheduling policy {scheduler_config.policy!r}")
         self.config = scheduler_config
         self.kv_cache_manager = kv_cache_manager
         self.block_size = block_size
@@ -131,93 +168,111 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        chunking = self.config.enable_chunked_prefill
-        num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
-        scheduled_running: list[Request] = []
-        preempted: list[Request] = []
+        """Decide this step's batch (docs/architecture.md, "Scheduling"): running requests first, then, only in a
+        step that preempted nobody, waiting ones."""
+        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        output = self._build_output(plan)
+        self.finished_req_ids = set()
+        # vLLM v1: progress advances at scheduling time; the output above carries the values before it.
+        for request in plan.running + plan.new:
+            request.num_computed_tokens += plan.num_scheduled[request.request_id]
+        return output
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the
-            # budget cap below only chunks where chunking is on (or a too-long resumed request, see below).
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget,
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        """Give each running request, in order, the tokens it lacks (capped by the budget), preempting victims
+        when its blocks cannot be had.
+
+        Invariant: `self.running` is always the requests already planned (in order), then the one being planned,
+        then those not reached yet; a victim leaves it wherever it sits, so the snapshot below skips victims
+        that were not reached yet by their status.
+        """
+        for request in list(self.running):
+            if plan.budget <= 0:
+                return
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the budget
+            # cap only chunks where chunking is on (or a resumed request longer than the budget).
+            num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget,
                           self.max_model_len - request.num_computed_tokens)
             if num_new <= 0:
-                i += 1
                 continue
-            while True:
-                blocks = self.kv_cache_manager.allocate_slots(request, num_new)
-                if blocks is not None:
-                    break
-                victim = self._pick_victim()
-                victim_index = self.running.index(victim)
-                self.running.pop(victim_index)
-                if victim_index < i:  # already scheduled this step: give its tokens back
-                    i -= 1
-                    scheduled_running.remove(victim)
-                    budget += num_scheduled.pop(victim.request_id)
-                    new_block_ids.pop(victim.request_id)
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if blocks is None:  # it gave way itself; those after it (now from index i on) may still fit
-                continue
-            scheduled_running.append(request)
-            num_scheduled[request.request_id] = num_new
-            new_block_ids[request.request_id] = blocks
-            budget -= num_new
-            i += 1
+            blocks = self._allocate_or_preempt(request, num_new, plan)
+            if blocks is not None:  # else it gave way itself; those after it may still fit
+                plan.add_running(request, num_new, blocks)
 
-        scheduled_new: list[Request] = []
-        if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                request = self._peek_waiting()
-                hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-                num_new = request.num_tokens - num_hit
-                if num_new > budget:
-                    # Without chunking a prompt runs whole, unless it could never fit whole (a resumed
-                    # request whose outputs pushed it past the budget): chunking it then beats starving.
-                    if not chunking and num_new <= self.config.max_num_batched_tokens:
-                        break
-                    num_new = budget
-                blocks = self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks)
-                if blocks is None:
-                    break
-                self.waiting.remove(request)
-                if request.status == RequestStatus.PREEMPTED:
-                    request.num_output_tokens_at_resume = request.num_output_tokens
-                self.running.append(request)
-                request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = num_hit
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = num_hit
-                scheduled_new.append(request)
-                num_scheduled[request.request_id] = num_new
-                budget -= num_new
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[int] | None:
+        """The new block ids for `request`'s next `num_new` tokens, preempting the policy's victims one at a
+        time until they fit; None when `request` itself was the victim.
 
-        output = SchedulerOutput(
+        Terminates: every failed try removes one request from `self.running`, and `request` is in it until
+        it is chosen.
+        """
+        while (blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
+            victim = self._pick_victim()
+            self.running.remove(victim)
+            plan.unschedule(victim)  # a victim planned earlier this step gives its tokens back
+            self._preempt(victim)
+            plan.preempted.append(victim)
+            if victim is request:
+                return None
+        return blocks
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        """Admit waiting requests in policy order while the budget, max_num_seqs and the KV cache allow; the
+        first that cannot be admitted ends admission (nobody skips the queue)."""
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if not self._admit(self._peek_waiting(), plan):
+                return
+
+    def _admit(self, request: Request, plan: _StepPlan) -> bool:
+        """Move one waiting request to running with its prefix-cache hit and this step's tokens, if they fit."""
+        hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+        num_new = self._admission_chunk(request.num_tokens - num_hit, plan.budget)
+        if num_new is None:
+            return False
+        if self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks) is None:
+            return False
+        self.waiting.remove(request)
+        if request.status == RequestStatus.PREEMPTED:
+            request.num_output_tokens_at_resume = request.num_output_tokens
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+        plan.add_new(request, num_new)
+        return True
+
+    def _admission_chunk(self, num_uncomputed: int, budget: int) -> int | None:
+        """How many of a newcomer's uncomputed tokens run this step; None: it must wait for a later step."""
+        if num_uncomputed <= budget:
+            return num_uncomputed
+        # Without chunking a prompt runs whole, unless it could never fit whole (a resumed request whose
+        # outputs pushed it past the budget): chunking it then beats starving.
+        if not self.config.enable_chunked_prefill and num_uncomputed <= self.config.max_num_batched_tokens:
+            return None
+        return budget
+
+    def _build_output(self, plan: _StepPlan) -> SchedulerOutput:
+        """The step's message to the runner; `num_computed_tokens` are the values before this step's tokens."""
+        return SchedulerOutput(
             scheduled_new_reqs=[NewRequestData(
                 req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed)
-                for r in scheduled_new],
+                for r in plan.new],
             scheduled_cached_reqs=[CachedRequestData(
-                req_id=r.request_id, new_block_ids=new_block_ids[r.request_id],
-                num_computed_tokens=r.num_computed_tokens) for r in scheduled_running],
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
+                req_id=r.request_id, new_block_ids=plan.new_block_ids[r.request_id],
+                num_computed_tokens=r.num_computed_tokens) for r in plan.running],
+            num_scheduled_tokens=plan.num_scheduled,
+            total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
-            preempted_req_ids={r.request_id for r in preempted},
+            preempted_req_ids={r.request_id for r in plan.preempted},
         )
-        self.finished_req_ids = set()
-        # vLLM v1: progress advances at scheduling time; the output above carries the values before it.
-        for request in scheduled_running + scheduled_new:
-            request.num_computed_tokens += num_scheduled[request.request_id]
-        return output
 
     def _pick_victim(self) -> Request:
         """The policy's victim among running requests that progressed since they last resumed (all of them, if
