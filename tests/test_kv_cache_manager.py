@@ -1,5 +1,7 @@
 """KVCacheManager: prefix hits, their caps and salts, eviction order, counters, all-or-nothing allocation."""
 
+from dataclasses import dataclass, field
+
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.request import Request
@@ -175,3 +177,26 @@ def test_reset_prefix_cache_only_when_idle():
     kv.free(a)
     assert kv.reset_prefix_cache() is True
     assert kv.get_computed_blocks(make_request("b", range(9)))[1] == 0
+
+
+@dataclass
+class _BareRequest:
+    """Only the fields of CacheRequest: block accounting needs nothing else of the scheduler's Request."""
+
+    request_id: str
+    all_token_ids: list[int]
+    cache_salt: str | None = None
+    num_computed_tokens: int = 0
+    skip_reading_prefix_cache: bool = False
+    block_hashes: list = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+def test_any_object_with_the_cache_request_fields_shares_prefixes_with_a_scheduler_request():
+    kv = KVCacheManager(num_blocks=8, block_size=BS, enable_caching=True, max_model_len=64)
+    run_prefill(kv, _BareRequest("bare", list(range(9))))
+    assert kv.get_computed_blocks(make_request("b", range(9)))[1] == 8
+    assert kv.get_computed_blocks(_BareRequest("skips", list(range(9)), skip_reading_prefix_cache=True))[1] == 0

@@ -5,21 +5,35 @@ The scheduler asks two things: which leading blocks of a waiting request are alr
 all-or-nothing). Full blocks are registered in the prefix cache as soon as they are scheduled, so
 another request in the same step can hit them. That relies on the runner writing each layer's KV for the
 whole batch before that layer's attention reads the cache (vLLM makes the same assumption).
+(docs/architecture.md, "Scheduling")
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from vllm_jax.paged_kv.block_hash import BlockHash, extend_block_hashes
 from vllm_jax.paged_kv.block_pool import BlockPool, KVBlock
 
-if TYPE_CHECKING:
-    from vllm_jax.scheduler.request import Request
 
+class CacheRequest(Protocol):
+    """What block accounting reads of a request (the scheduler's `Request` is one); paged_kv imports no
+    scheduler code."""
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    request_id: str
+    cache_salt: str | None
+    num_computed_tokens: int
+    block_hashes: list[BlockHash]  # extended in place as full blocks appear
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool: ...
 
 
 class KVCacheManager:
@@ -38,6 +52,14 @@ class KVCacheManager:
         self.prefix_cache_hits = 0
 
     @property
+    def num_usable_blocks(self) -> int:
+        """Every block but the null block (block 0)."""
+        return self.num_blocks - 1
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
     def usage(self) -> float:
         return self.block_pool.usage
 
@@ -45,18 +67,18 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.block_pool.num_free_blocks
 
-    def block_hashes(self, request: Request) -> list[BlockHash]:
+    def block_hashes(self, request: CacheRequest) -> list[BlockHash]:
         """The request's full-block hashes, extended to its current tokens."""
         return extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
                                    request.cache_salt)
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+    def get_computed_blocks(self, request: CacheRequest) -> tuple[list[KVBlock], int]:
         """Longest chain of cached full blocks at the start of the request, and the tokens they hold.
 
         At most num_tokens - 1 tokens hit, so the last token is always computed (its logits are needed).
-        Requests asking for prompt logprobs get no hit: those need every prompt position's logits.
+        Requests that skip reading the cache (prompt logprobs need every position's logits) get no hit.
         """
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return [], 0
         hashes = self.block_hashes(request)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
@@ -71,7 +93,7 @@ class KVCacheManager:
         self.prefix_cache_hits += num_hit_tokens
         return hit, num_hit_tokens
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+    def allocate_slots(self, request: CacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVBlock] | None = None) -> list[int] | None:
         """Give the request slots for `num_new_tokens` more tokens after its computed (and hit) tokens.
 
@@ -87,7 +109,7 @@ class KVCacheManager:
             raise ValueError(f"request {req_id} already holds blocks; prefix hits apply to fresh requests only")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = min(num_computed + num_new_tokens, self.max_model_len)
-        num_needed = _cdiv(num_slots, self.block_size) - len(req_blocks) - len(new_computed_blocks)
+        num_needed = self.num_blocks_for(num_slots) - len(req_blocks) - len(new_computed_blocks)
         # Hit blocks sitting in the free queue stop being free once touched.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
@@ -107,7 +129,7 @@ class KVCacheManager:
                 self._num_cached_blocks[req_id] = num_full
         return [b.block_id for b in new_blocks]
 
-    def free(self, request: Request) -> None:
+    def free(self, request: CacheRequest) -> None:
         """Release the request's blocks, tail first, so its last blocks are the first evicted.
 
         Call before resetting `num_computed_tokens`: blocks past it were registered in the cache this step

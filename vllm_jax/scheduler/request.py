@@ -101,6 +101,12 @@ class Request:
         return self.status.is_finished
 
     @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position's logits, so such a request computes its whole prompt
+        (vLLM's rule)."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
     def awaiting_progress(self) -> bool:
         """Resumed after a preemption and not one new output token since: preempting it now would waste its
         recompute entirely (thrashing)."""

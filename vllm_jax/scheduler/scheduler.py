@@ -99,8 +99,8 @@ class Scheduler:
         if prompt_len + max_tokens > self.max_model_len:
             raise ValueError(f"prompt has {prompt_len} tokens and max_tokens is {max_tokens}, which exceeds "
                              f"max_model_len {self.max_model_len}")
-        usable_blocks = self.kv_cache_manager.num_blocks - 1
-        needed_blocks = -(-(prompt_len + max_tokens) // self.block_size)
+        usable_blocks = self.kv_cache_manager.num_usable_blocks
+        needed_blocks = self.kv_cache_manager.num_blocks_for(prompt_len + max_tokens)
         if needed_blocks > usable_blocks:
             raise ValueError(f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) needs {needed_blocks} "
                              f"KV blocks, but the KV cache has only {usable_blocks} blocks of {self.block_size} "
