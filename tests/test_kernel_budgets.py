@@ -17,56 +17,41 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_pallas_kernels import NUM_KV_HEADS, make_batch
+from tests.helpers import attention_oracle as oracle
+from tests.helpers.ragged_batches import long_batch, make_batch
 from vllm_jax.aot.targets import CHIPS, gpu_target_config, spec_for_device_kind
-from vllm_jax.pallas_kernels import gpu_attention, reference, tpu_attention
+from vllm_jax.pallas_kernels import gpu_attention, tpu_attention
 
 LLAMA3_8B = dict(group=4, num_kv_heads=8)
 
 
-def _long_batch(seed: int, dtype, block_size: int, window: int | None):
-    """Four long decode rows and a chunk, lengths reaching past 128 table columns (block_size 4)."""
-    rng = np.random.default_rng(seed)
-    q_lens = np.array([1, 1, 1, 7, 1])
-    seq_lens = np.array([rng.integers(520, 600), 1300, rng.integers(100, 200), rng.integers(900, 1000), 3])
-    pages_needed = -(-seq_lens // block_size)
-    width = int(pages_needed.max()) + 5
-    num_blocks = int(pages_needed.sum()) + 2
-    pages = rng.permutation(np.arange(1, num_blocks))
-    tables = np.zeros((len(q_lens) + 1, width), np.int32)
-    used = 0
-    for s, n in enumerate(pages_needed):
-        tables[s, :n] = pages[used:used + n]
-        used += n
-    qsl = np.concatenate([[0], np.cumsum(q_lens), [q_lens.sum()]]).astype(np.int32)
-    lens = np.concatenate([seq_lens, [0]]).astype(np.int32)
-    kv = rng.standard_normal((2, num_blocks, block_size, 2 * NUM_KV_HEADS, 64))
-    q = rng.standard_normal((int(q_lens.sum()) + 3, 2 * NUM_KV_HEADS, 64))
+def _long_batch(seed: int, dtype, window: int | None):
+    """tests/helpers/ragged_batches.py's long batch at block_size 4, read from layer 1."""
+    *batch, total = long_batch(seed, dtype, block_size=4)
     kwargs = dict(sm_scale=0.125, layer_index=jnp.int32(1),
                   sliding_window=None if window is None else jnp.int32(window))
-    return (jnp.asarray(q, dtype), jnp.asarray(kv, dtype), jnp.asarray(tables), jnp.asarray(lens), jnp.asarray(qsl),
-            jnp.asarray([len(q_lens)], jnp.int32)), kwargs, int(q_lens.sum())
+    return tuple(batch), kwargs, total
 
 
 @pytest.mark.parametrize("window", [None, 37, 700], ids=["full", "window37", "window700"])
 def test_tpu_kernel_reads_wide_block_tables_through_smem_windows(window):
-    batch, kwargs, total = _long_batch(1, jnp.float32, 4, window)
+    batch, kwargs, total = _long_batch(1, jnp.float32, window)
     assert batch[2].shape[1] > 256  # padded to 384 columns: windows of 256 at 0, 128, and the clamped 128
-    want = np.asarray(jax.jit(functools.partial(reference.ragged_paged_attention_xla, **kwargs))(*batch))
+    want = oracle.attention(*batch, **kwargs)
     run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=True, tq=16, pages_per_block=8,
                             **kwargs)
     got = np.asarray(jax.jit(run)(*batch))
-    np.testing.assert_allclose(got[:total], want[:total], atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(got[:total], want, atol=2e-5, rtol=2e-5)
 
 
 def test_tpu_kernel_wide_table_under_the_tpu_interpreter():
     """Simulated DMAs (performed at their wait) catch a page id read from a window before its DMA landed."""
-    batch, kwargs, total = _long_batch(2, jnp.bfloat16, 4, 300)
-    want = np.asarray(jax.jit(functools.partial(reference.ragged_paged_attention_xla, **kwargs))(*batch), np.float32)
+    batch, kwargs, total = _long_batch(2, jnp.bfloat16, 300)
+    want = oracle.attention(*batch, **kwargs)
     run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=tpu_attention.interpret_params(),
                             head_loads="indexed", tq=16, pages_per_block=16, **kwargs)
     got = np.asarray(jax.jit(run)(*batch), np.float32)
-    np.testing.assert_allclose(got[:total], want[:total], atol=3e-2, rtol=3e-2)
+    np.testing.assert_allclose(got[:total], want, atol=3e-2, rtol=3e-2)
 
 
 def test_gpu_kernel_splits_pages_that_do_not_fit_shared_memory():
@@ -76,10 +61,10 @@ def test_gpu_kernel_splits_pages_that_do_not_fit_shared_memory():
     assert (plan.kv_rows, plan.num_stages) == (16, 2) and plan.shared_memory_bytes <= 40_000  # 4 chunks a page
     *batch, total = make_batch("mixed", group=2, head_dim=64, dtype=jnp.float32, block_size=64, layers=None, seed=5)
     kwargs = dict(sm_scale=0.125, sliding_window=jnp.int32(40))
-    want = np.asarray(reference.ragged_paged_attention_xla(*batch, **kwargs))
+    want = oracle.attention(*batch, **kwargs)
     got = np.asarray(gpu_attention.ragged_paged_attention_gpu(*batch, **kwargs, interpret=True, chip=small,
                                                               num_splits=2))
-    np.testing.assert_allclose(got[:total], want[:total], atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(got[:total], want, atol=2e-5, rtol=2e-5)
 
 
 def test_tpu_plan_fits_the_chip_and_sets_a_vmem_limit():

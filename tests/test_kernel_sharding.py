@@ -28,7 +28,7 @@ def checks() -> dict:
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
 @pytest.mark.parametrize("case", ["kv4_g2", "kv2_g4_window"])
 def test_tp2_and_tp4_attention_equals_tp1(checks, backend, case):
-    assert checks[f"{backend}/{case}/tp1_vs_reference"] < (2e-5 if case == "kv4_g2" else 3e-2)
+    assert checks[f"{backend}/{case}/tp1_vs_oracle"] < (2e-5 if case == "kv4_g2" else 3e-2)
     for tp in (2, 4):
         got = checks[f"{backend}/{case}/tp{tp}"]
         assert got["max_diff"] <= 1e-6, (tp, got)
@@ -39,7 +39,7 @@ def test_tp2_and_tp4_attention_equals_tp1(checks, backend, case):
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
 def test_tp2_and_tp4_kv_write_equals_tp1_and_keeps_the_cache_sharding(checks, backend):
     for heads in (4, 2):
-        assert checks[f"{backend}/kv_write_kv{heads}/tp1_equals_reference"]
+        assert checks[f"{backend}/kv_write_kv{heads}/tp1_equals_oracle"]
         for tp in (2, 4):
             got = checks[f"{backend}/kv_write_kv{heads}/tp{tp}"]
             assert got["equal"], (heads, tp)

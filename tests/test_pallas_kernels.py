@@ -1,4 +1,5 @@
-"""The Pallas kernels against the XLA reference, in interpret mode on CPU.
+"""Every attention backend and KV write against the numpy oracle (tests/helpers/attention_oracle.py), the Pallas
+kernels in interpret mode on CPU.
 
 Each attention case is a randomized ragged batch (decode-only, prefill-only or mixed, with query chunks that
 start and end inside pages, padding tokens and padding sequence slots) over a paged cache with shuffled pages.
@@ -13,14 +14,16 @@ Lowering tests check that the kernels lower to Mosaic / Triton IR (the compile i
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vllm_jax.pallas_kernels import (dispatch, gpu_attention, kv_write, reference, tpu_attention,
-                                     xla_attention)
+from tests.helpers import attention_oracle as oracle
+from tests.helpers.ragged_batches import make_batch
+from vllm_jax.pallas_kernels import dispatch, gpu_attention, kv_write, reference, tpu_attention, xla_attention
 
 # (id, batch kind, GQA group, head_dim, dtype, sliding window, soft cap, stacked layers, block size)
 CASES = [
@@ -31,65 +34,73 @@ CASES = [
     ("mixed_g3_d64_bf16_window", "mixed", 3, 64, jnp.bfloat16, 6, None, False, 16),
     ("decode_g4_d128_bf16_layers", "decode", 4, 128, jnp.bfloat16, None, None, True, 8),
 ]
-NUM_KV_HEADS = 2
-
-
-def _lengths(kind: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(query lengths, context lengths) of a random ragged batch of the given kind."""
-    if kind == "decode":
-        return np.ones(6, np.int64), rng.integers(0, 45, 6)
-    if kind == "prefill":
-        return rng.integers(1, 24, 3), np.zeros(3, np.int64)
-    q = np.concatenate([rng.integers(2, 22, 2), [1, 1, 1], rng.integers(2, 22, 1)])
-    ctx = np.concatenate([[0], rng.integers(1, 30, 5)])  # the chunk after a context starts mid-page
-    return q, ctx
-
-
-def make_batch(kind: str, *, group: int, head_dim: int, dtype, block_size: int, layers: int | None,
-               seed: int) -> tuple:
-    """(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, real_tokens) with padding rows."""
-    rng = np.random.default_rng(seed)
-    q_lens, ctx = _lengths(kind, rng)
-    seq_lens = q_lens + ctx
-    n, total = len(q_lens), int(q_lens.sum())
-    pages_needed = -(-seq_lens // block_size)
-    num_blocks = int(pages_needed.sum()) + 4
-    width = int(pages_needed.max()) + 1
-    pages = rng.permutation(np.arange(1, num_blocks))  # block 0 is the null block
-    tables = np.zeros((n + 2, width), np.int32)
-    used = 0
-    for s in range(n):
-        tables[s, :pages_needed[s]] = pages[used:used + pages_needed[s]]
-        used += pages_needed[s]
-    qsl = np.full(n + 3, total, np.int32)
-    qsl[0], qsl[1:n + 1] = 0, np.cumsum(q_lens)
-    lens = np.zeros(n + 2, np.int32)
-    lens[:n] = seq_lens
-    shape = (num_blocks, block_size, 2 * NUM_KV_HEADS, head_dim)
-    kv = rng.standard_normal(((layers,) if layers else ()) + shape)
-    q = rng.standard_normal((total + 5, NUM_KV_HEADS * group, head_dim))
-    return (jnp.asarray(q, dtype), jnp.asarray(kv, dtype), jnp.asarray(tables), jnp.asarray(lens),
-            jnp.asarray(qsl), jnp.asarray([n], jnp.int32), total)
 
 
 def _check(case, run, seed: int) -> None:
-    """Run `run(*batch, **kwargs)` and compare the real rows with the reference; padding rows must be finite."""
+    """Run `run(*batch, **kwargs)` and compare the real rows with the oracle; padding rows must be finite."""
     _, kind, group, head_dim, dtype, window, cap, layered, block_size = case
     *batch, total = make_batch(kind, group=group, head_dim=head_dim, dtype=dtype, block_size=block_size,
                                layers=3 if layered else None, seed=seed)
     kwargs = dict(sm_scale=head_dim ** -0.5, soft_cap=cap,
                   sliding_window=None if window is None else jnp.int32(window),
                   layer_index=jnp.int32(1) if layered else None)
-    want = np.asarray(jax.jit(functools.partial(reference.ragged_paged_attention_xla, **kwargs))(*batch), np.float32)
+    want = oracle.attention(*batch, **kwargs)
     got = np.asarray(jax.jit(functools.partial(run, **kwargs))(*batch), np.float32)
-    assert got.shape == want.shape
+    assert got.shape == batch[0].shape and want.shape[0] == total
     assert np.isfinite(got).all()
     tol = 2e-5 if dtype == jnp.float32 else 3e-2
-    np.testing.assert_allclose(got[:total], want[:total], atol=tol, rtol=tol)
+    np.testing.assert_allclose(got[:total], want, atol=tol, rtol=tol)
 
+
+# ---- the oracle itself, on a batch small enough to work out by hand -------------------------------------------
+
+def _hand_batch() -> tuple:
+    """Sequence A: a 2-token prompt (positions 0, 1) in page 3. Sequence B: one decode row at position 2, its KV in
+    pages 1 and 2. Two KV heads of head_dim 1, four query heads (GQA group 2); every cache entry no sequence owns
+    is NaN, so reading one shows. sm_scale 0.5 with q = 2 (heads 0, 2) or 4 (heads 1, 3): a score is k or 2k."""
+    cache = np.full((4, 2, 4, 1), np.nan)
+    cache[3, :, :, 0] = [[0.0, 1.0, 0.0, 10.0],  # A position 0: k0, v0, k1, v1
+                         [math.log(3), 5.0, 0.0, 30.0]]  # A position 1
+    cache[1, :, :, 0] = [[0.0, 3.0, 0.0, 100.0], [0.0, 6.0, 0.0, 200.0]]  # B positions 0, 1
+    cache[2, 0, :, 0] = [math.log(2), 12.0, 0.0, 300.0]  # B position 2
+    q = np.tile(np.array([2.0, 4.0, 2.0, 4.0])[None, :, None], (4, 1, 1))  # row 3 is padding
+    tables = np.array([[3, 0], [1, 2], [0, 0]], np.int32)
+    return q, cache, tables, np.array([2, 3, 0]), np.array([0, 2, 3, 3]), np.array([2])
+
+
+def test_oracle_on_a_hand_computed_batch():
+    """Row 1 (A, position 1) sees scores (0, ln 3) on KV head 0: weights 1:3 on values 1, 5 -> 4 for head 0,
+    1:9 -> 4.6 for head 1 (score 2k); KV head 1 has equal scores: the mean of 10, 30. Row 2 (B, position 2) sees
+    (0, 0, ln 2): weights 1:1:2 on 3, 6, 12 -> 8.25, 1:1:4 -> 9.5; with window 2 only positions 1, 2."""
+    batch = _hand_batch()
+    want = np.array([[1, 1, 10, 10], [4, 4.6, 20, 20], [8.25, 9.5, 200, 200]])
+    np.testing.assert_allclose(oracle.attention(*batch, sm_scale=0.5)[..., 0], want, rtol=1e-12)
+    windowed = np.array([[1, 1, 10, 10], [4, 4.6, 20, 20], [10, 10.8, 250, 250]])  # (6 + 24) / 3, (6 + 48) / 5
+    np.testing.assert_allclose(oracle.attention(*batch, sm_scale=0.5, sliding_window=2)[..., 0], windowed,
+                               rtol=1e-12)
+    e = math.exp  # soft cap 1: tanh(ln 3) = 0.8, tanh(2 ln 3) = 80/82, tanh(ln 2) = 0.6, tanh(2 ln 2) = 15/17
+    capped = np.array([[1, 1, 10, 10],
+                       [(1 + 5 * e(0.8)) / (1 + e(0.8)), (1 + 5 * e(80 / 82)) / (1 + e(80 / 82)), 20, 20],
+                       [(9 + 12 * e(0.6)) / (2 + e(0.6)), (9 + 12 * e(15 / 17)) / (2 + e(15 / 17)), 200, 200]])
+    np.testing.assert_allclose(oracle.attention(*batch, sm_scale=0.5, soft_cap=1.0)[..., 0], capped, rtol=1e-12)
+
+
+def test_oracle_kv_write_on_a_hand_computed_case():
+    cache = np.zeros((2, 3, 2, 4, 1), np.float32)  # 2 layers, 3 pages of 2 slots, 2 KV heads, head_dim 1
+    k = np.array([[[1.0], [2.0]], [[5.0], [6.0]]])
+    v = np.array([[[3.0], [4.0]], [[7.0], [8.0]]])
+    got = oracle.write_kv(cache, k, v, np.array([3, 4]), layer_index=1)
+    want = np.zeros_like(cache)
+    want[1, 1, 1, :, 0] = [1, 3, 2, 4]  # slot 3: page 1, offset 1; k0, v0, k1, v1
+    want[1, 2, 0, :, 0] = [5, 7, 6, 8]  # slot 4: page 2, offset 0
+    np.testing.assert_array_equal(got, want)
+    assert not cache.any()  # the input is not written
+
+
+# ---- the backends against the oracle --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_tpu_kernel_under_tpu_interpreter_matches_reference(case):
+def test_tpu_kernel_under_tpu_interpreter_matches_the_oracle(case):
     small = CASES.index(case) % 2 == 0  # force 16-token tiles and 2-page blocks in every other case
     run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=tpu_attention.interpret_params(),
                             head_loads="indexed", tq=16 if small else None, pages_per_block=2 if small else None)
@@ -97,21 +108,21 @@ def test_tpu_kernel_under_tpu_interpreter_matches_reference(case):
 
 
 @pytest.mark.parametrize("case", CASES[2:5], ids=[c[0] for c in CASES[2:5]])
-def test_tpu_kernel_mosaic_strided_kv_loads_match_reference(case):
+def test_tpu_kernel_mosaic_strided_kv_loads_match_the_oracle(case):
     run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=True, head_loads="strided",
                             tq=16, pages_per_block=2)
     _check(case, run, seed=10 + CASES.index(case))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_gpu_kernel_matches_reference(case):
+def test_gpu_kernel_matches_the_oracle(case):
     splits = (None, 1, 3)[CASES.index(case) % 3]  # default rule, no split, uneven split
     run = functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=splits)
     _check(case, run, seed=20 + CASES.index(case))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_xla_backend_matches_reference(case):
+def test_xla_backend_matches_the_oracle(case):
     """The CPU backend works in tiles of query rows: with 4-row tiles the in-step keys span several tiles, tiles
     split the prefill chunks, and the last tile of a sequence is clamped back inside the bucket."""
     tile = (4, 64)[CASES.index(case) % 2]
@@ -121,6 +132,12 @@ def test_xla_backend_matches_reference(case):
         return xla_attention.ragged_paged_attention(padded, *batch, query_tile=tile, **kwargs)[:q.shape[0]]
 
     _check(case, run, seed=40 + CASES.index(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_jnp_reference_matches_the_oracle(case):
+    """reference.py's one-piece jnp version (a [T, T] in-step product, pages gathered per row)."""
+    _check(case, reference.ragged_paged_attention_xla, seed=50 + CASES.index(case))
 
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
@@ -135,8 +152,8 @@ def test_dispatch_runs_the_named_kernel_in_interpret_mode_on_cpu(backend, monkey
 
 
 @pytest.mark.parametrize("layered", [False, True], ids=["one_layer", "layer_stack"])
-@pytest.mark.parametrize("write", ["tpu_interpreter", "tpu_generic", "gpu"])
-def test_kv_write_equals_reference_write(write, layered):
+@pytest.mark.parametrize("write", ["xla", "tpu_interpreter", "tpu_generic", "gpu"])
+def test_kv_write_equals_the_oracle(write, layered):
     rng = np.random.default_rng(40)
     num_kv_heads, head_dim, block_size, num_tokens = 3, 64, 8, 21
     shape = ((2,) if layered else ()) + (12, block_size, 2 * num_kv_heads, head_dim)
@@ -145,14 +162,16 @@ def test_kv_write_equals_reference_write(write, layered):
     slots = jnp.asarray(np.concatenate([real, [0, 1, 2, 3]]), jnp.int32)  # padding tokens -> null block
     k, v = (jnp.asarray(rng.standard_normal((num_tokens, num_kv_heads, head_dim)), jnp.float32) for _ in "kv")
     layer = jnp.int32(1) if layered else None
-    fn = {"tpu_interpreter": functools.partial(kv_write.write_kv_cache_tpu,
+    fn = {"xla": functools.partial(dispatch.write_kv_cache, backend="xla"),
+          "tpu_interpreter": functools.partial(kv_write.write_kv_cache_tpu,
                                                interpret=tpu_attention.interpret_params()),
           "tpu_generic": functools.partial(kv_write.write_kv_cache_tpu, interpret=True),
           "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write]
     got = fn(cache, k, v, slots, layer_index=layer)
-    want = reference.write_kv_cache(cache, k, v, slots, layer_index=layer)
+    want = oracle.write_kv(cache, k, v, slots, layer_index=layer)
     assert got.shape == cache.shape and got.dtype == cache.dtype
-    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert not np.array_equal(want, np.asarray(cache))  # the write changed the cache
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want.astype(np.float32))
 
 
 def test_kv_write_kernels_alias_the_cache_so_a_donated_cache_is_updated_in_place():

@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from tests import test_pallas_kernels as kernels_test  # noqa: E402
-from vllm_jax.pallas_kernels import reference  # noqa: E402
+from tests.helpers import attention_oracle as oracle  # noqa: E402
+from tests.helpers.ragged_batches import make_batch  # noqa: E402
 from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_ragged_paged_attention,  # noqa: E402
                                                sharded_write_kv_cache)
 from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
@@ -30,9 +30,8 @@ BACKENDS = {"pallas_tpu": dict(interpret=True), "pallas_gpu": dict(interpret=Tru
 
 
 def _batch(num_kv_heads: int, group: int, head_dim: int, dtype, seed: int):
-    kernels_test.NUM_KV_HEADS = num_kv_heads  # make_batch reads the module's KV head count
-    return kernels_test.make_batch("mixed", group=group, head_dim=head_dim, dtype=dtype, block_size=16, layers=2,
-                                   seed=seed)
+    return make_batch("mixed", group=group, head_dim=head_dim, dtype=dtype, block_size=16, layers=2, seed=seed,
+                      num_kv_heads=num_kv_heads)
 
 
 def _place(mesh, x, spec):
@@ -84,19 +83,17 @@ def main() -> dict:
             base, total, _ = attention(backend, case, 1)
             _, num_kv_heads, group, head_dim, dtype, window = case
             q, cache, tables, lens, qsl, n, _ = _batch(num_kv_heads, group, head_dim, dtype, seed=3)
-            want = reference.ragged_paged_attention_xla(
-                q, cache, tables, lens, qsl, n, sm_scale=head_dim ** -0.5,
-                sliding_window=None if window is None else jnp.int32(window), layer_index=jnp.int32(1))
-            diff = np.abs(base - np.asarray(want, np.float32)[:total])
-            result[f"{backend}/{name}/tp1_vs_reference"] = float(np.max(diff))
+            want = oracle.attention(q, cache, tables, lens, qsl, n, sm_scale=head_dim ** -0.5,
+                                    sliding_window=window, layer_index=1)
+            result[f"{backend}/{name}/tp1_vs_oracle"] = float(np.max(np.abs(base - want)))
             for tp in (2, 4):
                 out, _, layout = attention(backend, case, tp)
                 result[f"{backend}/{name}/tp{tp}"] = {"layout": layout, "max_diff": float(np.max(np.abs(out - base)))}
         for num_kv_heads in (4, 2):
             base, _ = kv_write(backend, num_kv_heads, 1)
-            want = reference.write_kv_cache(*_write_inputs(num_kv_heads), layer_index=1)
-            result[f"{backend}/kv_write_kv{num_kv_heads}/tp1_equals_reference"] = bool(
-                np.array_equal(base, np.asarray(want, np.float32)))
+            want = oracle.write_kv(*_write_inputs(num_kv_heads), layer_index=1)
+            result[f"{backend}/kv_write_kv{num_kv_heads}/tp1_equals_oracle"] = bool(
+                np.array_equal(base, want.astype(np.float32)))
             for tp in (2, 4):
                 got, spec = kv_write(backend, num_kv_heads, tp)
                 result[f"{backend}/kv_write_kv{num_kv_heads}/tp{tp}"] = {
