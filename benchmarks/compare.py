@@ -1,7 +1,7 @@
 """Side by side with transformers on the same weights, in one run, with the hardware floors measured alongside.
 
     python benchmarks/compare.py [--workloads A,B,C,D] [--skip-transformers] [--output-json F]
-    python benchmarks/compare.py --device-mode [--device-shape llama3-8b|tiny] [--batches 1 8 ...]
+    python benchmarks/compare.py --device-mode [--device-shape llama3-8b|tiny] [--batches 1 8 ...] [--context N]
 
 Workloads (the default model, float32, greedy, EOS ignored, fixed seed):
   A offline        32 prompts of 64-256 random tokens, 64 output tokens each
@@ -123,9 +123,11 @@ def main() -> None:
     parser.add_argument("--device-mode", action="store_true")
     parser.add_argument("--device-shape", default="llama3-8b", choices=["llama3-8b", "tiny"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument("--context", type=int, default=1024, help="device mode: tokens of KV per sequence")
+    parser.add_argument("--repeats", type=int, default=5, help="device mode: timed steps per batch")
     ns = parser.parse_args()
     if ns.device_mode:
-        results = run_device_mode(ns.device_shape, tuple(ns.batches))
+        results = run_device_mode(ns.device_shape, tuple(ns.batches), ns.context, ns.repeats)
         if ns.output_json:
             with open(ns.output_json, "w") as f:
                 json.dump(results, f, indent=2)

@@ -74,6 +74,7 @@ def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 
         inputs = pack_step_inputs(rows, block_size=block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
                                   num_tokens_padded=num_tokens, num_seqs_padded=runner.seq_bucket(num_tokens))
         jax.block_until_ready(runner.step(inputs))  # compile
+        compiled = runner.num_compilations
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -81,7 +82,10 @@ def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 
             times.append(time.perf_counter() - t0)
         step = float(np.median(times))
         floor = (weight_bytes + batch * context * kv_bytes_per_token) / (bandwidth * 1e9)
-        row = dict(batch=batch, step_ms=1000 * step, tok_s=batch / step, share_of_bandwidth=floor / step)
+        row = dict(batch=batch, step_ms=1000 * step, tok_s=batch / step, share_of_bandwidth=floor / step,
+                   context=context, num_tokens=num_tokens, num_layers=spec.num_layers,
+                   weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes_per_token,
+                   compilations_while_timed=runner.num_compilations - compiled)
         rows_out.append(row)
         print(f"batch {batch:4d} x {context} context: {row['step_ms']:8.2f} ms/step, {row['tok_s']:9.1f} tok/s, "
               f"{100 * row['share_of_bandwidth']:5.1f}% of measured bandwidth", flush=True)

@@ -1,18 +1,40 @@
-"""The benchmark harness's device mode runs end to end (here on CPU, at the tiny shape)."""
+"""The benchmark harness's device mode end to end, as a user runs it (`python benchmarks/compare.py --device-mode`,
+here on CPU at the tiny shape), read back from its JSON: it must report the workload it was asked for, the model
+it built, and steady-state steps that compile nothing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+REPO = Path(__file__).resolve().parent.parent
+# benchmarks/device_decode.py's "tiny" shape, in float32 on CPU
+HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 512
+HEAD_DIM = HIDDEN // HEADS
 
-from device_decode import run_device_mode  # noqa: E402
+
+def _tiny_llama_bytes() -> int:
+    """Embedding, untied LM head, final norm, and per layer q/k/v/o, gate/up/down and two norms; 4 bytes each."""
+    per_layer = (HIDDEN * HEADS * HEAD_DIM * 2 + HIDDEN * KV_HEADS * HEAD_DIM * 2 + 3 * HIDDEN * INTERMEDIATE
+                 + 2 * HIDDEN)
+    return 4 * (2 * VOCAB * HIDDEN + HIDDEN + LAYERS * per_layer)
 
 
-def test_device_mode_reports_each_batch_against_the_bandwidth_floor():
-    rows = run_device_mode("tiny", batches=(1, 3), context=40, repeats=1)
-    assert [r["batch"] for r in rows] == [1, 3]
+def test_device_mode_reports_the_batches_context_and_model_it_ran_and_compiles_nothing_while_timed(tmp_path):
+    out = tmp_path / "device.json"
+    proc = subprocess.run([sys.executable, "benchmarks/compare.py", "--device-mode", "--device-shape", "tiny",
+                           "--batches", "1", "3", "--context", "40", "--repeats", "2", "--output-json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = json.loads(out.read_text())
+    assert [(r["batch"], r["context"]) for r in rows] == [(1, 40), (3, 40)]
     for r in rows:
-        assert r["step_ms"] > 0 and 0 < r["share_of_bandwidth"]
-        assert abs(r["tok_s"] - r["batch"] / (r["step_ms"] / 1000)) < 1e-6 * r["tok_s"]
+        assert r["num_tokens"] >= r["batch"]  # the token bucket the decode rows were packed into
+        assert r["num_layers"] == LAYERS
+        assert r["weight_bytes"] == _tiny_llama_bytes()
+        assert r["kv_bytes_per_token"] == LAYERS * 2 * KV_HEADS * HEAD_DIM * 4
+        assert r["compilations_while_timed"] == 0  # the timed steps reuse the warm program
+        assert r["step_ms"] > 0 and r["share_of_bandwidth"] > 0
+    assert [f"batch {r['batch']:4d} x 40 context" in proc.stdout for r in rows] == [True, True]
