@@ -29,7 +29,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
                                                response_schema_conformance, status_code_conformance)
 
-from tests.helpers.live_server import Served, openai_error, start_server, tiny_checkpoint
+from tests.helpers.http_checks import openai_error
+from tests.helpers.live_server import Served, start_server, tiny_checkpoint
 from tests.helpers.tiny_models import VOCAB_SIZE
 
 API_KEY = "sk-fuzz"

@@ -24,27 +24,26 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers.serving_harness import (LETTERS, MODEL, Served, error_of, make_checkpoint, metric, openai_error, serve,
-                                   wait_healthy)
-from vllm_jax.config import EngineArgs
+from tests.helpers.http_checks import error_body, metric, openai_error
+from tests.helpers.live_server import LETTERS, MODEL, Served, serve, tiny_checkpoint, tiny_engine_args, wait_healthy
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 LONG = {"allowed_token_ids": LETTERS, "ignore_eos": True, "temperature": 0}  # one letter per token, never EOS
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("faults") / "llama")
+    return tiny_checkpoint(tmp_path_factory.mktemp("faults"))
 
 
-def _engine(checkpoint: Path) -> AsyncLLM:
-    return AsyncLLM.from_engine_args(EngineArgs(
-        model=str(checkpoint), max_model_len=128, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8,
-        max_num_batched_tokens=32))
+def _engine(checkpoint: Path, **kwargs: Any) -> AsyncLLM:
+    return AsyncLLM.from_engine_args(tiny_engine_args(checkpoint, max_model_len=128), **kwargs)
 
 
 @pytest.fixture
@@ -90,9 +89,10 @@ class StepFault:
 
 def test_step_exception_fails_in_flight_requests_with_500_then_health_and_new_requests_503(
         checkpoint: Path, server_factory: list[Served]) -> None:
-    engine = _engine(checkpoint)
+    metrics = PrometheusStatLogger(MODEL)
+    engine = _engine(checkpoint, stat_loggers=[metrics])
     fault = StepFault(engine)
-    s = serve(engine)
+    s = serve(engine, metrics=metrics)
     server_factory.append(s)
     engine.fault_hook = fault
     completion = {"model": MODEL, "prompt": "fault", "max_tokens": 100, **LONG}
@@ -114,11 +114,9 @@ def test_step_exception_fails_in_flight_requests_with_500_then_health_and_new_re
             late = await client.post("/v1/completions", json={**completion, "stream": True})  # no output yet
             out = {"streams": await asyncio.gather(*streams), "posts": await asyncio.gather(*posts), "late": late,
                    "health": await client.get("/health"), "metrics": await client.get("/metrics")}
-            refused = []
-            for path, body in (("/v1/completions", completion), ("/v1/chat/completions", {**chat, "stream": True})):
-                t0 = time.monotonic()
-                refused.append((await client.post(path, json=body), time.monotonic() - t0))
-            out["refused"] = refused
+            # a request that waited on the dead engine would never be answered: the client's timeout stops that
+            out["refused"] = [await client.post(path, json=body) for path, body in (
+                ("/v1/completions", completion), ("/v1/chat/completions", {**chat, "stream": True}))]
             return out
 
     out = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -126,32 +124,43 @@ def test_step_exception_fails_in_flight_requests_with_500_then_health_and_new_re
 
     for payloads in out["streams"]:  # text, then one error event, then [DONE]
         assert payloads[-1] == "[DONE]"
-        err = openai_error(json.loads(payloads[-2]))
+        err = error_body(json.loads(payloads[-2]))
         assert err["type"] == "server_error" and err["code"] == "engine_dead" and "injected fault" in err["message"]
         chunks = [json.loads(p) for p in payloads[:-2]]
         assert chunks and all("error" not in c for c in chunks)
         assert all(ch.get("finish_reason") is None for c in chunks for ch in c["choices"])
     for resp in out["posts"] + [out["late"]]:
-        err = error_of(resp.status_code, resp.json(), 500)
+        err = openai_error(resp, 500)
         assert err["type"] == "server_error" and err["code"] == "engine_dead" and "injected fault" in err["message"]
 
-    assert error_of(out["health"].status_code, out["health"].json(), 503)["code"] == "engine_dead"
+    assert openai_error(out["health"], 503)["code"] == "engine_dead"
     assert out["metrics"].status_code == 200  # the failed requests neither run nor wait any more
     assert metric(out["metrics"].text, "vllm:num_requests_running") == 0
     assert metric(out["metrics"].text, "vllm:num_requests_waiting") == 0
-    for resp, seconds in out["refused"]:
-        assert error_of(resp.status_code, resp.json(), 503)["code"] == "engine_dead"
-        assert seconds < 2.0  # at once: nothing waits on a dead engine
+    for resp in out["refused"]:
+        assert openai_error(resp, 503)["code"] == "engine_dead"
 
 
 # ---- draining on shutdown ---------------------------------------------------------------------------------------
+
+class SlowSteps:
+    """fault_hook: makes every step take at least `seconds` and counts the steps."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.count = seconds, 0
+
+    def __call__(self) -> None:
+        self.count += 1
+        time.sleep(self.seconds)
+
 
 def test_shutdown_finishes_short_requests_and_aborts_long_ones_after_the_timeout(
         checkpoint: Path, server_factory: list[Served]) -> None:
     engine = _engine(checkpoint)
     s = serve(engine, shutdown_timeout=1.0)
     server_factory.append(s)
-    engine.fault_hook = lambda: time.sleep(0.05)  # >= 50 ms a step: 100 tokens take >= 5 s
+    steps = SlowSteps(0.05)  # >= 50 ms a step: 100 tokens take >= 5 s
+    engine.fault_hook = steps
     long_body = {"model": MODEL, "prompt": "long", "max_tokens": 100, **LONG}
     short_body = {"model": MODEL, "prompt": "short", "max_tokens": 5, **LONG}
 
@@ -162,8 +171,11 @@ def test_shutdown_finishes_short_requests_and_aborts_long_ones_after_the_timeout
             long_post = asyncio.create_task(client.post("/v1/completions", json=long_body))
             await asyncio.wait_for(seen.wait(), 20)
             short_post = asyncio.create_task(client.post("/v1/completions", json=short_body))
-            await asyncio.sleep(0.1)
-            exit_at = time.monotonic()
+            deadline = time.monotonic() + 20
+            while engine.get_stats().num_requests_running < 3 and not short_post.done():  # the short one runs
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            steps_before_exit = steps.count
             s.server.request_exit()
             await asyncio.sleep(0.5)
             try:  # a new connection: refused once the listener closed (503 if it slipped in before)
@@ -173,7 +185,7 @@ def test_shutdown_finishes_short_requests_and_aborts_long_ones_after_the_timeout
                 new_outcome = type(exc).__name__
             results = await asyncio.gather(stream, long_post, short_post)
             return {"stream": results[0], "long": results[1], "short": results[2], "new": new_outcome,
-                    "ended_after": time.monotonic() - exit_at}
+                    "steps_during_drain": steps.count - steps_before_exit}
 
     out = asyncio.run(asyncio.wait_for(scenario(), 60))
     s.thread.join(timeout=10)
@@ -189,7 +201,8 @@ def test_shutdown_finishes_short_requests_and_aborts_long_ones_after_the_timeout
     assert last["finish_reason"] == "abort"
     assert len("".join(json.loads(p)["choices"][0]["text"] for p in payloads[:-1])) < 100
     assert out["new"] in ("ConnectError", 503), out["new"]
-    assert 1.0 <= out["ended_after"] < 1.0 + 3.0  # the timeout, then the abort went out at once
+    # the drain kept stepping past the short request's 5 tokens: the long ones ran on until the timeout
+    assert out["steps_during_drain"] > short_body["max_tokens"], out["steps_during_drain"]
     assert engine.get_stats().num_blocks_free == engine.get_stats().num_blocks_total - 1
 
 
@@ -223,7 +236,7 @@ def test_sigterm_drains_the_stream_in_flight_refuses_new_requests_and_exits_0(ch
                 assert time.monotonic() < deadline, "".join(log)
         events_after_signal = 0
         payloads: list[str] = []
-        signalled_at = None
+        signalled = False
         body = {"prompt": "drain", "max_tokens": 240, "stream": True, **LONG}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as resp:
             assert resp.status_code == 200
@@ -231,16 +244,15 @@ def test_sigterm_drains_the_stream_in_flight_refuses_new_requests_and_exits_0(ch
                 if not line.startswith("data: "):
                     continue
                 payloads.append(line[len("data: "):])
-                if signalled_at is None:
+                if not signalled:
                     proc.send_signal(signal.SIGTERM)
-                    signalled_at = time.monotonic()
+                    signalled = True
                     time.sleep(0.5)  # the listener closes meanwhile
                     with pytest.raises(httpx.TransportError):  # new connections are refused
                         httpx.get(f"{url}/health", timeout=2)
                 else:
                     events_after_signal += 1
-        code = proc.wait(timeout=5 + 15)
-        exited_after = time.monotonic() - signalled_at
+        code = proc.wait(timeout=5 + 15)  # a deadline that only stops a hang
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -254,8 +266,6 @@ def test_sigterm_drains_the_stream_in_flight_refuses_new_requests_and_exits_0(ch
     if reason == "length":  # finished within the timeout (the usual case on an idle machine)
         assert len(text) == 240
     else:  # a very slow machine: aborted once the timeout passed
-        assert reason == "abort" and exited_after >= 5
-    assert exited_after < 5 + 10
-    print(f"\nSIGTERM drain: finish_reason {reason}, {events_after_signal} events after the signal, "
-          f"exit 0 after {exited_after:.1f} s")
+        assert reason == "abort" and len(text) < 240
+    print(f"\nSIGTERM drain: finish_reason {reason}, {events_after_signal} events after the signal, exit 0")
     assert "Traceback" not in "".join(log), "".join(log)

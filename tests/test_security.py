@@ -21,7 +21,8 @@ import pytest
 from fastapi.routing import APIRoute
 
 import vllm_jax
-from tests.helpers.live_server import MODEL, Served, openai_error, start_server, tiny_checkpoint
+from tests.helpers.http_checks import openai_error
+from tests.helpers.live_server import MODEL, Served, start_server, tiny_checkpoint
 from vllm_jax.cli import build_parser, main
 from vllm_jax.config import EngineArgs
 from vllm_jax.model_loader.source import ModelSourceError

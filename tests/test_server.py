@@ -9,80 +9,46 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.helpers.tiny_models import make_tiny_checkpoint
+from tests.helpers.http_checks import metric
+from tests.helpers.live_server import Served, serve, tiny_checkpoint, tiny_engine_args
 from vllm_jax.cli import build_parser
-from vllm_jax.config import EngineArgs
 from vllm_jax.engine.async_llm import AsyncLLM
-from vllm_jax.server.api_server import build_app
-from vllm_jax.server.launcher import HttpServer, bind_socket, serve_in_thread
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
+from vllm_jax.server.protocol import ChatMessage, ContentPart, chat_conversation
 
 API_KEY = "sk-test-key"
 MODEL, ALIAS = "tiny-llama", "tiny-alias"
 MAX_MODEL_LEN = 64
 MAX_REQUEST_BYTES = 64 * 1024
 LETTERS = list(range(259, 259 + 26))  # tests/helpers/tiny_models.py: 'a'..'z' are token ids 259..284
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}assistant:{% endif %}")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
-@dataclass
-class Served:
-    url: str
-    engine: AsyncLLM
-    server: HttpServer
-    thread: threading.Thread
-
-    def stop(self) -> None:
-        self.server.request_exit()
-        self.thread.join(timeout=30)
-
-
-def _engine_args(path: Path) -> EngineArgs:
-    return EngineArgs(model=str(path), max_model_len=MAX_MODEL_LEN, block_size=8, num_gpu_blocks_override=64,
-                      max_num_seqs=8, max_num_batched_tokens=32)
-
-
-def _serve(engine: AsyncLLM) -> Served:
-    app = build_app(engine, served_model_names=[MODEL, ALIAS], api_key=API_KEY, chat_template=TEMPLATE,
-                    max_request_bytes=MAX_REQUEST_BYTES)
-    server = HttpServer(app, engine, log_level="warning", access_log=False)
-    sock = bind_socket("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    thread = serve_in_thread(server, sock)
-    deadline = time.monotonic() + 30
-    while True:  # uvicorn listens long before the engine is ready
-        try:
-            httpx.get(f"{url}/version", timeout=1)
-            break
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    return Served(url, engine, server, thread)
+def _serve(engine: AsyncLLM, metrics: PrometheusStatLogger | None = None) -> Served:
+    """Serve `engine` under two names, with an API key, `metrics` at /metrics; returns once it listens (not once
+    it is ready)."""
+    return serve(engine, model_names=[MODEL, ALIAS], api_key=API_KEY, max_request_bytes=MAX_REQUEST_BYTES,
+                 wait_ready=False, metrics=metrics)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("server") / "llama"
-    make_tiny_checkpoint("llama", path)
-    return path
+    return tiny_checkpoint(tmp_path_factory.mktemp("server"))
 
 
 @pytest.fixture(scope="module")
 def served(checkpoint: Path) -> Iterator[Served]:
-    s = _serve(AsyncLLM.from_engine_args(_engine_args(checkpoint)))
+    metrics = PrometheusStatLogger(MODEL)
+    s = _serve(AsyncLLM.from_engine_args(tiny_engine_args(checkpoint), stat_loggers=[metrics]), metrics)
     s.engine.wait_until_ready(timeout=300)
     yield s
     s.stop()
@@ -112,17 +78,6 @@ def _error(resp: httpx.Response, status: int) -> dict:
     return body["error"]
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        m = re.match(r"^([^{\s]+)(?:\{(.*)\})? (\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(m.group(3))
-    raise AssertionError(f"{name} {labels} not in /metrics")
-
-
 def _sse_events(lines: Iterator[str]) -> Iterator[str]:
     for line in lines:
         if line.startswith("data: "):
@@ -135,15 +90,15 @@ def _wait_idle(served: Served, aborted: float | None = None, timeout: float = 10
     deadline = time.monotonic() + timeout
     while True:
         text = httpx.get(f"{served.url}/metrics", timeout=10).text
-        busy = (_metric(text, "vllm:num_requests_running") + _metric(text, "vllm:num_requests_waiting")
-                + _metric(text, "vllm:kv_cache_usage_perc"))
+        busy = (metric(text, "vllm:num_requests_running") + metric(text, "vllm:num_requests_waiting")
+                + metric(text, "vllm:kv_cache_usage_perc"))
         if (busy == 0 and (aborted is None or _aborted(text) >= aborted)) or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
 
 
 def _aborted(text: str) -> float:
-    return _metric(text, "vllm:request_success_total", finished_reason="abort")
+    return metric(text, "vllm:request_success_total", finished_reason="abort")
 
 
 # ---- discovery and tokens ----------------------------------------------------------------------------------
@@ -162,6 +117,29 @@ def test_tokenize_then_detokenize_round_trips_text(http: httpx.Client) -> None:
     chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     text = http.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
     assert text == "user: hi\nassistant:"
+
+
+def test_chat_conversation_keeps_each_messages_name_and_joins_text_parts() -> None:
+    messages = [ChatMessage(role="user", content="hi", name="ann"),
+                ChatMessage(role="assistant", content=[ContentPart(type="text", text="a"),
+                                                       ContentPart(type="text", text="b")])]
+    assert chat_conversation(messages) == [{"role": "user", "content": "hi", "name": "ann"},
+                                           {"role": "assistant", "content": "a\nb"}]
+
+
+NAMED_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}{% if m['name'] is defined %}({{ m['name'] }}){% endif %}"
+                  ": {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_chat_completions_and_tokenize_render_the_same_named_conversation(
+        served: Served, http: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(served.app.state.serving, "chat_template", NAMED_TEMPLATE)
+    messages = [{"role": "user", "content": "hi", "name": "ann"}, {"role": "user", "content": "yo"}]
+    tok = http.post("/tokenize", json={"messages": messages}).json()
+    text = http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text == "user(ann): hi\nuser: yo\nassistant:"
+    chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, **_letters()}).json()
+    assert chat["usage"]["prompt_tokens"] == tok["count"]
 
 
 def test_version_and_health_answer_when_ready(http: httpx.Client) -> None:
@@ -385,29 +363,29 @@ def slow_engine(served: Served) -> Iterator[None]:
 def test_disconnect_mid_stream_aborts_and_frees_every_kv_block(served: Served, http: httpx.Client,
                                                               slow_engine: None) -> None:
     text = _wait_idle(served)
-    before, generated = _aborted(text), _metric(text, "vllm:generation_tokens_total")
+    before, generated = _aborted(text), metric(text, "vllm:generation_tokens_total")
     body = {"prompt": "a long one", "max_tokens": 50, "stream": True, **_letters()}
     with http.stream("POST", "/v1/completions", json=body) as resp:
         next(e for e in _sse_events(resp.iter_lines()) if json.loads(e)["choices"][0]["text"])
     text = _wait_idle(served, aborted=before + 1)
-    assert _metric(text, "vllm:num_requests_running") == 0
-    assert _metric(text, "vllm:kv_cache_usage_perc") == 0
+    assert metric(text, "vllm:num_requests_running") == 0
+    assert metric(text, "vllm:kv_cache_usage_perc") == 0
     assert _aborted(text) == before + 1
-    assert _metric(text, "vllm:generation_tokens_total") - generated < 50  # it stopped early
+    assert metric(text, "vllm:generation_tokens_total") - generated < 50  # it stopped early
     stats = served.engine.get_stats()
     assert stats.num_blocks_free == stats.num_blocks_total - 1
 
 
 def test_non_streaming_client_timeout_aborts_the_request(served: Served, slow_engine: None) -> None:
     text = _wait_idle(served)
-    before, generated = _aborted(text), _metric(text, "vllm:generation_tokens_total")
+    before, generated = _aborted(text), metric(text, "vllm:generation_tokens_total")
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{served.url}/v1/completions", headers=AUTH, timeout=0.5,
                    json={"prompt": "patience", "max_tokens": 50, **_letters()})
     text = _wait_idle(served, aborted=before + 1)
     assert _aborted(text) == before + 1
-    assert _metric(text, "vllm:generation_tokens_total") - generated < 50
-    assert _metric(text, "vllm:kv_cache_usage_perc") == 0
+    assert metric(text, "vllm:generation_tokens_total") - generated < 50
+    assert metric(text, "vllm:kv_cache_usage_perc") == 0
 
 
 # ---- warm-up --------------------------------------------------------------------------------------------------
@@ -419,7 +397,7 @@ def test_health_and_generation_are_503_until_the_engine_is_ready(checkpoint: Pat
         release.wait(60)
         raise RuntimeError("start-up cancelled by the test")
 
-    engine = AsyncLLM(_engine_args(checkpoint).create_config(), engine_factory=blocked_factory)
+    engine = AsyncLLM(tiny_engine_args(checkpoint).create_config(), engine_factory=blocked_factory)
     s = _serve(engine)
     try:
         assert _error(httpx.get(f"{s.url}/health"), 503)["code"] == "engine_not_ready"

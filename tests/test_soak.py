@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.helpers.serving_harness import (LETTERS, MODEL, Served, error_of, make_checkpoint, metric, serve,
-                                   wait_idle_metrics)
-from vllm_jax.config import EngineArgs
+from tests.helpers.http_checks import metric, openai_error, wait_idle_metrics
+from tests.helpers.live_server import LETTERS, MODEL, Served, serve, tiny_checkpoint, tiny_engine_args
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 NUM_REQUESTS = int(os.environ.get("VLLM_JAX_SOAK_REQUESTS", "200"))  # raise it for a longer run by hand
 CONCURRENCY = 32
@@ -37,10 +37,11 @@ PROFILES = ("greedy", "sampled", "n2", "stop", "logprobs")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    path = make_checkpoint(tmp_path_factory.mktemp("soak") / "llama")
-    args = EngineArgs(model=str(path), max_model_len=MAX_MODEL_LEN, block_size=8, num_gpu_blocks_override=NUM_BLOCKS,
-                      max_num_seqs=16, max_num_batched_tokens=64)
-    s = serve(AsyncLLM.from_engine_args(args))
+    path = tiny_checkpoint(tmp_path_factory.mktemp("soak"))
+    args = tiny_engine_args(path, max_model_len=MAX_MODEL_LEN, num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16,
+                            max_num_batched_tokens=64)
+    metrics = PrometheusStatLogger(MODEL)
+    s = serve(AsyncLLM.from_engine_args(args, stat_loggers=[metrics]), metrics=metrics)
     yield s
     s.stop()
     assert not s.thread.is_alive(), "the server did not stop"
@@ -282,42 +283,51 @@ def test_soak_200_mixed_requests_with_disconnects_leaves_nothing_behind(
     print(f"\nsoak figures: {figures}")
 
 
+class StalledStep:
+    """fault_hook: the engine thread stalls inside its next step until `release` is set (nothing is scheduled
+    meanwhile); `returned` counts the steps that got past it."""
+
+    def __init__(self) -> None:
+        self.release, self.returned = threading.Event(), 0
+
+    def __call__(self) -> None:
+        self.release.wait(60)  # a deadline that only stops a hang
+        self.returned += 1
+
+
 def test_requests_beyond_max_num_queued_requests_get_503_at_once(served: Served) -> None:
+    """The refusals are answered while the engine is stalled and the queue still full: they never wait for room."""
     engine = served.engine
-    gate = threading.Event()
+    stall = StalledStep()
     engine.max_num_queued_requests = 2
-    engine.fault_hook = lambda: gate.wait(20)  # the engine thread stalls at its next step: nothing is scheduled
+    engine.fault_hook = stall
     body = {"model": MODEL, "prompt": "queued", "max_tokens": 4, "temperature": 0}
 
-    async def scenario() -> tuple[list[httpx.Response], list[tuple[httpx.Response, float]]]:
+    async def scenario() -> tuple[list[httpx.Response], list[httpx.Response], int]:
         async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
             queued = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(2)]
             deadline = time.monotonic() + 10
             while engine.get_stats().num_requests_waiting < 2:
                 assert time.monotonic() < deadline, "the two requests never queued"
                 await asyncio.sleep(0.02)
-            refused = []
-            for extra in ({}, {"stream": True}):
-                t0 = time.monotonic()
-                resp = await client.post("/v1/completions", json={**body, **extra})
-                refused.append((resp, time.monotonic() - t0))
-            chat = await client.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-            refused.append((chat, 0.0))
-            gate.set()
-            return list(await asyncio.gather(*queued)), refused
+            refused = [await client.post("/v1/completions", json={**body, **extra}) for extra in ({}, {"stream": True})]
+            refused.append(await client.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+            steps_while_refusing = stall.returned
+            stall.release.set()
+            return list(await asyncio.gather(*queued)), refused, steps_while_refusing
 
     try:
-        served_ok, refused = asyncio.run(asyncio.wait_for(scenario(), 60))
+        served_ok, refused, steps_while_refusing = asyncio.run(asyncio.wait_for(scenario(), 90))
     finally:
-        gate.set()
+        stall.release.set()
         engine.fault_hook = None
         engine.max_num_queued_requests = None
-    for resp, seconds in refused:
-        err = error_of(resp.status_code, resp.json(), 503)
+    assert steps_while_refusing == 0  # every refusal came back before the stalled engine took a single step
+    for resp in refused:
+        err = openai_error(resp, 503)
         assert err["code"] == "queue_full" and err["type"] == "service_unavailable_error"
         assert "max_num_queued_requests" in err["message"]
-        assert seconds < 2.0  # refused at once, not after waiting for room
     for resp in served_ok:
         assert resp.status_code == 200 and resp.json()["choices"][0]["finish_reason"] == "length"
     text = wait_idle_metrics(served.url)
