@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -32,7 +31,6 @@ import pytest
 from tests.helpers.http_checks import error_body, metric, openai_error
 from tests.helpers.live_server import LETTERS, MODEL, Served, serve, tiny_checkpoint, tiny_engine_args, wait_healthy
 from vllm_jax.engine.async_llm import AsyncLLM
-from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 LONG = {"allowed_token_ids": LETTERS, "ignore_eos": True, "temperature": 0}  # one letter per token, never EOS
 
@@ -42,8 +40,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("faults"))
 
 
-def _engine(checkpoint: Path, **kwargs: Any) -> AsyncLLM:
-    return AsyncLLM.from_engine_args(tiny_engine_args(checkpoint, max_model_len=128), **kwargs)
+def _engine(checkpoint: Path) -> AsyncLLM:
+    return AsyncLLM.from_engine_args(tiny_engine_args(checkpoint, max_model_len=128))
 
 
 @pytest.fixture
@@ -89,10 +87,9 @@ class StepFault:
 
 def test_step_exception_fails_in_flight_requests_with_500_then_health_and_new_requests_503(
         checkpoint: Path, server_factory: list[Served]) -> None:
-    metrics = PrometheusStatLogger(MODEL)
-    engine = _engine(checkpoint, stat_loggers=[metrics])
+    engine = _engine(checkpoint)
     fault = StepFault(engine)
-    s = serve(engine, metrics=metrics)
+    s = serve(engine)
     server_factory.append(s)
     engine.fault_hook = fault
     completion = {"model": MODEL, "prompt": "fault", "max_tokens": 100, **LONG}
