@@ -22,6 +22,7 @@ from tests.helpers.http_checks import metric
 from tests.helpers.live_server import Served, serve, tiny_checkpoint, tiny_engine_args
 from vllm_jax.cli import build_parser
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.server.protocol import ChatMessage, ContentPart, chat_conversation
 
 API_KEY = "sk-test-key"
 MODEL, ALIAS = "tiny-llama", "tiny-alias"
@@ -113,6 +114,29 @@ def test_tokenize_then_detokenize_round_trips_text(http: httpx.Client) -> None:
     chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     text = http.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
     assert text == "user: hi\nassistant:"
+
+
+def test_chat_conversation_keeps_each_messages_name_and_joins_text_parts() -> None:
+    messages = [ChatMessage(role="user", content="hi", name="ann"),
+                ChatMessage(role="assistant", content=[ContentPart(type="text", text="a"),
+                                                       ContentPart(type="text", text="b")])]
+    assert chat_conversation(messages) == [{"role": "user", "content": "hi", "name": "ann"},
+                                           {"role": "assistant", "content": "a\nb"}]
+
+
+NAMED_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}{% if m['name'] is defined %}({{ m['name'] }}){% endif %}"
+                  ": {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_chat_completions_and_tokenize_render_the_same_named_conversation(
+        served: Served, http: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(served.app.state.serving, "chat_template", NAMED_TEMPLATE)
+    messages = [{"role": "user", "content": "hi", "name": "ann"}, {"role": "user", "content": "yo"}]
+    tok = http.post("/tokenize", json={"messages": messages}).json()
+    text = http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text == "user(ann): hi\nuser: yo\nassistant:"
+    chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, **_letters()}).json()
+    assert chat["usage"]["prompt_tokens"] == tok["count"]
 
 
 def test_version_and_health_answer_when_ready(http: httpx.Client) -> None:

@@ -21,7 +21,8 @@ from vllm_jax.server.errors import APIError, error_response, install_error_handl
 from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKeyMiddleware, BodyLimitMiddleware
 from vllm_jax.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                       CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
-                                      ModelCard, ModelList, TokenizeRequest, TokenizeResponse, json_or_sse)
+                                      ModelCard, ModelList, TokenizeRequest, TokenizeResponse, chat_conversation,
+                                      json_or_sse)
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
@@ -74,7 +75,7 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
             ids = await ctx.tokenize(body.prompt, add_special_tokens=special)
         else:
             try:
-                conversation = [{"role": m.role, "content": m.text()} for m in body.messages or []]
+                conversation = chat_conversation(body.messages or [])
             except ValueError as exc:
                 raise APIError(400, str(exc), param="messages") from exc
             if not conversation:

@@ -244,6 +244,18 @@ class ChatMessage(OpenAIRequestModel):
         return "\n".join(texts)
 
 
+def chat_conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the plain dicts a chat template reads: role, content as text and, when given, the author's
+    `name` (as vLLM passes it). Both /v1/chat/completions and /tokenize render through this."""
+    conversation = []
+    for m in messages:
+        msg = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            msg["name"] = m.name
+        conversation.append(msg)
+    return conversation
+
+
 class ResponseFormat(OpenAIRequestModel):
     type: str
 
@@ -283,16 +295,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError(f"response_format {self.response_format.type!r} is not supported; only 'text'.")
         if self.add_generation_prompt and self.continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true.")
-
-    def conversation(self) -> list[dict[str, str]]:
-        """Messages as the plain dicts a chat template reads."""
-        out = []
-        for m in self.messages:
-            msg = {"role": m.role, "content": m.text()}
-            if m.name is not None:
-                msg["name"] = m.name
-            out.append(msg)
-        return out
 
 
 class TokenizeRequest(OpenAIRequestModel):

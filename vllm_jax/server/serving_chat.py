@@ -20,7 +20,7 @@ from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import (AssistantMessage, ChatChoiceLogprobs, ChatCompletionChoice,
                                       ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-                                      ChatStreamChoice, DeltaMessage, UsageInfo)
+                                      ChatStreamChoice, DeltaMessage, UsageInfo, chat_conversation)
 from vllm_jax.server.serving import ServingContext
 from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
 
@@ -28,7 +28,7 @@ from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_e
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
     model = ctx.admit(body)
     try:
-        conversation = body.conversation()
+        conversation = chat_conversation(body.messages)
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from exc
     prompt_ids = await ctx.chat_prompt_ids(conversation, add_generation_prompt=body.add_generation_prompt,
