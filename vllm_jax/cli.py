@@ -16,7 +16,7 @@ import sys
 import time
 import typing
 
-from vllm_jax.config import EngineArgs
+from vllm_jax.config import EngineArgs, initialize_distributed
 from vllm_jax.logger import configure_logging
 
 DEFAULT_PROMPTS = [
@@ -140,6 +140,7 @@ def _serve(ns: argparse.Namespace) -> int:
 
         run_worker(args)
         return 0
+    initialize_distributed(args)  # before the config: a multi-host leader joins the process group first
     return run_serve(args, ns, started=started)
 
 

@@ -2,7 +2,8 @@
 
 Every part of the engine reads the frozen config; nothing reads globals or environment variables in the
 hot path. `EngineArgs.create_config()` resolves the model (local HF directory, HF hub cache or GGUF file),
-reads its architecture config and checks every value, raising `ValueError` naming the bad flag.
+reads its architecture config and checks every value, raising `ValueError` naming the bad flag. It has no side
+effects: joining a multi-host run is `initialize_distributed(args)`, which the entry points call first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm_jax.model_loader.source import ModelSource
 
-ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -135,13 +135,40 @@ class EngineArgs:
         return {f.name for f in dataclasses.fields(cls)}
 
     def create_config(self) -> EngineConfig:
+        """Validate every value and resolve the model; no side effects (a multi-host run calls
+        `initialize_distributed` first)."""
         import jax
 
-        from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+        self._check_values()
+        platform = jax.default_backend()
+        on_cpu = platform == "cpu"
+        model_config = self._model_config(platform)
+        kv_bytes = self.kv_cache_memory_bytes
+        if kv_bytes is None and on_cpu:
+            kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
+                num_gpu_blocks_override=self.num_gpu_blocks_override),
+            scheduler_config=self._scheduler_config(model_config.max_model_len, on_cpu),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
+                enable_expert_parallel=self.enable_expert_parallel),
+            attention_backend=self.attention_backend,
+            compilation_cache_dir=resolve_cache_dir(self.compilation_cache_dir, self.compilation_cache),
+            platform=platform,
+            scan_layers=self.scan_layers,
+        )
+
+    def _check_values(self) -> None:
+        """Every check that needs no model: a ValueError naming the first bad flag."""
+        from vllm_jax.pallas_kernels.dispatch import BACKENDS
 
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, DTYPES)
-        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("attention_backend", self.attention_backend, ("auto", *BACKENDS))
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}")
@@ -160,24 +187,27 @@ class EngineArgs:
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
 
-        if self.distributed_coordinator or (self.num_processes or 1) > 1:
-            from vllm_jax.sharding.multihost import initialize_distributed
+    def _model_config(self, platform: str) -> ModelConfig:
+        """Find the model, read its HF config, resolve the dtypes and the context length."""
+        from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
 
-            if not jax.distributed.is_initialized():
-                initialize_distributed(self.distributed_coordinator, self.num_processes, self.process_id)
-        platform = jax.default_backend()
         source = resolve_model_source(self.model)
         hf_config = load_hf_config(source)
         dtype = self.dtype if self.dtype != "auto" else ("float32" if platform == "cpu" else "bfloat16")
-        kv_dtype = self.kv_cache_dtype if self.kv_cache_dtype != "auto" else dtype
-
         max_pos = getattr(hf_config, "max_position_embeddings", None) or 2048
         max_model_len = self.max_model_len or max_pos
         if max_model_len > max_pos:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
+        return ModelConfig(
+            model=self.model or source.path, source=source, hf_config=hf_config, dtype=dtype,
+            kv_cache_dtype=self.kv_cache_dtype if self.kv_cache_dtype != "auto" else dtype,
+            max_model_len=max_model_len,
+            served_model_name=self.served_model_name or (self.model or source.default_name),
+            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)
 
-        on_cpu = platform == "cpu"
+    def _scheduler_config(self, max_model_len: int, on_cpu: bool) -> SchedulerConfig:
+        """Batch limits and buckets, with the platform's defaults (small on CPU: warm-up compiles each bucket)."""
         max_num_seqs = self.max_num_seqs or (_CPU_DEFAULT_MAX_NUM_SEQS if on_cpu else _ACCEL_DEFAULT_MAX_NUM_SEQS)
         default_tokens = _CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS if on_cpu else _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS
         max_num_batched_tokens = self.max_num_batched_tokens or default_tokens
@@ -187,36 +217,26 @@ class EngineArgs:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}) so that every running request can decode in one step")
-        kv_bytes = self.kv_cache_memory_bytes
-        if kv_bytes is None and on_cpu:
-            kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
+        return SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
+            min_token_bucket=self.min_token_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_TOKEN_BUCKET),
+            min_seq_bucket=self.min_seq_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_SEQ_BUCKET),
+            bucket_growth=self.bucket_growth or (_CPU_BUCKET_GROWTH if on_cpu else 2))
 
-        model_config = ModelConfig(
-            model=self.model or source.path, source=source, hf_config=hf_config,
-            dtype=dtype, kv_cache_dtype=kv_dtype, max_model_len=max_model_len,
-            served_model_name=self.served_model_name or (self.model or source.default_name),
-            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)
-        return EngineConfig(
-            model_config=model_config,
-            cache_config=CacheConfig(
-                block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
-                gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
-                num_gpu_blocks_override=self.num_gpu_blocks_override),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
-                policy=self.scheduling_policy,
-                min_token_bucket=self.min_token_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_TOKEN_BUCKET),
-                min_seq_bucket=self.min_seq_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_SEQ_BUCKET),
-                bucket_growth=self.bucket_growth or (_CPU_BUCKET_GROWTH if on_cpu else 2)),
-            parallel_config=ParallelConfig(
-                tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
-                enable_expert_parallel=self.enable_expert_parallel),
-            attention_backend=self.attention_backend,
-            compilation_cache_dir=resolve_cache_dir(self.compilation_cache_dir, self.compilation_cache),
-            platform=platform,
-            scan_layers=self.scan_layers,
-        )
+
+def initialize_distributed(args: EngineArgs) -> None:
+    """Join the multi-host process group when `args` ask for one (a coordinator, or several processes); a no-op
+    otherwise or once joined. Entry points call it before `create_config`, which must not start jax's backend
+    first (docs/architecture.md, "Sharding")."""
+    if not (args.distributed_coordinator or (args.num_processes or 1) > 1):
+        return
+    import jax
+
+    from vllm_jax.sharding.multihost import initialize_distributed as join_process_group
+
+    if not jax.distributed.is_initialized():
+        join_process_group(args.distributed_coordinator, args.num_processes, args.process_id)
 
 
 _TRUE = ("1", "true", "yes", "on")

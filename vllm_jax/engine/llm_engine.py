@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_jax.config import EngineArgs, EngineConfig
+from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
 from vllm_jax.worker.model_runner import ModelRunner
 from vllm_jax.model_loader.tokenizer import generation_eos_token_ids, load_tokenizer
@@ -63,6 +63,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, **kwargs: Any) -> LLMEngine:
+        initialize_distributed(args)
         return cls(args.create_config(), **kwargs)
 
     # --- requests ---

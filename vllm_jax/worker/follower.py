@@ -10,13 +10,14 @@ import logging
 
 import jax
 
-from vllm_jax.config import EngineArgs
+from vllm_jax.config import EngineArgs, initialize_distributed
 from vllm_jax.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
 def run_worker(args: EngineArgs) -> None:
+    initialize_distributed(args)
     config = args.create_config()
     if jax.process_index() == 0:
         raise ValueError("process 0 runs the engine (LLM / serve), not a worker")

@@ -1,0 +1,53 @@
+"""EngineArgs -> EngineConfig: no side effects; joining a multi-host run is the entry points' explicit step."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from tests.helpers.tiny_models import make_tiny_checkpoint
+from vllm_jax.config import EngineArgs, initialize_distributed
+from vllm_jax.pallas_kernels import dispatch
+from vllm_jax.sharding import multihost
+
+MULTI_HOST = dict(distributed_coordinator="127.0.0.1:1234", num_processes=2, process_id=1)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("config") / "llama"
+    make_tiny_checkpoint("llama", path)
+    return str(path)
+
+
+@pytest.fixture
+def joins(monkeypatch) -> list[tuple]:
+    """Every call that would join a process group, recorded instead of made."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(multihost, "initialize_distributed", lambda *args: calls.append(args))
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **kw: calls.append(("jax", a, kw)))
+    return calls
+
+
+def test_create_config_joins_no_process_group_even_for_a_multi_host_run(checkpoint, joins):
+    config = EngineArgs(model=checkpoint, max_model_len=64, **MULTI_HOST).create_config()
+    assert config.model_config.max_model_len == 64 and joins == []
+
+
+def test_initialize_distributed_joins_with_the_flags_only_when_asked(joins):
+    initialize_distributed(EngineArgs())
+    assert joins == []
+    initialize_distributed(EngineArgs(**MULTI_HOST))
+    assert joins == [("127.0.0.1:1234", 2, 1)]
+
+
+@pytest.mark.parametrize("name", ["auto", *dispatch.BACKENDS])
+def test_every_dispatch_backend_is_a_valid_flag(checkpoint, name):
+    assert EngineArgs(model=checkpoint, max_model_len=64, attention_backend=name).create_config().attention_backend \
+        == name
+
+
+def test_an_unknown_backend_is_refused_naming_the_dispatch_list(checkpoint, monkeypatch):
+    monkeypatch.setattr(dispatch, "BACKENDS", ("xla",))
+    with pytest.raises(ValueError, match=r"attention_backend must be one of auto, xla; got 'pallas_tpu'"):
+        EngineArgs(model=checkpoint, attention_backend="pallas_tpu").create_config()
