@@ -50,10 +50,10 @@ def test_cli_logging_shows_our_info_lines_but_not_jax_backend_probe():
 
 
 def test_warmup_progress_lines_say_how_many_programs_remain(caplog):
-    from vllm_jax.worker.model_runner import _WarmupReport
+    from vllm_jax.worker.compilation import WarmupProgress
 
     caplog.set_level(logging.INFO, logger="vllm_jax")
-    report = _WarmupReport(3, bar=False)
+    report = WarmupProgress(3, bar=False)
     report.INTERVAL_S = 0.0
     for _ in range(3):
         report.start("forward T=2 S=2")

@@ -3,7 +3,8 @@
 Two variants keep the common case cheap. The basic variant is six [S] arrays (no [S, V] work at all). The full
 variant adds [S, V] logit_bias / prompt_mask / output_counts and per-row penalties; it is built only when some row
 needs penalties, logit_bias, allowed_token_ids, bad words or min_tokens masking in this step, and only those rows
-are filled (the others keep neutral values). The caller jits one program per variant.
+are filled (the others keep neutral values). The caller jits one program per variant (docs/architecture.md,
+"Sampling").
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def seed_to_uint32(seed: int) -> int:
 
 
 def build_sampling_tensors(rows: Sequence[RowSamplingInput], num_rows_padded: int,
-                           vocab_size: int) -> tuple[SamplingTensors, bool, int]:
-    """Padded numpy SamplingTensors for `rows`, whether the full variant was built, and the max logprobs asked.
+                           vocab_size: int) -> tuple[SamplingTensors, int]:
+    """Padded numpy SamplingTensors for `rows` (`is_full` tells the variant), and the max logprobs asked.
 
     Padding rows are greedy with neutral params. num_logprobs is the largest `logprobs` over rows, or NO_LOGPROBS
     (-1) when no row asked (0 is a real request: the sampled token's logprob only).
@@ -71,8 +72,8 @@ def build_sampling_tensors(rows: Sequence[RowSamplingInput], num_rows_padded: in
     tensors = SamplingTensors(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seeds=seeds,
                               positions=positions)
     if not full_rows:
-        return tensors, False, num_logprobs
-    return _add_full(tensors, rows, full_rows, num_rows_padded, vocab_size), True, num_logprobs
+        return tensors, num_logprobs
+    return _add_full(tensors, rows, full_rows, num_rows_padded, vocab_size), num_logprobs
 
 
 def _needs_full(row: RowSamplingInput) -> bool:

@@ -7,8 +7,9 @@ take the argmax; other rows divide by temperature, apply min_p, then top-k and t
 Randomness is counter-based: a row's noise is drawn from `fold_in(key(seed), position)`, so a seeded request
 samples the same token whatever batch it shares, wherever in the batch it sits and however it was chunked.
 
-Jitting: `jax.jit(sample, static_argnames="num_logprobs")`. The pytree structure of `SamplingTensors` (basic:
-full fields None; full: all set) is part of the trace, so the basic and full variants compile separately.
+Jitting: `num_logprobs` is static (the device step jits `sample` with `static_argnums=(2,)`). The pytree structure
+of `SamplingTensors` (basic: full fields None; full: all set) is part of the trace, so the basic and full variants
+compile separately (docs/architecture.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ def apply_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array,
 
     Top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p (the top token always
     stays). Tokens tied with the threshold are kept, so the result does not depend on sort order among ties.
-    Sorting [S, V] is slow (seconds on CPU at real vocab sizes), so the cutoff is first sought among the
-    `num_candidates` largest logits; only if some row's cutoff lies beyond them does an exact bisection run.
+    Sorting [S, V] is slow at real vocab sizes, so the cutoff is first sought among the `num_candidates` largest
+    logits; only if some row's cutoff lies beyond them does an exact bisection run.
     """
     active = (top_k > 0) | (top_p < 1.0)
     top_k = jnp.minimum(top_k, logits.shape[-1])

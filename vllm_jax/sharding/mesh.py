@@ -3,7 +3,8 @@
 We use Auto axis types: params and the KV cache carry NamedShardings and GSPMD propagates them through the
 step, so the model code has no collectives and no explicit resharding. (Explicit axes would make every
 reshape of a sharded head axis spell out its sharding; the gain is nil for a forward pass whose layout is fixed
-by the params.) Expert parallelism reuses the "model" axis for the expert dimension of MoE weights.
+by the params.) Expert parallelism reuses the "model" axis for the expert dimension of MoE weights
+(docs/architecture.md, "Sharding").
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ DATA_AXIS = "data"
 MODEL_AXIS = "model"
 
 
-def make_mesh(tensor_parallel_size: int = 1, data_parallel_size: int = 1, enable_expert_parallel: bool = False,
-              devices: list | None = None) -> Mesh:
-    """A [data, model] mesh over the first dp * tp devices; a clear error when they do not exist."""
-    del enable_expert_parallel  # experts shard over MODEL_AXIS; the mesh shape is the same
+def make_mesh(tensor_parallel_size: int = 1, data_parallel_size: int = 1, devices: list | None = None) -> Mesh:
+    """A [data, model] mesh over the first dp * tp devices; a clear error when they do not exist. Experts shard over
+    the "model" axis, so expert parallelism needs no other mesh."""
     if tensor_parallel_size < 1 or data_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size and data_parallel_size must be >= 1; got "
                          f"{tensor_parallel_size}, {data_parallel_size}")
@@ -32,8 +32,3 @@ def make_mesh(tensor_parallel_size: int = 1, data_parallel_size: int = 1, enable
     grid = np.array(devices[:needed], dtype=object).reshape(data_parallel_size, tensor_parallel_size)
     return Mesh(grid, (DATA_AXIS, MODEL_AXIS), axis_types=(AxisType.Auto, AxisType.Auto))
 
-
-def replica_mesh(mesh: Mesh, replica: int) -> Mesh:
-    """The [1, tp] sub-mesh of one data-parallel replica (its own scheduler, params and KV cache)."""
-    grid = mesh.devices[replica:replica + 1]
-    return Mesh(grid, (DATA_AXIS, MODEL_AXIS), axis_types=(AxisType.Auto, AxisType.Auto))

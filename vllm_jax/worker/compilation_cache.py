@@ -1,10 +1,10 @@
 """Compiled programs persist on disk by default, in a per-user directory, so a restart is fast.
 
-A first start compiles every program warm-up needs (tens of seconds on a laptop CPU, minutes on a TPU at large
-bucket counts); the next start reads them back instead. vLLM and tpu-inference cache their compiled programs by
-default the same way. The directory is `$VLLM_JAX_CACHE_ROOT/compile` (default root: `$XDG_CACHE_HOME/vllm_jax`,
-i.e. `~/.cache/vllm_jax`); `--compilation-cache-dir` moves it, `--no-compilation-cache` or vLLM's
-`VLLM_DISABLE_COMPILE_CACHE=1` turns it off. It holds two stores:
+A first start compiles every program warm-up needs; the next start reads them back instead. vLLM and
+tpu-inference cache their compiled programs by default the same way. The directory is
+`$VLLM_JAX_CACHE_ROOT/compile` (default root: `$XDG_CACHE_HOME/vllm_jax`, i.e. `~/.cache/vllm_jax`);
+`--compilation-cache-dir` moves it, `--no-compilation-cache` or vLLM's `VLLM_DISABLE_COMPILE_CACHE=1` turns it
+off. It holds two stores:
 - `programs/`: warm-up's executables, loaded directly at the next start (`ProgramStore`: no tracing, lowering or
   compiling at all);
 - `xla/`: jax's persistent compilation cache, for any program compiled later (prompt logprobs, odd shapes).
@@ -103,8 +103,7 @@ def _source_digest() -> str:
 class ProgramStore:
     """Warm-up's compiled executables on disk, so a restart loads them without tracing, lowering or compiling.
 
-    jax's persistent cache still traces and lowers every program before it can look it up (about two thirds of a
-    cached warm-up on CPU); this store skips that. An executable is filed under a namespace that digests
+    jax's persistent cache still traces and lowers every program before it can look it up; this store skips that. An executable is filed under a namespace that digests
     everything that shapes it: vllm_jax's source, the jax and jaxlib versions, the devices it runs on, XLA's flags,
     and the caller's fingerprint (model config, dtypes, KV-cache and param shapes and shardings), then under its
     program name and input signature. A change to any of them is a miss, never a stale program. The store is as

@@ -2,12 +2,14 @@
 
 Everything a step needs crosses in one `StepPayload` of numpy arrays, so a multi-host deployment can broadcast it
 from process 0 and every process runs `DeviceStep.run` on identical inputs (jax's multi-controller model).
-Results come back replicated, so each process can read them from its own devices.
+Results come back replicated, so each process can read them from its own devices (docs/architecture.md, "Data
+flow of one step").
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,17 +18,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
+from vllm_jax.model.decoder import forward
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
-
-
-@dataclass
-class StepPayload:
-    inputs: StepInputs  # numpy, bucket-shaped
-    sampling: SamplingTensors  # numpy, [S] rows (+ [S, V] in the full variant)
-    num_logprobs: int  # static: -1 none, else the engine's max_logprobs
-    prompt_targets: np.ndarray | None = None  # [T]: score these tokens (prompt logprobs); LM head on every row
+from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
+from vllm_jax.worker.step_payload import StepPayload
 
 
 @dataclass
@@ -41,14 +37,14 @@ class DeviceStep:
     Warm-up precompiles the forward and sampler for every bucket (`precompile_forward` / `precompile_sample`):
     the executables are loaded from the `ProgramStore` when it has them, else lowered, compiled and stored. A
     call whose input shapes have a precompiled executable runs it; any other goes through `jax.jit`, which
-    traces (counted in `num_compilations`) and compiles on first use.
+    traces (each trace calls `on_trace`: the compilation manager counts them) and compiles on first use.
     """
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, mesh: Mesh,
-                 max_logprobs: int, store: ProgramStore | None = None):
+                 max_logprobs: int, store: ProgramStore | None = None, on_trace: Callable[[], None] = lambda: None):
         self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
         self.max_logprobs = max_logprobs
-        self.num_compilations = 0
+        self.on_trace = on_trace
         self.store = store
         self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
         self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
@@ -58,17 +54,17 @@ class DeviceStep:
         self._sample = jax.jit(self._sample_impl, static_argnums=(2,), out_shardings=replicated)
         self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,), out_shardings=replicated)
 
-    # The traced functions count compilations (a trace happens once per new shape or variant).
+    # A trace happens once per new shape or variant: each one reports itself.
     def _forward_impl(self, params, kv_cache, inputs: StepInputs):
-        self.num_compilations += 1
-        return nnx.merge(self.graphdef, params)(kv_cache, inputs)
+        self.on_trace()
+        return forward(self.graphdef, params, kv_cache, inputs)
 
     def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
-        self.num_compilations += 1
+        self.on_trace()
         return sample(logits, tensors, num_logprobs)
 
     def _prompt_logprobs_impl(self, logits, targets, num_logprobs: int):
-        self.num_compilations += 1
+        self.on_trace()
         return compute_logprobs(logits, targets, num_logprobs)
 
     def forward(self, inputs: StepInputs) -> jax.Array:

@@ -1,10 +1,10 @@
-"""Sizing and allocating the device KV cache: the one paged_kv module that touches jax.
+"""Sizing and allocating the device KV cache (paged_kv/ does the block accounting, in pure Python).
 
-Layout (DESIGN.md): one array [num_layers, num_blocks, block_size, 2 * num_kv_heads, head_dim], K and V
-interleaved on the head axis. The block count comes from a memory budget: `--num-gpu-blocks-override` wins;
-else `--kv-cache-memory-bytes`; else on TPU/GPU `--gpu-memory-utilization` of device memory minus what is
-already in use (weights) and an activation reserve. On CPU the budget is always explicit (1 GiB by default),
-never a silent huge allocation.
+Layout (docs/architecture.md, "KV cache layout"): one array [num_layers, num_blocks, block_size, 2 * num_kv_heads,
+head_dim], K and V interleaved on the head axis. The block count comes from a memory budget:
+`--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU `--gpu-memory-utilization` of
+device memory minus what is already in use (weights) and an activation reserve. On CPU the budget is always
+explicit (1 GiB by default), never a silent huge allocation.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vllm_jax.config import EngineConfig
+from vllm_jax.model.spec import DecoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,26 @@ class KVCacheShape:
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.num_layers, self.num_blocks, self.block_size, 2 * self.num_kv_heads, self.head_dim)
+
+
+def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int) -> KVCacheShape:
+    """The cache's shape from the memory budget, checked (one max_model_len request fits) and logged.
+
+    The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
+    each device."""
+    mc, block_size = config.model_config, config.cache_config.block_size
+    per_block = bytes_per_block(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim,
+                                mc.kv_cache_dtype) // num_shards
+    reserve = activation_reserve_bytes(config, spec.hidden_size, spec.intermediate_size, spec.vocab_size)
+    num_blocks = num_kv_blocks(config, per_block, reserve)
+    check_capacity(config, num_blocks)
+    log_capacity(config, num_blocks, per_block)
+    return KVCacheShape(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, mc.kv_cache_dtype)
+
+
+def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
+    """The block table's width: the blocks of one max_model_len sequence."""
+    return -(-max_model_len // block_size)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
@@ -68,7 +89,7 @@ def num_kv_blocks(config: EngineConfig, per_block: int, activation_reserve: int)
 def check_capacity(config: EngineConfig, num_blocks: int) -> None:
     """vLLM's start-up check: one request of max_model_len tokens must fit in the cache."""
     block_size = config.cache_config.block_size
-    needed = -(-config.model_config.max_model_len // block_size)
+    needed = blocks_per_sequence(config.model_config.max_model_len, block_size)
     if needed > num_blocks - 1:
         raise ValueError(
             f"max_model_len ({config.model_config.max_model_len}) needs {needed} KV blocks of {block_size} tokens "

@@ -1,0 +1,47 @@
+"""StepPayload's wire format (what process 0 broadcasts each step): bytes back to an equal payload, dtypes and
+None fields kept (from_bytes reads with allow_pickle=False)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
+from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+from vllm_jax.worker.step_payload import StepPayload
+
+
+def _payload(params: SamplingParams, prompt_targets: np.ndarray | None) -> StepPayload:
+    inputs = pack_step_inputs([RowChunk([5, 6, 7], 2, [1, 3]), RowChunk([9], 0, [2])], block_size=4,
+                              max_blocks_per_seq=4, num_tokens_padded=8, num_seqs_padded=4)
+    rows = [RowSamplingInput(params, 2**40 + 3, [1, 5], [6], 5), RowSamplingInput(SamplingParams(), 7, [9], [], 1)]
+    tensors, _ = build_sampling_tensors(rows, 4, 16)
+    return StepPayload(inputs, tensors, num_logprobs=3, prompt_targets=prompt_targets)
+
+
+def _assert_same(a, b) -> None:
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if x is None or y is None:
+            assert x is None and y is None, f.name
+        else:
+            assert np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y), f.name
+
+
+@pytest.mark.parametrize("params, targets", [
+    (SamplingParams(temperature=0.7, top_p=0.9), None),  # basic sampling variant: every [S, V] field None
+    (SamplingParams(repetition_penalty=1.2, logit_bias={3: 2.0}), np.arange(8, dtype=np.int32)),  # full variant
+])
+def test_bytes_round_trip_gives_back_every_field(params, targets):
+    payload = _payload(params, targets)
+    back = StepPayload.from_bytes(payload.to_bytes())
+    assert back.num_logprobs == 3 and back.sampling.is_full == payload.sampling.is_full
+    _assert_same(payload.inputs, back.inputs)
+    _assert_same(payload.sampling, back.sampling)
+    assert (back.prompt_targets is None) == (targets is None)
+    if targets is not None:
+        assert np.array_equal(back.prompt_targets, targets)
+

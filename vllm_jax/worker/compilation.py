@@ -1,0 +1,167 @@
+"""The compilation manager: warm-up's plan of programs, its progress report, and the trace counter.
+
+Before the engine reports ready, every program a workload can need is made ready: loaded from the compilation
+cache, or compiled and stored (docs/architecture.md, "Compilation and warm-up"). Every trace after that is
+counted, so tests can assert that no workload compiles once warm-up is done.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+from tqdm import tqdm
+
+from vllm_jax.config import EngineConfig
+from vllm_jax.sample.metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
+from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.worker.batch import pack_step_inputs
+from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
+from vllm_jax.worker.device_step import DeviceStep
+
+logger = logging.getLogger(__name__)
+
+WarmupPlan = list[tuple[str, Callable[[], object]]]
+_SAMPLER_VARIANTS = (("greedy", SamplingParams(temperature=0.0)),
+                     ("penalties", SamplingParams(temperature=0.0, repetition_penalty=1.1)))
+
+
+class TraceCounter:
+    """Counts the traces of the device step's jitted programs: DeviceStep calls it once per trace."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+@dataclass(frozen=True)
+class StepShapes:
+    """What fixes the programs' shapes: one (tokens, sequences) bucket pair per token bucket, and the widths."""
+
+    buckets: list[tuple[int, int]]
+    block_size: int
+    max_blocks_per_seq: int
+    vocab_size: int
+    max_logprobs: int
+
+
+class CompilationManager:
+    def __init__(self, device: DeviceStep, counter: TraceCounter, shapes: StepShapes, cache_dir: str | None):
+        self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
+
+    @property
+    def num_compilations(self) -> int:
+        """Traces so far (one per new shape or variant of a jitted program); must not move after warm-up."""
+        return self.counter.count
+
+    def plan(self) -> WarmupPlan:
+        """Every program a workload can need, one (label, make-it-ready) pair each, in a fixed order.
+
+        Each token bucket's forward, then per new sequence bucket the sampler variants (plain and with penalties,
+        without and with logprobs). Deterministic given the config, so every process of a multi-host run performs
+        the same calls."""
+        plan: WarmupPlan = []
+        logits_for: dict[int, jax.ShapeDtypeStruct] = {}  # sequence bucket -> the forward's logits (abstract)
+        sampled_buckets: set[int] = set()
+        for num_tokens, num_seqs in self.shapes.buckets:
+            plan.append((f"forward T={num_tokens} S={num_seqs}",
+                         functools.partial(self._forward, num_tokens, num_seqs, logits_for)))
+            if num_seqs in sampled_buckets:
+                continue  # the sampler programs depend on the sequence bucket only
+            sampled_buckets.add(num_seqs)
+            for name, params in _SAMPLER_VARIANTS:
+                for k in (NO_LOGPROBS, self.shapes.max_logprobs):
+                    plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",
+                                 functools.partial(self._sampler, num_seqs, params, k, logits_for)))
+        return plan
+
+    def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
+        s = self.shapes
+        inputs = pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
+                                  num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+        logits_for[num_seqs] = self.device.precompile_forward(inputs)
+
+    def _sampler(self, num_seqs: int, params: SamplingParams, num_logprobs: int,
+                 logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
+        tensors, _ = build_sampling_tensors([RowSamplingInput(params, 0, [0], [], 1)], num_seqs,
+                                            self.shapes.vocab_size)
+        self.device.precompile_sample(logits_for[num_seqs], tensors, num_logprobs)
+
+    def warmup(self, show_progress: bool = True) -> float:
+        """Make every program of `plan` ready (loaded from the compilation cache, or compiled and stored); returns
+        the seconds it took. Progress: a bar when `show_progress`, else a log line every few seconds."""
+        t0 = time.perf_counter()
+        plan = self.plan()
+        if self.cache_dir:
+            logger.info("warm-up: %d programs to compile, or to load from the compilation cache at %s", len(plan),
+                        self.cache_dir)
+        else:
+            logger.info("warm-up: %d programs to compile (compilation cache off: every start compiles them)",
+                        len(plan))
+        store = self.device.store
+        loaded_before = store.loaded if store is not None else 0
+        progress = WarmupProgress(len(plan), show_progress)
+        with count_cache_lookups() as jax_cache:
+            for label, make_ready in plan:
+                progress.start(label)
+                make_ready()
+                progress.done()
+            jax.block_until_ready(self.device.kv_cache)
+        progress.close()
+        if store is not None:
+            store.touch_and_prune()
+        seconds = time.perf_counter() - t0
+        loaded = (store.loaded - loaded_before if store is not None else 0) + jax_cache.hits
+        logger.info("warm-up: %d programs ready in %.1f s (%d compiled, %d loaded from the compilation cache)",
+                    len(plan), seconds, len(plan) - loaded, loaded)
+        return seconds
+
+
+def program_store(config: EngineConfig, cache_dir: str | None, devices: list, state: object) -> ProgramStore | None:
+    """The store of warm-up's executables, filed under everything that shapes them (None: cache off, or several
+    processes, where jax's own cache is used). `state`: the (params, kv_cache) the programs run on."""
+    if not cache_dir or jax.process_count() > 1:
+        return None
+    mc = config.model_config
+    avals = jax.tree.map(lambda x: (x.shape, str(x.dtype), repr(x.sharding)), state)
+    fingerprint = [mc.hf_config.to_json_string(), mc.dtype, mc.kv_cache_dtype, str(mc.max_model_len),
+                   str(mc.max_logprobs), repr(config.cache_config.block_size), repr(config.scheduler_config),
+                   repr(config.parallel_config), config.attention_backend, config.platform, str(config.scan_layers),
+                   repr([(d.id, d.device_kind) for d in devices]), repr(avals)]
+    return ProgramStore(cache_dir, fingerprint)
+
+
+class WarmupProgress:
+    """Warm-up progress: a tqdm bar (offline use), or a log line at most every few seconds (the server's log)."""
+
+    INTERVAL_S = 5.0
+
+    def __init__(self, total: int, bar: bool):
+        self.total, self.finished = total, 0
+        self.bar = tqdm(total=total, desc="warm-up: compiling programs", unit="program") if bar else None
+        self.t0 = self.last = time.perf_counter()
+
+    def start(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+
+    def done(self) -> None:
+        self.finished += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            return
+        now = time.perf_counter()
+        if now - self.last >= self.INTERVAL_S and self.finished < self.total:
+            self.last = now
+            logger.info("warm-up: %d/%d programs ready, %d to go (%.0f s so far)", self.finished, self.total,
+                        self.total - self.finished, now - self.t0)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
