@@ -53,7 +53,7 @@ def _specs(llm) -> dict[str, list]:
 def check_tensor_parallel(workdir: Path) -> dict:
     """Greedy tokens for TP 1/2/4 (llama: 4 q heads, 2 kv heads, so TP=4 replicates KV) and TP 1/2 (qwen3),
     the param shardings, which checkpoint slices each device read, and the start-up errors."""
-    from vllm_jax.model import checkpoint
+    from vllm_jax.model_loader import safetensors_checkpoint as checkpoint
 
     result: dict = {}
     llama = workdir / "llama"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,11 +11,12 @@ import torch
 from flax import nnx
 
 from tests.helpers.tiny_models import VOCAB_SIZE
-from vllm_jax.worker.batch import RowChunk, pack_step_inputs
-from vllm_jax.model.decoder import unstack_layers
-from vllm_jax.model_loader.loader import build_model
+from vllm_jax.model.decoder import forward
+from vllm_jax.model.layers import unstack_layers
 from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
 BLOCK_SIZE = 4
 MAX_BLOCKS = 16
@@ -33,9 +36,9 @@ def load_forward(path, layers: str = "stacked"):
     graphdef, params = nnx.split(model)
     if layers != "stacked":
         unstack_layers(params)
-    forward = jax.jit(lambda p, kv, x: nnx.merge(graphdef, p)(kv, x), donate_argnums=1)
+    forward_step = jax.jit(partial(forward, graphdef), donate_argnums=1)
     kv = jnp.zeros((spec.num_layers, 64, BLOCK_SIZE, 2 * spec.num_kv_heads, spec.head_dim), jnp.float32)
-    return spec, params, forward, kv
+    return spec, params, forward_step, kv
 
 
 def ragged_sequences(seed: int = 1) -> list[list[int]]:

@@ -34,12 +34,14 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from vllm_jax.model.decoder import (DecoderLM, StepInputs, _decoder_layer, _dense_mlp, _param, attention_params,
-                                    is_unstacked, layer_param_values)
+from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.layers import (LayerContext, Mlp, attention_params, decoder_block, gated_mlp, init_param,
+                                   is_unstacked, layer_param_values)
 from vllm_jax.model.moe_spec import MoeSpec
 
 EXPERT_PARAMS = ("experts_gate", "experts_up", "experts_down")
 DENSE_MLP_PARAMS = ("gate_proj", "up_proj", "down_proj")
+_MLP_PARAMS = frozenset(("router",) + EXPERT_PARAMS + DENSE_MLP_PARAMS)
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
@@ -104,15 +106,15 @@ class MoeLayers(nnx.Module):
             setattr(self, name, param)
         m = len(spec.moe_layer_ids)
         if m:
-            self.router = _param(rngs, (m, h, e), dtype)
-            self.experts_gate = _param(rngs, (m, e, h, i), dtype)
-            self.experts_up = _param(rngs, (m, e, h, i), dtype)
-            self.experts_down = _param(rngs, (m, e, i, h), dtype)
+            self.router = init_param(rngs, (m, h, e), dtype)
+            self.experts_gate = init_param(rngs, (m, e, h, i), dtype)
+            self.experts_up = init_param(rngs, (m, e, h, i), dtype)
+            self.experts_down = init_param(rngs, (m, e, i, h), dtype)
         d, di = len(spec.dense_layer_ids), spec.dense_intermediate_size
         if d:
-            self.gate_proj = _param(rngs, (d, h, di), dtype)
-            self.up_proj = _param(rngs, (d, h, di), dtype)
-            self.down_proj = _param(rngs, (d, di, h), dtype)
+            self.gate_proj = init_param(rngs, (d, h, di), dtype)
+            self.up_proj = init_param(rngs, (d, h, di), dtype)
+            self.down_proj = init_param(rngs, (d, di, h), dtype)
 
 
 class MoeLM(DecoderLM):
@@ -123,19 +125,14 @@ class MoeLM(DecoderLM):
     must then be sharded on their expert axis (axis 1 of the stacked [L, E, ...] params) over that mesh axis.
     """
 
+    layers_class = MoeLayers
     switched_scan = False  # its scans index stacked params; per-layer arrays mean the unrolled loop
 
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  expert_mesh: Mesh | None = None, expert_axis: str = "model"):
-        self.spec = spec
-        self.attention_backend = attention_backend
+        super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend)
         self.expert_mesh = expert_mesh
         self.expert_axis = expert_axis
-        self.embed_tokens = _param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
-        self.layers = MoeLayers(spec, dtype, rngs)
-        self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
-        if not spec.tie_word_embeddings:
-            self.lm_head = _param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
 
     def _moe_mlp(self, w: dict, x: jax.Array) -> jax.Array:
         spec = self.spec
@@ -148,50 +145,47 @@ class MoeLM(DecoderLM):
             out = grouped_expert_ffn(x, weights, ids, *experts)
         return out.astype(x.dtype)
 
-    def _run_layers(self, hidden: jax.Array, kv_cache: jax.Array, cos: jax.Array, sin: jax.Array,
-                    inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One scan per run of consecutive same-kind layers (a single scan when every layer is MoE). Each
         iteration indexes the stacked params by its layer's position in its own stack."""
-        spec = self.spec
         params = layer_param_values(self.layers)
-        mlp_names = set(EXPERT_PARAMS) | set(DENSE_MLP_PARAMS) | {"router"}
-        attn = {name: value for name, value in params.items() if name not in mlp_names}
+        attn = {name: value for name, value in params.items() if name not in _MLP_PARAMS}
         if is_unstacked(params):
-            return self._run_layers_unrolled(params, attn, hidden, kv_cache, cos, sin, inputs)
-        for is_moe, layer_ids, mlp_ids in _layer_runs(spec.moe_layers):
-            mlp_params = {name: params[name] for name in (("router",) + EXPERT_PARAMS if is_moe
-                                                          else DENSE_MLP_PARAMS)}
-            windows = np.array([spec.sliding_windows[i] for i in layer_ids], dtype=np.int32)
+            return self._run_unrolled(ctx, params, attn, hidden, kv_cache)
+        for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
+            mlp_params = {name: params[name] for name in _mlp_param_names(is_moe)}
 
             def layer(carry, xs, is_moe=is_moe, mlp_params=mlp_params):
                 hidden, kv_cache = carry
                 layer_index, mlp_index, window = xs
                 w = {name: value[layer_index] for name, value in attn.items()}
-                m = {name: value[mlp_index] for name, value in mlp_params.items()}
-                mlp = partial(self._moe_mlp, m) if is_moe else partial(_dense_mlp, m)
-                hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, layer_index,
-                                                  window, cos, sin, inputs, mlp=mlp)
-                return (hidden, kv_cache), None
+                mlp = self._mlp(is_moe, {name: value[mlp_index] for name, value in mlp_params.items()})
+                return decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window), None
 
+            windows = np.array([self.spec.sliding_windows[i] for i in layer_ids], dtype=np.int32)
             xs = (jnp.asarray(np.array(layer_ids, np.int32)), jnp.asarray(np.array(mlp_ids, np.int32)),
                   jnp.asarray(windows))
             (hidden, kv_cache), _ = jax.lax.scan(layer, (hidden, kv_cache), xs)
         return hidden, kv_cache
 
-
-    def _run_layers_unrolled(self, params: dict, attn: dict, hidden: jax.Array, kv_cache: jax.Array,
-                             cos: jax.Array, sin: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """The same layers as a Python loop over per-layer arrays (see decoder.unstack_layers)."""
-        spec = self.spec
-        for is_moe, layer_ids, mlp_ids in _layer_runs(spec.moe_layers):
-            names = ("router",) + EXPERT_PARAMS if is_moe else DENSE_MLP_PARAMS
+    def _run_unrolled(self, ctx: LayerContext, params: dict, attn: dict, hidden: jax.Array,
+                      kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The same layers as a Python loop over per-layer arrays (see layers.unstack_layers)."""
+        for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
             for layer_index, mlp_index in zip(layer_ids, mlp_ids):
                 w = {name: value[layer_index] for name, value in attn.items()}
-                m = {name: params[name][mlp_index] for name in names}
-                mlp = partial(self._moe_mlp, m) if is_moe else partial(_dense_mlp, m)
-                hidden, kv_cache = _decoder_layer(spec, self.attention_backend, w, hidden, kv_cache, layer_index,
-                                                  spec.sliding_windows[layer_index], cos, sin, inputs, mlp=mlp)
+                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in _mlp_param_names(is_moe)})
+                hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index,
+                                                 self.spec.sliding_windows[layer_index])
         return hidden, kv_cache
+
+    def _mlp(self, is_moe: bool, w: dict) -> Mlp:
+        """The layer's FFN over its own params: the routed experts, or the dense gated MLP."""
+        return partial(self._moe_mlp, w) if is_moe else partial(gated_mlp, w)
+
+
+def _mlp_param_names(is_moe: bool) -> tuple[str, ...]:
+    return ("router",) + EXPERT_PARAMS if is_moe else DENSE_MLP_PARAMS
 
 
 def _layer_runs(moe_layers: tuple[bool, ...]) -> list[tuple[bool, list[int], list[int]]]:

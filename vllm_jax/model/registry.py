@@ -1,4 +1,8 @@
-"""Model classes by HF `architectures` name: the module, how to read its spec, where its weights come from."""
+"""Model classes by HF `architectures` name: the module to build and how to read its spec from the config.
+
+Where each architecture's weights come from in a checkpoint is the loader's business
+(`model_loader/weight_maps.py`, keyed by the same names).
+"""
 
 from __future__ import annotations
 
@@ -7,30 +11,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
-from vllm_jax.model_loader.moe_weights import moe_param_sources
-from vllm_jax.model_loader.param_source import ParamSource
-from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, spec_from_hf_config
+from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    model_class: type
-    spec_from_config: Callable[[Any], Any]
-    param_sources: Callable[[Any], dict[tuple[str, ...], ParamSource]]
+    model_class: type[DecoderLM]
+    spec_from_config: Callable[[Any], DecoderSpec]
 
 
 MODEL_REGISTRY: dict[str, ModelEntry] = {
-    arch: ModelEntry(DecoderLM, spec_from_hf_config, decoder_param_sources) for arch in SUPPORTED_ARCHITECTURES
+    **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
+    **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
 }
-MODEL_REGISTRY.update({
-    arch: ModelEntry(MoeLM, moe_spec_from_hf_config, moe_param_sources) for arch in MOE_ARCHITECTURES
-})
 
 
-def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, Any]:
+def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, DecoderSpec]:
     """(registry entry, spec) for a transformers config; an unknown architecture names the supported ones."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
     arch = next((a for a in architectures if a in MODEL_REGISTRY), None)

@@ -1,7 +1,7 @@
 """DecoderSpec: the architecture facts the decoder needs, read once from a transformers config.
 
 Llama, Mistral, Qwen2 and Qwen3 are one decoder with switches (qkv bias, q/k norm, sliding windows, rope
-scaling); the registry maps each HF `architectures` name to how its switches are set.
+scaling); `spec_from_hf_config` sets the switches from the HF `architectures` name and the config.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from vllm_jax.model.layers import rope_inv_freq
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -76,7 +76,7 @@ def common_spec_fields(config: Any, arch: str) -> dict[str, Any]:
     if num_heads % num_kv_heads:
         raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
                          f"num_key_value_heads ({num_kv_heads})")
-    inv_freq, scaling = rope_inv_freq(config, head_dim)
+    inv_freq, scaling = rope_inv_freq(_rope_parameters(config), head_dim)
     return dict(
         architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -107,35 +107,3 @@ def _rope_parameters(config: Any) -> dict:
         params.update(scaling)
     params.setdefault("rope_type", params.get("type", "default"))
     return params
-
-
-def rope_inv_freq(config: Any, head_dim: int) -> tuple[np.ndarray, float]:
-    """Inverse frequencies as transformers computes them (float32), with the config's rope scaling."""
-    params = _rope_parameters(config)
-    dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-    base = float(params["rope_theta"])
-    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
-    rope_type = params["rope_type"]
-    if rope_type == "default":
-        return inv_freq.astype(np.float32), 1.0
-    if rope_type == "linear":
-        return (inv_freq / float(params["factor"])).astype(np.float32), 1.0
-    if rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, params).astype(np.float32), 1.0
-    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3)")
-
-
-def _llama3_inv_freq(inv_freq: np.ndarray, params: dict) -> np.ndarray:
-    """Llama 3.1 frequency-dependent scaling: long wavelengths divided by `factor`, short kept, smooth between."""
-    factor = float(params["factor"])
-    low_freq_factor = float(params["low_freq_factor"])
-    high_freq_factor = float(params["high_freq_factor"])
-    old_context = float(params["original_max_position_embeddings"])
-    low_freq_wavelen = old_context / low_freq_factor
-    high_freq_wavelen = old_context / high_freq_factor
-    wavelen = 2 * np.pi / inv_freq
-    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return np.where(medium, smoothed, scaled)

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+
+from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath, flatten_params, unflatten_params
 
 PARAMS_DIR = "params"
 MARKER = "vllm_jax_checkpoint.json"
@@ -50,10 +54,23 @@ def restore_params(directory: Path, abstract: dict) -> dict:
     return ocp.StandardCheckpointer().restore(Path(directory).resolve() / PARAMS_DIR, abstract)
 
 
-def abstract_like(shapes: dict, sharding_for, dtype) -> dict:
-    """ShapeDtypeStructs with the target dtype and sharding for every leaf of a pure shape dict."""
-    def leaf(path, value):
-        keys = tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
-        return jax.ShapeDtypeStruct(value.shape, dtype, sharding=sharding_for(keys, tuple(value.shape)))
+class ConvertedLoader:
+    """Params from a `vllm-jax convert` directory, each restored onto its sharding, cast if --dtype differs."""
 
-    return jax.tree_util.tree_map_with_path(leaf, shapes)
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def load(self, request: LoadRequest) -> dict[ParamPath, jax.Array]:
+        stored = converted_dtype(self.directory)
+        abstract = {path: jax.ShapeDtypeStruct(shape, jnp.dtype(NP_DTYPES[stored]),
+                                               sharding=request.sharding_for(path, shape))
+                    for path, shape in request.shapes.items()}
+        try:
+            restored = restore_params(self.directory, unflatten_params(abstract))
+        except Exception as exc:
+            raise ModelSourceError(f"{self.directory / PARAMS_DIR}: cannot restore the converted params ({exc}); "
+                                   "convert the model again with `vllm-jax convert`") from exc
+        params = flatten_params(restored)
+        if stored != request.dtype:
+            params = {path: value.astype(NP_DTYPES[request.dtype]) for path, value in params.items()}
+        return params

@@ -1,0 +1,218 @@
+"""The building blocks every decoder family here shares: parameter init, RMS norm, rotary embedding (with its
+linear and llama3 frequency scalings), linear layers with optional bias, the gated MLP, the attention call
+through `pallas_kernels`, one pre-norm decoder block, and the stacked / per-layer param layouts.
+
+All functions are pure (arrays in, arrays out) and follow transformers' order of operations and float32
+islands, which is what keeps logits within 1e-4 of it. Linear weights are [in, out] (x @ W); the loader
+transposes HF's [out, in].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
+
+if TYPE_CHECKING:  # spec.py reads rope scaling through rope_inv_freq below
+    from vllm_jax.model.spec import DecoderSpec
+
+Mlp = Callable[[jax.Array], jax.Array]
+
+
+# ---- parameters -------------------------------------------------------------------------------------------
+
+def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.02) -> nnx.Param:
+    """A normal(0, scale) weight: random weights for tests and research, overwritten when a checkpoint loads."""
+    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype))
+
+
+def attention_params(spec: DecoderSpec, dtype, rngs: nnx.Rngs) -> dict[str, nnx.Param]:
+    """The attention half of every layer (norms, q/k/v/o, their biases, q/k norms), stacked on axis 0."""
+    n, h = spec.num_layers, spec.hidden_size
+    params = {
+        "input_norm": nnx.Param(jnp.ones((n, h), dtype)),
+        "post_attention_norm": nnx.Param(jnp.ones((n, h), dtype)),
+        "q_proj": init_param(rngs, (n, h, spec.q_size), dtype),
+        "k_proj": init_param(rngs, (n, h, spec.kv_size), dtype),
+        "v_proj": init_param(rngs, (n, h, spec.kv_size), dtype),
+        "o_proj": init_param(rngs, (n, spec.q_size, h), dtype),
+    }
+    if spec.qkv_bias:
+        params["q_bias"] = nnx.Param(jnp.zeros((n, spec.q_size), dtype))
+        params["k_bias"] = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
+        params["v_bias"] = nnx.Param(jnp.zeros((n, spec.kv_size), dtype))
+    if spec.o_bias:
+        params["o_bias"] = nnx.Param(jnp.zeros((n, h), dtype))
+    if spec.qk_norm:
+        params["q_norm"] = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
+        params["k_norm"] = nnx.Param(jnp.ones((n, spec.head_dim), dtype))
+    return params
+
+
+# ---- norms, rotary, linear, MLP ---------------------------------------------------------------------------
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """HF's RMSNorm: normalize in float32, cast back, then scale."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def rope_inv_freq(rope: dict, head_dim: int) -> tuple[np.ndarray, float]:
+    """(inverse frequencies, cos/sin multiplier) as transformers computes them (float32) for HF-style rope
+    parameters (`rope_theta`, `rope_type` and that type's keys)."""
+    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    base = float(rope["rope_theta"])
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    rope_type = rope["rope_type"]
+    if rope_type == "default":
+        return inv_freq.astype(np.float32), 1.0
+    if rope_type == "linear":
+        return (inv_freq / float(rope["factor"])).astype(np.float32), 1.0
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, rope).astype(np.float32), 1.0
+    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, rope: dict) -> np.ndarray:
+    """Llama 3.1 frequency-dependent scaling: long wavelengths divided by `factor`, short kept, smooth between."""
+    factor = float(rope["factor"])
+    low_freq_factor = float(rope["low_freq_factor"])
+    high_freq_factor = float(rope["high_freq_factor"])
+    old_context = float(rope["original_max_position_embeddings"])
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def rotary_tables(spec: DecoderSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [T, head_dim] for each token's position, computed once per step for every layer."""
+    inv_freq = jnp.asarray(np.array(spec.inv_freq, dtype=np.float32))
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * spec.rope_attention_scaling, jnp.sin(emb) * spec.rope_attention_scaling
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """HF's rotate_half convention (non-interleaved halves), computed in float32."""
+    xf = x.astype(jnp.float32)
+    half = xf.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+
+
+@dataclass(frozen=True)
+class LayerSwitch:
+    """One layer's matrix inside a scan over per-layer arrays: `x @ W[layer]` runs as a switch over the layers.
+
+    XLA:CPU copies a dynamic slice of a stacked weight out before every dot (its dot reads whole buffers); a
+    switch branch reads its operand in place, and the layer body is still compiled once."""
+
+    arrays: tuple[jax.Array, ...]
+    index: jax.Array
+
+    def matmul(self, x: jax.Array) -> jax.Array:
+        branches = [partial(_dot_nth, n) for n in range(len(self.arrays))]
+        return jax.lax.switch(self.index, branches, x, self.arrays)
+
+
+def _dot_nth(n: int, x: jax.Array, arrays: tuple[jax.Array, ...]) -> jax.Array:
+    return jnp.dot(x, arrays[n], preferred_element_type=jnp.float32)
+
+
+def linear(x: jax.Array, weight: jax.Array | LayerSwitch, bias: jax.Array | None = None) -> jax.Array:
+    """x @ weight (+ bias), accumulated in float32, returned in x's dtype."""
+    if isinstance(weight, LayerSwitch):
+        y = weight.matmul(x)
+    else:
+        y = jnp.dot(x, weight, preferred_element_type=jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def gated_mlp(w: dict, x: jax.Array) -> jax.Array:
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x)), from one layer's `gate/up/down_proj` (and biases)."""
+    gate = linear(x, w["gate_proj"], w.get("gate_bias"))
+    up = linear(x, w["up_proj"], w.get("up_bias"))
+    return linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
+
+
+# ---- attention and the decoder block ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerContext:
+    """What every layer of one step reads besides its weights: the rotary tables and the step's batch."""
+
+    cos: jax.Array
+    sin: jax.Array
+    inputs: StepInputs
+    backend: str  # pallas_kernels attention backend
+
+
+def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_cache: jax.Array,
+              layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+    """Self-attention of the normed hidden states `x` [T, hidden] over the paged KV cache: q/k/v (q/k norms,
+    rotary), this step's K/V written through `slot_mapping` before the ragged paged attention reads the pages,
+    then o_proj. -> (attention output [T, hidden], updated kv_cache)."""
+    t, inputs = x.shape[0], ctx.inputs
+    q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
+    k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    if spec.qk_norm:
+        q = rms_norm(q, w["q_norm"], spec.rms_norm_eps)
+        k = rms_norm(k, w["k_norm"], spec.rms_norm_eps)
+    q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+    kv_cache = write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index=layer_index, backend=ctx.backend)
+    attn = ragged_paged_attention(
+        q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs,
+        sm_scale=spec.head_dim ** -0.5, sliding_window=window, backend=ctx.backend, layer_index=layer_index)
+    return linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias")), kv_cache
+
+
+def decoder_block(spec: DecoderSpec, ctx: LayerContext, w: dict, mlp: Mlp, hidden: jax.Array,
+                  kv_cache: jax.Array, layer_index: jax.Array | int,
+                  window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+    """One pre-norm layer: attention, then `mlp` on the post-attention-normed hidden state, each with its
+    residual. -> (hidden, updated kv_cache)."""
+    x = rms_norm(hidden, w["input_norm"], spec.rms_norm_eps)
+    attn, kv_cache = attention(spec, ctx, w, x, kv_cache, layer_index, window)
+    hidden = hidden + attn
+    hidden = hidden + mlp(rms_norm(hidden, w["post_attention_norm"], spec.rms_norm_eps))
+    return hidden, kv_cache
+
+
+# ---- stacked and per-layer param layouts ------------------------------------------------------------------
+
+def layer_param_values(layers: nnx.Module) -> dict:
+    """name -> stacked array (or tuple of per-layer arrays once unstacked) for every param of `layers`."""
+    return {name: p.get_value() for name, p in vars(layers).items() if isinstance(p, nnx.Param)}
+
+
+def is_unstacked(layer_weights: dict) -> bool:
+    return any(isinstance(value, tuple) for value in layer_weights.values())
+
+
+def unstack_layers(state: nnx.State) -> None:
+    """Replace each stacked layer param [L, ...] in `state` by a tuple of L separate arrays, in place.
+
+    XLA on CPU copies a layer's weights out of the stack at every iteration of a scan (its dot cannot read a
+    slice in place); separate arrays let an unrolled loop (--no-scan-layers) or a scan's switched matmuls
+    (`LayerSwitch`, the CPU default) read them directly."""
+    for name, variable in state["layers"].items():
+        value = variable.get_value()
+        variable.set_value(tuple(value[i] for i in range(value.shape[0])))

@@ -1,0 +1,116 @@
+"""A GGUF's tensors under HF names, in HF layout, dequantized to float32; and the file as a `Checkpoint`.
+
+Supported storage types: F32, F16, BF16, Q8_0, Q4_0, Q4_1; casting to the model dtype is the loader's job.
+llama.cpp permutes the q/k projection rows of llama-family models for its rotary layout; that is undone here,
+so the arrays equal the HF weights.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
+from vllm_jax.model_loader.source import ModelSourceError
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output": "lm_head",
+    "output_norm": "model.norm",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_NOT_PARAMETERS = {"rope_freqs.weight"}  # llama.cpp's precomputed rope factors; the config folds them in
+_SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+
+class GGUFCheckpoint:
+    """All tensors dequantized up front: GGUF blocks cannot be sliced before dequantization."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._tensors = dict(iter_gguf_tensors(path))
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return self._tensors[name][index]
+
+    def where(self, name: str) -> str:
+        return self.path
+
+
+def iter_gguf_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF parameter name, float32 array in HF layout) for every tensor, dequantized one at a time."""
+    import gguf
+
+    reader = open_gguf(path)
+    arch = architecture(reader)
+    permuted = ARCHITECTURES[arch][2]
+    heads = field(reader, f"{arch}.attention.head_count")
+    kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
+    supported = {getattr(gguf.GGMLQuantizationType, t) for t in _SUPPORTED_TYPES}
+    for tensor in reader.tensors:
+        if tensor.name in _NOT_PARAMETERS:
+            continue
+        name = _hf_name(tensor.name)
+        if name is None:
+            raise ModelSourceError(f"{path}: tensor {tensor.name} has no HF counterpart for architecture {arch}")
+        if tensor.tensor_type not in supported:
+            raise ModelSourceError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which "
+                                   f"this engine cannot dequantize (supported: {', '.join(_SUPPORTED_TYPES)})")
+        array = _dequantize(path, tensor)
+        if permuted and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+            array = _unpermute(array, heads)
+        elif permuted and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+            array = _unpermute(array, kv_heads)
+        yield name, array
+
+
+def _dequantize(path: str, tensor: Any) -> np.ndarray:
+    """One tensor as a writable float32 array in HF dimension order."""
+    import gguf
+
+    shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dimensions fastest first
+    try:
+        array = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+    except Exception as exc:
+        raise ModelSourceError(f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}, shape {shape}) is "
+                               f"corrupt ({exc})") from exc
+    # F32 comes back as a view of the read-only file mapping
+    return array if array.flags.writeable else array.copy()
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
+        return f"{_GLOBAL_NAMES[stem]}.{kind}"
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    if match and match.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}.{match.group(3)}"
+    return None
+
+
+def _unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `LlamaModel.permute`: per head, its rows went from (2, d/2) to (d/2, 2) order."""
+    shape = rows.shape
+    return rows.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
