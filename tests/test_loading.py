@@ -130,3 +130,35 @@ def test_unknown_architecture_names_the_supported_ones(checkpoint_dir):
     (checkpoint_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
         _params(str(checkpoint_dir))
+
+
+def test_every_registered_architecture_has_a_weight_map_and_no_other():
+    from vllm_jax.model.registry import MODEL_REGISTRY
+    from vllm_jax.model_loader.weight_maps import WEIGHT_MAPS
+
+    assert set(WEIGHT_MAPS) == set(MODEL_REGISTRY)
+
+
+def test_each_source_format_gets_its_own_loader(llama, tmp_path):  # noqa: F811
+    from vllm_jax.cli import main
+    from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
+    from vllm_jax.model_loader.loader import weight_loader_for
+    from vllm_jax.model_loader.orbax_io import ConvertedLoader
+    from vllm_jax.model_loader.random_weights import RandomWeights
+    from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
+    from vllm_jax.model_loader.tensor_loader import TensorLoader
+
+    gguf_path = llama[3]
+    make_tiny_checkpoint("qwen3", tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "converted")]) == 0
+    readers = {"safetensors": SafetensorsCheckpoint, "gguf": GGUFCheckpoint}
+    for kind, path in (("safetensors", tmp_path / "hf"), ("gguf", gguf_path)):
+        loader = weight_loader_for(resolve_model_source(str(path)))
+        assert isinstance(loader, TensorLoader) and isinstance(loader.checkpoint, readers[kind]), kind
+    assert isinstance(weight_loader_for(resolve_model_source(str(tmp_path / "converted"))), ConvertedLoader)
+    assert isinstance(weight_loader_for(None, seed=3), RandomWeights)
+    # the converted directory restores exactly the params its source loads
+    converted, direct = _flat(_params(str(tmp_path / "converted"))), _flat(_params(str(tmp_path / "hf")))
+    assert converted.keys() == direct.keys()
+    for name in direct:
+        np.testing.assert_array_equal(converted[name], direct[name], err_msg=name)
