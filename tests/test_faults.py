@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,6 +32,7 @@ import pytest
 from tests.helpers.http_checks import error_body, metric, openai_error
 from tests.helpers.live_server import LETTERS, MODEL, Served, serve, tiny_checkpoint, tiny_engine_args, wait_healthy
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 LONG = {"allowed_token_ids": LETTERS, "ignore_eos": True, "temperature": 0}  # one letter per token, never EOS
 
@@ -40,8 +42,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("faults"))
 
 
-def _engine(checkpoint: Path) -> AsyncLLM:
-    return AsyncLLM.from_engine_args(tiny_engine_args(checkpoint, max_model_len=128))
+def _engine(checkpoint: Path, **kwargs: Any) -> AsyncLLM:
+    return AsyncLLM.from_engine_args(tiny_engine_args(checkpoint, max_model_len=128), **kwargs)
 
 
 @pytest.fixture
@@ -87,9 +89,10 @@ class StepFault:
 
 def test_step_exception_fails_in_flight_requests_with_500_then_health_and_new_requests_503(
         checkpoint: Path, server_factory: list[Served]) -> None:
-    engine = _engine(checkpoint)
+    metrics = PrometheusStatLogger(MODEL)
+    engine = _engine(checkpoint, stat_loggers=[metrics])
     fault = StepFault(engine)
-    s = serve(engine)
+    s = serve(engine, metrics=metrics)
     server_factory.append(s)
     engine.fault_hook = fault
     completion = {"model": MODEL, "prompt": "fault", "max_tokens": 100, **LONG}

@@ -13,8 +13,8 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs, RequestOutputKind, SamplingParams
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.engine.llm_engine import LLMEngine
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 from vllm_jax.metrics.stats import EngineStats, FinishedRequestStats, IterationStats
-from vllm_jax.metrics.prometheus import EngineMetrics
 
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8, max_num_batched_tokens=32)
 GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
@@ -24,7 +24,7 @@ HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seco
               "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:iteration_tokens_total"]
 
 
-def samples(metrics: EngineMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def samples(metrics: PrometheusStatLogger) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Parse the exposition back: (sample name, sorted labels without model_name/engine) -> value."""
     text = metrics.render().decode()
     out = {}
@@ -44,31 +44,30 @@ def greedy(max_tokens: int) -> SamplingParams:
                           output_kind=RequestOutputKind.FINAL_ONLY)
 
 
-# ---- EngineMetrics alone ------------------------------------------------------------------------------------------
+# ---- the logger alone ---------------------------------------------------------------------------------------------
 
 
 def test_every_vllm_series_is_exposed_with_model_name_before_any_request():
-    metrics = EngineMetrics("my-model", stats_source=lambda: EngineStats(num_requests_waiting=3, kv_cache_usage=0.25))
+    metrics = PrometheusStatLogger("my-model")
     text = metrics.render().decode()
     parsed = samples(metrics)
     for name in GAUGES + COUNTERS:
         assert any(key[0] == name for key in parsed), name
     for name in HISTOGRAMS:
         assert (f"{name}_count", ()) in parsed and (f"{name}_bucket", (("le", "+Inf"),)) in parsed, name
-    assert 'model_name="my-model"' in text
-    assert value(parsed, "vllm:num_requests_waiting") == 3 and value(parsed, "vllm:kv_cache_usage_perc") == 0.25
+    assert 'model_name="my-model"' in text and 'engine="0"' in text
     for reason in ("stop", "length", "abort"):  # present at 0 from the start, like vLLM
         assert value(parsed, "vllm:request_success_total", finished_reason=reason) == 0
-    assert metrics.content_type.startswith("text/plain")
 
 
-def test_observe_turns_iteration_stats_into_counts_and_observations():
-    metrics = EngineMetrics("m")
-    metrics.observe(IterationStats(
+def test_record_turns_iteration_stats_into_counts_and_observations():
+    metrics = PrometheusStatLogger("m")
+    metrics.record(EngineStats(), IterationStats(
         num_scheduled_tokens=40, num_prompt_tokens=30, num_generation_tokens=2, num_preemptions=1,
         prefix_cache_queries=30, prefix_cache_hits=16, time_to_first_tokens_s=[0.05, 0.2],
         inter_token_latencies_s=[0.02], finished_requests=[FinishedRequestStats(("stop", "length"), 30, 9, 1.2, 0.1)]))
-    metrics.observe(IterationStats())  # an empty iteration changes nothing and observes no iteration size
+    metrics.record(EngineStats(), IterationStats())  # an empty iteration changes nothing, observes no iteration size
+    metrics.record(EngineStats())  # a snapshot alone touches no counter
     p = samples(metrics)
     assert value(p, "vllm:prompt_tokens_total") == 30 and value(p, "vllm:generation_tokens_total") == 2
     assert value(p, "vllm:num_preemptions_total") == 1
@@ -83,21 +82,41 @@ def test_observe_turns_iteration_stats_into_counts_and_observations():
     assert value(p, "vllm:iteration_tokens_total_count") == 1 and value(p, "vllm:iteration_tokens_total_sum") == 40
 
 
-def test_two_metrics_objects_do_not_share_a_registry():
-    a, b = EngineMetrics("a"), EngineMetrics("b")
-    a.observe(IterationStats(num_generation_tokens=5))
-    assert value(samples(a), "vllm:generation_tokens_total") == 5
-    assert value(samples(b), "vllm:generation_tokens_total") == 0
+def test_gauges_sum_the_latest_snapshot_of_each_engine():
+    """Data-parallel replicas record under their own index: requests add up, KV usage is weighted by cache size,
+    and an engine's newer snapshot replaces its older one."""
+    metrics = PrometheusStatLogger("m")
+    metrics.record(EngineStats(num_requests_running=5, num_requests_waiting=4, kv_cache_usage=0.9,
+                               num_blocks_total=11), engine_index=0)
+    metrics.record(EngineStats(num_requests_running=2, num_requests_waiting=1, kv_cache_usage=0.5,
+                               num_blocks_total=11), engine_index=0)
+    metrics.record(EngineStats(num_requests_running=1, kv_cache_usage=0.25, num_blocks_total=33), engine_index=1)
+    p = samples(metrics)
+    assert value(p, "vllm:num_requests_running") == 3 and value(p, "vllm:num_requests_waiting") == 1
+    assert value(p, "vllm:kv_cache_usage_perc") == pytest.approx((0.5 * 11 + 0.25 * 33) / 44)
+
+
+def test_two_loggers_do_not_share_a_registry():
+    a, b = PrometheusStatLogger("a"), PrometheusStatLogger("b")
+    a.record(EngineStats(num_requests_waiting=2), IterationStats(num_generation_tokens=5))
+    assert value(samples(a), "vllm:generation_tokens_total") == 5 and value(samples(a), "vllm:num_requests_waiting") == 2
+    assert value(samples(b), "vllm:generation_tokens_total") == 0 and value(samples(b), "vllm:num_requests_waiting") == 0
 
 
 # ---- through a running engine -------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def metrics() -> PrometheusStatLogger:
+    """The engine's Prometheus logger, as the launcher wires it."""
+    return PrometheusStatLogger("tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, metrics):
     path = tmp_path_factory.mktemp("tiny_llama_metrics")
     make_tiny_checkpoint("llama", path, seed=4)
-    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(path), **ARGS),
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(path), **ARGS), stat_loggers=[metrics],
                                     engine_factory=lambda cfg: LLMEngine(cfg, warmup=False, show_progress=False))
     llm.start()
     llm.wait_until_ready(timeout=120)
@@ -109,7 +128,7 @@ async def _run(engine: AsyncLLM, prompt: list[int], max_tokens: int, request_id:
     return [o async for o in engine.generate(prompt, greedy(max_tokens), request_id)][-1]
 
 
-def test_counts_and_histograms_add_up_after_a_few_requests(engine):
+def test_counts_and_histograms_add_up_after_a_few_requests(engine, metrics):
     shared = list(range(10, 30))  # 20 tokens: two full blocks of 8 are reusable by the second request
     jobs = [([5, 6, 7], 4), (list(range(40, 55)), 6), (shared, 5)]
 
@@ -118,9 +137,9 @@ def test_counts_and_histograms_add_up_after_a_few_requests(engine):
         second = await _run(engine, shared + [99], 3, "m-prefix")
         return first + [second]
 
-    before = samples(engine.metrics)
+    before = samples(metrics)
     outs = asyncio.run(main())
-    after = samples(engine.metrics)
+    after = samples(metrics)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -146,7 +165,7 @@ def test_counts_and_histograms_add_up_after_a_few_requests(engine):
         assert value(after, name) == 0  # idle again
 
 
-def test_gauges_show_a_request_in_flight_and_its_kv_blocks(engine):
+def test_gauges_show_a_request_in_flight_and_its_kv_blocks(engine, metrics):
     gate, entered = threading.Event(), threading.Event()
     parked: list[dict] = []
 
@@ -160,7 +179,7 @@ def test_gauges_show_a_request_in_flight_and_its_kv_blocks(engine):
     async def main():
         task = asyncio.create_task(_run(engine, list(range(3, 20)), 10, "gauged"))
         await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
-        parked.append(samples(engine.metrics))
+        parked.append(samples(metrics))
         gate.set()
         return await task
 
@@ -174,8 +193,8 @@ def test_gauges_show_a_request_in_flight_and_its_kv_blocks(engine):
     assert value(during, "vllm:kv_cache_usage_perc") == pytest.approx(3 / 63)  # 17 prompt + 1 token: 3 blocks
 
 
-def test_a_cancelled_request_counts_as_abort(engine):
-    before = value(samples(engine.metrics), "vllm:request_success_total", finished_reason="abort")
+def test_a_cancelled_request_counts_as_abort(engine, metrics):
+    before = value(samples(metrics), "vllm:request_success_total", finished_reason="abort")
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 
     async def main():
@@ -186,6 +205,37 @@ def test_a_cancelled_request_counts_as_abort(engine):
             await asyncio.sleep(0.005)
 
     asyncio.run(main())
-    after = samples(engine.metrics)
+    after = samples(metrics)
     assert value(after, "vllm:request_success_total", finished_reason="abort") == before + 1
     assert value(after, "vllm:num_requests_running") == 0 and value(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_a_request_submitted_during_a_step_counts_as_waiting_at_once(engine, metrics):
+    """The engine sees new requests only between steps; the gauge must not wait for the step to end."""
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the first step with the first request running
+        if not gate.is_set() and engine.get_stats().num_requests_running:
+            entered.set()
+            gate.wait(30)
+
+    engine.fault_hook = hold
+
+    async def main() -> dict:
+        first = asyncio.create_task(_run(engine, [3, 4, 5], 4, "running"))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 30)
+        second = engine.generate([6, 7], greedy(2), "queued-behind")
+        pending = asyncio.ensure_future(second.__anext__())
+        await asyncio.sleep(0)  # generate() registers the request when first iterated
+        during = samples(metrics)
+        gate.set()
+        await asyncio.gather(first, pending)
+        await second.aclose()
+        return during
+
+    try:
+        during = asyncio.run(main())
+    finally:
+        gate.set()
+        engine.fault_hook = None
+    assert value(during, "vllm:num_requests_running") == 1 and value(during, "vllm:num_requests_waiting") == 1

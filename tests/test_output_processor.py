@@ -231,6 +231,48 @@ def test_abort_drops_parent_and_children_and_returns_unfinished_child_ids():
     assert proc.abort_requests(["r", "unknown"]) == []
 
 
+def _abort_after_steps(kind: RequestOutputKind, **params) -> tuple[list, object]:
+    """n=2 with stop string "END": child 0 finishes by length, child 1 is mid-stream (its "E" held back as a
+    possible start of "END") when the request is aborted."""
+    proc = make(SamplingParams(n=2, stop=["END"], output_kind=kind, **params))
+    sent = [o for o in (proc.process_outputs([EngineCoreOutput("0_r", enc("the fox"), "length"),
+                                              EngineCoreOutput("1_r", enc("hello world"))]).request_outputs +
+                        proc.process_outputs([EngineCoreOutput("1_r", enc(" E"))]).request_outputs)]
+    final = proc.aborted_output("r")
+    assert proc.abort_requests(["r"]) == ["1_r"] and proc.aborted_output("r") is None
+    return sent, final
+
+
+def test_aborted_cumulative_output_repeats_what_was_sent_and_ends_the_rest_with_abort():
+    sent, final = _abort_after_steps(CUMULATIVE, logprobs=0)
+    assert final.finished and final.request_id == "r" and final.prompt_token_ids == PROMPT
+    assert [(c.index, c.finish_reason) for c in final.outputs] == [(0, "length"), (1, "abort")]
+    last = sent[-1].outputs[1]
+    assert final.outputs[1].text == last.text and last.text.startswith("hello world") and "E" not in last.text
+    assert final.outputs[1].token_ids == last.token_ids
+    assert final.outputs[1].logprobs == last.logprobs and final.outputs[0].text == "the fox"
+
+
+def test_aborted_delta_output_ends_only_the_unfinished_completions_with_nothing_new():
+    sent, final = _abort_after_steps(DELTA)
+    assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in final.outputs] == [(1, "", [], "abort")]
+    streamed = "".join(c.text for o in sent for c in o.outputs if c.index == 1)
+    assert streamed.startswith("hello world") and "E" not in streamed
+
+
+def test_aborted_final_only_output_is_the_first_and_ends_every_completion_with_abort():
+    sent, final = _abort_after_steps(FINAL_ONLY)
+    assert sent == [] and [(c.index, c.text, c.finish_reason) for c in final.outputs] == [(0, "", "abort"),
+                                                                                           (1, "", "abort")]
+
+
+def test_aborted_cumulative_output_before_any_output_has_empty_completions():
+    proc = make(SamplingParams(n=2, output_kind=CUMULATIVE))
+    final = proc.aborted_output("r")
+    assert [(c.text, c.token_ids, c.logprobs, c.finish_reason) for c in final.outputs] == [("", [], None, "abort")] * 2
+    assert proc.aborted_output("0_r") is None  # only a parent id names a request
+
+
 def test_outputs_for_unknown_ids_are_ignored():
     proc = make(SamplingParams())
     res = proc.process_outputs([EngineCoreOutput("ghost", enc("boo"), "length"), EngineCoreOutput("r", enc("hi"))])

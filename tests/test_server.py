@@ -22,6 +22,7 @@ from tests.helpers.http_checks import metric
 from tests.helpers.live_server import Served, serve, tiny_checkpoint, tiny_engine_args
 from vllm_jax.cli import build_parser
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 from vllm_jax.server.protocol import ChatMessage, ContentPart, chat_conversation
 
 API_KEY = "sk-test-key"
@@ -32,10 +33,11 @@ LETTERS = list(range(259, 259 + 26))  # tests/helpers/tiny_models.py: 'a'..'z' a
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def _serve(engine: AsyncLLM) -> Served:
-    """Serve `engine` under two names, with an API key; returns once it listens (not once it is ready)."""
+def _serve(engine: AsyncLLM, metrics: PrometheusStatLogger | None = None) -> Served:
+    """Serve `engine` under two names, with an API key, `metrics` at /metrics; returns once it listens (not once
+    it is ready)."""
     return serve(engine, model_names=[MODEL, ALIAS], api_key=API_KEY, max_request_bytes=MAX_REQUEST_BYTES,
-                 wait_ready=False)
+                 wait_ready=False, metrics=metrics)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(checkpoint: Path) -> Iterator[Served]:
-    s = _serve(AsyncLLM.from_engine_args(tiny_engine_args(checkpoint)))
+    metrics = PrometheusStatLogger(MODEL)
+    s = _serve(AsyncLLM.from_engine_args(tiny_engine_args(checkpoint), stat_loggers=[metrics]), metrics)
     s.engine.wait_until_ready(timeout=300)
     yield s
     s.stop()
@@ -419,3 +422,46 @@ def test_serve_cli_takes_vllm_flag_names_and_documents_every_flag() -> None:
     for name in ("serve", "generate"):
         undocumented = [a.option_strings or a.dest for a in subcommands[name]._actions if not a.help]
         assert undocumented == [], name
+
+
+@pytest.mark.parametrize("flags", [[], ["--disable-log-stats"]])
+def test_serve_gives_its_prometheus_logger_to_the_engine_and_serves_it_at_metrics(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> None:
+    """`vllm-jax serve` wires one logger into both the engine and /metrics (none with --disable-log-stats). The
+    launcher is driven in-process and stopped before it listens: nothing here needs a running engine."""
+    from fastapi.testclient import TestClient
+
+    import vllm_jax.engine.async_llm as async_llm
+    import vllm_jax.server.api_server as api_server
+    import vllm_jax.server.launcher as launcher
+    from vllm_jax.cli import main
+
+    engines: list[dict] = []
+    apps: list[tuple] = []
+    build_app = api_server.build_app
+
+    class RecordedAsyncLLM(AsyncLLM):
+        def __init__(self, config, **kwargs):
+            engines.append(kwargs)
+            super().__init__(config, **kwargs)
+
+    def recorded_build_app(*args, **kwargs):
+        apps.append((build_app(*args, **kwargs), kwargs.get("metrics")))
+        return apps[-1][0]
+
+    def no_socket(host: str, port: int) -> None:
+        raise OSError("the test does not listen")
+
+    monkeypatch.setattr(async_llm, "AsyncLLM", RecordedAsyncLLM)
+    monkeypatch.setattr(api_server, "build_app", recorded_build_app)
+    monkeypatch.setattr(launcher, "bind_socket", no_socket)
+    assert main(["serve", str(checkpoint), "--served-model-name", "named", *flags]) == 1
+    (app, metrics), = apps
+    assert list(engines[0]["stat_loggers"]) == ([metrics] if metrics is not None else [])
+    with TestClient(app) as client:
+        text = client.get("/metrics").text
+    if flags:
+        assert metrics is None and text == ""
+    else:
+        assert isinstance(metrics, PrometheusStatLogger)
+        assert 'vllm:num_requests_waiting{engine="0",model_name="named"}' in text

@@ -24,6 +24,7 @@ import pytest
 from tests.helpers.http_checks import metric, openai_error, wait_idle_metrics
 from tests.helpers.live_server import LETTERS, MODEL, Served, serve, tiny_checkpoint, tiny_engine_args
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 NUM_REQUESTS = int(os.environ.get("VLLM_JAX_SOAK_REQUESTS", "200"))  # raise it for a longer run by hand
 CONCURRENCY = 32
@@ -39,7 +40,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     path = tiny_checkpoint(tmp_path_factory.mktemp("soak"))
     args = tiny_engine_args(path, max_model_len=MAX_MODEL_LEN, num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16,
                             max_num_batched_tokens=64)
-    s = serve(AsyncLLM.from_engine_args(args))
+    metrics = PrometheusStatLogger(MODEL)
+    s = serve(AsyncLLM.from_engine_args(args, stat_loggers=[metrics]), metrics=metrics)
     yield s
     s.stop()
     assert not s.thread.is_alive(), "the server did not stop"

@@ -156,7 +156,7 @@ def check_data_parallel(workdir: Path) -> dict:
         return results
 
     outputs = asyncio.run(run_all())
-    devices = [sorted(d.id for d in r._engine.runner.mesh.devices.flat) for r in engine.replicas]
+    devices = [sorted(d.id for d in r.llm_engine.runner.mesh.devices.flat) for r in engine.replicas]
     return {"single": single, "dp": outputs, "served": engine.requests_per_replica, "replica_devices": devices}
 
 

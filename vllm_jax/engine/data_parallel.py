@@ -1,46 +1,43 @@
 """Data parallelism: N engine replicas, each with its own scheduler, KV cache and slice of devices, behind one
 AsyncLLM-shaped front. Each request goes to the least-loaded replica (fewest requests in flight, ties to the
-lower rank); the Prometheus metrics are shared, so counters add up and gauges sum over replicas.
+lower rank). Every replica feeds the same stat loggers under its rank as engine index, so a logger can add the
+replicas up (the Prometheus one does: counters add up, gauges sum over replicas).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from vllm_jax.config import EngineArgs, EngineConfig
+from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.engine.llm_engine import LLMEngine
-from vllm_jax.metrics.stats import EngineStats
+from vllm_jax.metrics.stat_logger import StatLogger
+from vllm_jax.metrics.stats import EngineStats, combine_engine_stats
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
-from vllm_jax.metrics.prometheus import EngineMetrics
 from vllm_jax.sharding import make_mesh
 
 
 class DataParallelAsyncLLM:
-    def __init__(self, config: EngineConfig, *, max_num_queued_requests: int | None = None, log_stats: bool = True):
+    def __init__(self, config: EngineConfig, *, max_num_queued_requests: int | None = None,
+                 stat_loggers: Sequence[StatLogger] = ()):
         pc = config.parallel_config
         mesh = make_mesh(pc.tensor_parallel_size, pc.data_parallel_size)  # checks the device count
         self._config = config
         self.replicas = [
-            AsyncLLM(config, max_num_queued_requests=max_num_queued_requests, log_stats=False,
-                     engine_factory=lambda cfg, devices=list(mesh.devices[rank]): LLMEngine(
+            AsyncLLM(config, max_num_queued_requests=max_num_queued_requests, stat_loggers=stat_loggers,
+                     engine_index=rank, engine_factory=lambda cfg, devices=list(mesh.devices[rank]): LLMEngine(
                          cfg, show_progress=False, devices=devices))
             for rank in range(pc.data_parallel_size)]
-        self.metrics: EngineMetrics | None = None
-        if log_stats:
-            self.metrics = EngineMetrics(config.model_config.served_model_name, stats_source=self.get_stats)
-            for replica in self.replicas:
-                replica.metrics = self.metrics
         self._in_flight = [0] * len(self.replicas)
         self._served = [0] * len(self.replicas)
         self._owner: dict[str, int] = {}
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, **kwargs: Any) -> DataParallelAsyncLLM:
+        initialize_distributed(args)
         return cls(args.create_config(), **kwargs)
 
     def start(self) -> None:
@@ -85,11 +82,7 @@ class DataParallelAsyncLLM:
         return list(self._served)
 
     def get_stats(self) -> EngineStats:
-        stats = [r.get_stats() for r in self.replicas]
-        summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)}
-        total = summed["num_blocks_total"] or 1
-        summed["kv_cache_usage"] = sum(s.kv_cache_usage * s.num_blocks_total for s in stats) / total
-        return EngineStats(**summed)
+        return combine_engine_stats([r.get_stats() for r in self.replicas])
 
     async def generate(self, prompt, sampling_params: SamplingParams, request_id: str, *, priority: int = 0,
                        cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:

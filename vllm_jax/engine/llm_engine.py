@@ -84,19 +84,32 @@ class LLMEngine:
             for req in requests:
                 self.scheduler.add_request(req)
                 added.append(req.request_id)
-        except ValueError:
+            self.output_processor.add_request(request_id, text, token_ids, params, arrival,
+                                              child_ids if n > 1 else None)
+        except Exception:  # a refused request leaves nothing behind
             self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
             raise
-        self.output_processor.add_request(request_id, text, token_ids, params, arrival,
-                                          child_ids if n > 1 else None)
 
-    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Abort requests (parent or child ids); returns the final output of each running request aborted by its
+        parent id (finish_reason "abort", shaped by its output kind)."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        finals = [out for rid in ids if (out := self.output_processor.aborted_output(rid)) is not None]
         child_ids = self.output_processor.abort_requests(ids)
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        return finals
+
+    def num_prompt_tokens(self, request_id: str) -> int:
+        """The prompt length of a running request, as tokenized."""
+        return self.output_processor.num_prompt_tokens(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
+
+    def has_work(self) -> bool:
+        """Something for step() to do: unfinished requests, or finished ones whose ids the runner has not been
+        told yet (one more, empty step drops their state)."""
+        return self.has_unfinished_requests() or self.scheduler.has_finished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()

@@ -21,6 +21,8 @@ Decisions an engine integrator relies on:
   concatenated; with n > 1 they are taken from the first child that sends any. Outputs carrying only a
   prompt-logprob chunk produce no RequestOutput.
 - `metrics`: arrival_time, first_token_time, last_token_time, finished_time (from `clock`).
+- An aborted request's last output (`aborted_output`) follows the same output-kind rules: the client keeps what
+  it was sent, and what did not finish ends with finish_reason "abort".
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class _Request:
         self.sent_prompt_logprobs = 0
         self.num_cached_tokens: int | None = None
         self.metrics: dict[str, float] = {"arrival_time": arrival_time}
+        self.sent_output = False  # a RequestOutput went out (a CUMULATIVE abort repeats it)
 
     @property
     def finished(self) -> bool:
@@ -164,6 +167,31 @@ class OutputProcessor:
             self._drop(req)
         return to_abort
 
+    def aborted_output(self, request_id: str) -> RequestOutput | None:
+        """The final output of a running request that is being aborted (None: `request_id` is no running parent).
+
+        Completions that did not finish end with finish_reason "abort"; the client keeps what it was sent.
+        CUMULATIVE repeats its last output. Otherwise every completion whose end the client has not seen comes
+        empty: DELTA the unfinished ones; FINAL_ONLY (and CUMULATIVE before its first output), which sent
+        nothing, all of them. Call it before `abort_requests` drops the request.
+        """
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        kind = req.params.output_kind
+        if kind == RequestOutputKind.CUMULATIVE and req.sent_output:
+            outputs = [_as_sent(c) for c in req.children]
+        else:
+            outputs = [CompletionOutput(c.index, "", [], None, None, "abort") for c in req.children
+                       if kind != RequestOutputKind.DELTA or c.finish_reason is None]
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            prompt_logprobs=None, outputs=outputs, finished=True, num_cached_tokens=req.num_cached_tokens or 0,
+            metrics=dict(req.metrics))
+
+    def num_prompt_tokens(self, request_id: str) -> int:
+        return len(self._requests[request_id].prompt_token_ids)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
@@ -225,6 +253,7 @@ class OutputProcessor:
                 req.sent_prompt_logprobs = len(req.prompt_logprobs)
             else:
                 prompt_logprobs = list(prompt_logprobs)
+        req.sent_output = True
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=finished,
@@ -280,6 +309,14 @@ class OutputProcessor:
             text = self.tokenizer.decode([token_id]) or ""
             self._token_text[token_id] = text
         return text
+
+
+def _as_sent(c: _Completion) -> CompletionOutput:
+    """A completion as the client last received it in full, ending with "abort" unless it finished."""
+    logprobs = c.logprobs[:c.sent_logprobs] if c.logprobs is not None else None
+    return CompletionOutput(index=c.index, text=c.text[:c.sent_text], token_ids=c.token_ids[:c.sent_tokens],
+                            cumulative_logprob=c.cumulative_logprob, logprobs=logprobs,
+                            finish_reason=c.finish_reason or "abort", stop_reason=c.stop_reason)
 
 
 def _find_stop_string(text: str, old_len: int, stops: list[str]) -> tuple[int, str] | None:

@@ -1,21 +1,23 @@
-"""Prometheus metrics under vLLM's names, so vLLM dashboards and alerts work unchanged.
+"""The Prometheus stat logger: vLLM's metric names, so vLLM dashboards and alerts work unchanged.
 
-Each `EngineMetrics` has its own `CollectorRegistry` (never the process-global one), so several engines or
+Each `PrometheusStatLogger` has its own `CollectorRegistry` (never the process-global one), so several engines or
 tests can coexist. Counters are declared without `_total`; prometheus_client adds it in the exposition, which
 gives exactly vLLM's series names (`vllm:prompt_tokens_total`, `vllm:request_success_total`, ...). Every
-series carries vLLM's labels `model_name` and `engine` ("0": one engine core).
+series carries vLLM's labels `model_name` and `engine` ("0": data-parallel replicas are summed into one engine).
 
-The engine thread calls `observe(IterationStats)` after each loop iteration (prometheus_client is thread-safe);
-the HTTP handler calls `render()`, which first refreshes the gauges from the engine's latest `EngineStats`.
+Engines call `record` (stat_logger.py): an iteration's stats become counter increments and histogram
+observations, then the gauges are set from the sum of every engine's latest snapshot, so a scrape never sees
+"idle" ahead of the counts. The launcher creates the logger and gives it to the engine; the server serves
+`render()` (prometheus_client is thread-safe).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import threading
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from vllm_jax.metrics.stats import EngineStats, IterationStats
+from vllm_jax.metrics.stats import EngineStats, IterationStats, combine_engine_stats
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -29,13 +31,14 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
-class EngineMetrics:
-    content_type = CONTENT_TYPE_LATEST
+class PrometheusStatLogger:
+    """vLLM's Prometheus series for one served model, fed by one engine or by every data-parallel replica."""
 
-    def __init__(self, model_name: str, stats_source: Callable[[], EngineStats] | None = None):
+    def __init__(self, model_name: str):
         self.model_name = model_name
-        self.stats_source = stats_source
         self.registry = CollectorRegistry()
+        self._snapshots: dict[int, EngineStats] = {}  # engine index -> its latest snapshot
+        self._lock = threading.Lock()  # replicas record from their own threads
         reg, names, values = self.registry, ["model_name", "engine"], (model_name, "0")
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -75,8 +78,20 @@ class EngineMetrics:
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
 
-    def observe(self, it: IterationStats) -> None:
-        """Fold one engine iteration into the counters and histograms (called on the engine thread)."""
+    def record(self, engine_stats: EngineStats, iteration_stats: IterationStats | None = None,
+               engine_index: int = 0) -> None:
+        """Counts first, then the gauges (the StatLogger protocol)."""
+        if iteration_stats is not None:
+            self._observe(iteration_stats)
+        with self._lock:
+            self._snapshots[engine_index] = engine_stats
+            total = combine_engine_stats(list(self._snapshots.values()))
+            self.num_requests_running.set(total.num_requests_running)
+            self.num_requests_waiting.set(total.num_requests_waiting)
+            self.kv_cache_usage.set(total.kv_cache_usage)
+
+    def _observe(self, it: IterationStats) -> None:
+        """Fold one engine iteration into the counters and histograms."""
         self.prefix_cache_queries.inc(it.prefix_cache_queries)
         self.prefix_cache_hits.inc(it.prefix_cache_hits)
         self.num_preemptions.inc(it.num_preemptions)
@@ -99,13 +114,6 @@ class EngineMetrics:
         """The `vllm:request_success` child for one finish reason."""
         return self._success.labels(self.model_name, "0", finished_reason)
 
-    def update_gauges(self, stats: EngineStats) -> None:
-        self.num_requests_running.set(stats.num_requests_running)
-        self.num_requests_waiting.set(stats.num_requests_waiting)
-        self.kv_cache_usage.set(stats.kv_cache_usage)
-
     def render(self) -> bytes:
-        """The Prometheus text exposition (serve it with `content_type`), gauges refreshed first."""
-        if self.stats_source is not None:
-            self.update_gauges(self.stats_source())
+        """The Prometheus text exposition of this logger's registry."""
         return generate_latest(self.registry)

@@ -1,10 +1,10 @@
 """Serving statistics: the engine snapshot behind the gauges, and the per-step events behind counters and histograms.
 
-Three kinds of data, all produced on the engine thread:
+Three kinds of data, all produced on the engine thread and handed to the engine's stat loggers (stat_logger.py):
 - `EngineStats`: a frozen snapshot (queue lengths, KV usage, cumulative prefix-cache and preemption counts),
-  replaced after every loop iteration; `/metrics` reads the latest one from another thread.
+  replaced after every loop iteration.
 - `IterationStats`: what one engine step did (tokens scheduled, prompt / generation tokens, TTFTs, inter-token
-  latencies, finished requests). The metrics turn it into counter increments and histogram observations.
+  latencies, finished requests). A logger turns it into counter increments and histogram observations.
 - `RequestTimer`: one request's timestamps (arrival, first scheduled, first / last token, finish).
 
 Definitions, close to vLLM v1's: prompt tokens are counted once per request when its first token arrives (the
@@ -18,11 +18,8 @@ All intervals use `time.monotonic()`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from vllm_jax.engine.llm_engine import LLMEngine
 
 
 @dataclass(frozen=True)
@@ -38,6 +35,14 @@ class EngineStats:
     num_blocks_free: int = 0  # free (or cached but unreferenced) blocks; the null block is never free
     num_blocks_total: int = 0  # every block of the cache, the null block included
     num_steps: int = 0  # engine steps run so far (stays put while the engine sleeps)
+
+
+def combine_engine_stats(stats: list[EngineStats]) -> EngineStats:
+    """Several engines (data-parallel replicas) as one: counts add up, KV usage is weighted by cache size."""
+    summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)}
+    total = summed["num_blocks_total"] or 1
+    summed["kv_cache_usage"] = sum(s.kv_cache_usage * s.num_blocks_total for s in stats) / total
+    return EngineStats(**summed)
 
 
 @dataclass(frozen=True)
@@ -101,28 +106,3 @@ class RequestTimer:
         queue = None if self.scheduled is None else self.scheduled - self.arrival
         it.finished_requests.append(FinishedRequestStats(reasons, self.num_prompt_tokens,
                                                          self.num_generation_tokens, now - self.arrival, queue))
-
-
-class EngineCounters:
-    """Turns the engine's cumulative counters into per-iteration increments and snapshots."""
-
-    def __init__(self, engine: LLMEngine):
-        self._engine = engine
-        self._last = (0, 0, 0)
-        self.num_steps = 0
-
-    def take_deltas(self, it: IterationStats) -> None:
-        kv, sched = self._engine.kv_cache_manager, self._engine.scheduler
-        now = (kv.prefix_cache_queries, kv.prefix_cache_hits, sched.num_preemptions_total)
-        it.prefix_cache_queries += now[0] - self._last[0]
-        it.prefix_cache_hits += now[1] - self._last[1]
-        it.num_preemptions += now[2] - self._last[2]
-        self._last = now
-
-    def snapshot(self) -> EngineStats:
-        kv, sched = self._engine.kv_cache_manager, self._engine.scheduler
-        return EngineStats(
-            num_requests_running=sched.num_running, num_requests_waiting=sched.num_waiting,
-            kv_cache_usage=float(kv.usage), prefix_cache_queries=kv.prefix_cache_queries,
-            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=sched.num_preemptions_total,
-            num_blocks_free=kv.num_free_blocks, num_blocks_total=kv.num_blocks, num_steps=self.num_steps)

@@ -10,7 +10,7 @@ Error bodies, the API key and the body-size limit are explained in errors.py and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -27,14 +27,20 @@ from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
 
+if TYPE_CHECKING:
+    from vllm_jax.metrics.prometheus import PrometheusStatLogger
+
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 
 
 def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str | None, chat_template: str | None,
-              max_request_bytes: int | None = None, log_requests: bool = False) -> FastAPI:
-    """The app serving `engine` (an AsyncLLM) under `served_model_names` (the first is the default name)."""
+              max_request_bytes: int | None = None, log_requests: bool = False,
+              metrics: PrometheusStatLogger | None = None) -> FastAPI:
+    """The app serving `engine` (an AsyncLLM) under `served_model_names` (the first is the default name).
+
+    `metrics`: the Prometheus logger the engine feeds, served at /metrics (None: an empty /metrics)."""
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
     ctx = ServingContext(engine=engine, served_model_names=list(served_model_names),
@@ -48,7 +54,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     _add_generation_routes(app, ctx)
-    _add_info_routes(app, ctx)
+    _add_info_routes(app, ctx, prometheus=metrics)
     return app
 
 
@@ -95,7 +101,7 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
         return DetokenizeResponse(prompt=ctx.detokenize(list(body.tokens)))
 
 
-def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
+def _add_info_routes(app: FastAPI, ctx: ServingContext, prometheus: PrometheusStatLogger | None) -> None:
     def card(name: str) -> ModelCard:
         return ModelCard(id=name, root=ctx.engine.config.model_config.model, max_model_len=ctx.max_model_len)
 
@@ -124,6 +130,5 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus text exposition with vLLM's metric names (empty when stats are disabled)."""
-        registry = getattr(ctx.engine, "metrics", None)
-        body = registry.render() if registry is not None else b""
+        body = prometheus.render() if prometheus is not None else b""
         return Response(content=body, media_type=PROMETHEUS_CONTENT_TYPE)

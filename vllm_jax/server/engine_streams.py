@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
-from vllm_jax.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
+from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.engine.errors import EngineDeadError, QueueFullError
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.errors import APIError, ClientDisconnected, bad_request, unavailable

@@ -136,33 +136,14 @@ def run_serve(args: Any, ns: Any, started: float | None = None) -> int:
 
     `started`: the perf_counter() reading when the command began, for the start-up time in the ready line."""
     started = time.perf_counter() if started is None else started
-    from vllm_jax.engine.async_llm import AsyncLLM
-    from vllm_jax.server.api_server import build_app
-
-    problems = [f"--{name} must be positive; got {value}" for name, value in (
-        ("port", ns.port), ("max-request-bytes", ns.max_request_bytes),
-        ("max-num-queued-requests", ns.max_num_queued_requests)) if value is not None and value <= 0]
-    if ns.shutdown_timeout < 0:
-        problems.append(f"--shutdown-timeout must be >= 0; got {ns.shutdown_timeout}")
-    try:
-        config = None if problems else args.create_config()
-    except ValueError as exc:  # bad flag or model (ModelSourceError is a ValueError)
-        problems.append(str(exc))
+    config, problems = _checked_config(args, ns)
     if problems:
         for problem in problems:
             print(f"ERROR: {problem}", file=sys.stderr)
         return 2
-    engine_cls: Any = AsyncLLM
-    if config.parallel_config.data_parallel_size > 1:
-        from vllm_jax.engine.data_parallel import DataParallelAsyncLLM
-
-        engine_cls = DataParallelAsyncLLM  # N replicas behind the same interface
     names = ns.served_model_name or [config.model_config.served_model_name]
     try:
-        engine = engine_cls(config, max_num_queued_requests=ns.max_num_queued_requests,
-                            log_stats=not ns.disable_log_stats)
-        app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
-                        max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests)
+        engine, app = _engine_and_app(config, ns, names)
     except (ValueError, OSError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
@@ -180,3 +161,38 @@ def run_serve(args: Any, ns: Any, started: float | None = None) -> int:
                         log_level=ns.uvicorn_log_level, on_ready=announce)
     logger.info("listening on %s (warming up the engine; /health answers 503 until it is ready)", server.base_url)
     return asyncio.run(server.serve(sock))
+
+
+def _checked_config(args: Any, ns: Any) -> tuple[Any, list[str]]:
+    """The engine config, or what is wrong: every problem with the server flags, else the config's own."""
+    problems = [f"--{name} must be positive; got {value}" for name, value in (
+        ("port", ns.port), ("max-request-bytes", ns.max_request_bytes),
+        ("max-num-queued-requests", ns.max_num_queued_requests)) if value is not None and value <= 0]
+    if ns.shutdown_timeout < 0:
+        problems.append(f"--shutdown-timeout must be >= 0; got {ns.shutdown_timeout}")
+    if problems:
+        return None, problems
+    try:
+        return args.create_config(), []
+    except ValueError as exc:  # bad flag or model (ModelSourceError is a ValueError)
+        return None, [str(exc)]
+
+
+def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAPI]:
+    """The engine (N replicas with --data-parallel-size N) and the app serving it. The server owns the Prometheus
+    logger: the engine feeds it, /metrics serves it (empty with --disable-log-stats)."""
+    from vllm_jax.engine.async_llm import AsyncLLM
+    from vllm_jax.metrics.prometheus import PrometheusStatLogger
+    from vllm_jax.server.api_server import build_app
+
+    engine_cls: Any = AsyncLLM
+    if config.parallel_config.data_parallel_size > 1:
+        from vllm_jax.engine.data_parallel import DataParallelAsyncLLM
+
+        engine_cls = DataParallelAsyncLLM  # N replicas behind the same interface
+    metrics = None if ns.disable_log_stats else PrometheusStatLogger(config.model_config.served_model_name)
+    engine = engine_cls(config, max_num_queued_requests=ns.max_num_queued_requests,
+                        stat_loggers=[metrics] if metrics is not None else [])
+    app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
+                    max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics)
+    return engine, app
