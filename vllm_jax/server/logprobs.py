@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from vllm_jax.outputs import Logprob
-from vllm_jax.server.protocol import ChatLogprob, CompletionLogProbs, PromptLogprob, PromptLogprobs, TopLogprob
+from vllm_jax.server.responses import ChatLogprob, CompletionLogProbs, PromptLogprob, PromptLogprobs, TopLogprob
 
 _MIN_LOGPROB = -9999.0
 

@@ -1,4 +1,5 @@
-"""OpenAI's request and response shapes (completions, chat completions, models, tokenize), as pydantic models.
+"""OpenAI's request shapes (completions, chat completions, tokenize), as pydantic models; the responses are in
+responses.py.
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...), ignore
 fields they do not know (clients send extras), and reject what they cannot honor with a 400 rather than
@@ -16,10 +17,9 @@ MAX_BAD_WORDS bad words of at most MAX_STOP_CHARS characters each.
 from __future__ import annotations
 
 import re
-import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 
@@ -62,19 +62,6 @@ def is_valid_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-# ---- errors ------------------------------------------------------------------------------------------------
-
-class ErrorInfo(OpenAIBaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(OpenAIBaseModel):
-    error: ErrorInfo
 
 
 # ---- requests ----------------------------------------------------------------------------------------------
@@ -310,164 +297,9 @@ class TokenizeRequest(OpenAIRequestModel):
     return_token_strs: bool = False
 
 
-class TokenizeResponse(OpenAIBaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None = None
-
-
 class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
     tokens: TokenIds
-
-
-class DetokenizeResponse(OpenAIBaseModel):
-    prompt: str
-
-
-# ---- responses ---------------------------------------------------------------------------------------------
-
-class UsageInfo(OpenAIBaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class CompletionLogProbs(OpenAIBaseModel):
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class PromptLogprob(OpenAIBaseModel):
-    """vLLM's prompt_logprobs entry (per position: token id -> this), None at position 0."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-PromptLogprobs = list[dict[str, PromptLogprob] | None]
-
-
-class CompletionChoice(OpenAIBaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    prompt_logprobs: PromptLogprobs | None = None
-
-
-class CompletionResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class TopLogprob(OpenAIBaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatChoiceLogprobs(OpenAIBaseModel):
-    content: list[ChatLogprob] | None = None
-
-
-class AssistantMessage(OpenAIBaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-
-
-class ChatCompletionChoice(OpenAIBaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-    prompt_logprobs: PromptLogprobs | None = None
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler: Any) -> dict[str, Any]:
-        """A delta carries only what changed: `{"content": "..."}`, never `"role": null`."""
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatStreamChoice(OpenAIBaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionChunk(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionChunk(OpenAIBaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ModelCard(OpenAIBaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "vllm-jax"
-    root: str | None = None
-    parent: str | None = None
-    max_model_len: int | None = None
-
-
-class ModelList(OpenAIBaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-# One server-sent event: its `data` is a chunk (the response's JSON shape, with deltas) or `[DONE]`.
-_SSE_EVENT = {"type": "object", "required": ["data"],
-              "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
-
-
-def json_or_sse(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` entry of a generation route: `model` as JSON, or an SSE stream when stream=true."""
-    return {200: {"model": model, "description": "The completion (JSON), or with stream=true its chunks as "
-                  "server-sent events ending with `data: [DONE]`.",
-                  "content": {"text/event-stream": {"schema": _SSE_EVENT}}}}
 
 
 _LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:])")

@@ -17,8 +17,8 @@ from vllm_jax.outputs import CompletionOutput, RequestOutput
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import completion_logprobs, prompt_logprobs
-from vllm_jax.server.protocol import (CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse,
-                                      UsageInfo)
+from vllm_jax.server.protocol import CompletionRequest
+from vllm_jax.server.responses import CompletionChoice, CompletionChunk, CompletionResponse, UsageInfo
 from vllm_jax.server.serving import ServingContext
 from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
 
