@@ -379,8 +379,9 @@ def test_prefix_hit_is_reported_and_only_the_rest_is_scheduled():
 
 @pytest.mark.parametrize("kwargs, req, message", [
     ({}, make_request("x", prompt=[]), "empty"),
-    ({"max_model_len": 20}, make_request("x", 15, max_tokens=10), "prompt has 15 tokens and max_tokens is 10"),
-    ({"max_model_len": 20}, make_request("x", 20, max_tokens=None), "no room"),
+    ({"max_model_len": 20}, make_request("x", 15, max_tokens=10), r"you requested 25 tokens \(15 in the input, 10"),
+    ({"max_model_len": 20}, make_request("x", 20, max_tokens=None), "maximum context length is 20 tokens. However, "
+     "your request has 20 input tokens"),
     ({"num_blocks": 4}, make_request("x", 10, max_tokens=4), "only 3 blocks of 4 tokens"),
     ({"chunking": False, "budget": 16}, make_request("x", 17), "max_num_batched_tokens"),
 ])

@@ -120,6 +120,18 @@ class Request:
         self._all_token_ids.extend(token_ids)
 
 
+def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+    """Refuse a request that cannot fit the context, with vLLM's message (the server's 400 and the offline
+    ValueError say the same). `max_tokens` None means "the rest of the context", so only the prompt counts."""
+    if prompt_len >= max_model_len:
+        raise ValueError(f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                         f"has {prompt_len} input tokens. Please reduce the length of the input.")
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise ValueError(f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                         f"{prompt_len + max_tokens} tokens ({prompt_len} in the input, {max_tokens} in the "
+                         f"completion). Please reduce the length of the input or of the completion (max_tokens).")
+
+
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Decide, after a token was appended, whether the request is done; sets status and stop_reason.
 

@@ -24,7 +24,7 @@ from vllm_jax.config import SchedulerConfig
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput)
-from vllm_jax.scheduler.request import Request, RequestStatus, check_stop
+from vllm_jax.scheduler.request import Request, RequestStatus, check_context_length, check_stop
 
 
 def _priority_key(request: Request) -> tuple[int, float]:
@@ -92,13 +92,8 @@ class Scheduler:
             raise ValueError("the prompt is empty; at least one prompt token is required")
         if request.max_model_len is None:
             request.max_model_len = self.max_model_len
+        check_context_length(prompt_len, request.sampling_params.max_tokens, self.max_model_len)
         max_tokens = request.max_tokens
-        if request.sampling_params.max_tokens is None and max_tokens < 1:
-            raise ValueError(f"prompt has {prompt_len} tokens, which leaves no room for output within "
-                             f"max_model_len {self.max_model_len}")
-        if prompt_len + max_tokens > self.max_model_len:
-            raise ValueError(f"prompt has {prompt_len} tokens and max_tokens is {max_tokens}, which exceeds "
-                             f"max_model_len {self.max_model_len}")
         usable_blocks = self.kv_cache_manager.num_usable_blocks
         needed_blocks = self.kv_cache_manager.num_blocks_for(prompt_len + max_tokens)
         if needed_blocks > usable_blocks:

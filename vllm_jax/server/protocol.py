@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+from vllm_jax.scheduler.request import check_context_length
 
 MAX_N = 128  # completions per request: bounds the fan-out a single request can ask for
 MAX_PROMPTS = 1024  # prompts in one completions request (each is one engine request)
@@ -137,17 +138,12 @@ class _SamplingRequest(OpenAIRequestModel):
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
         """The engine's SamplingParams for this request; ValueError (a 400) on a bad value or length."""
         self.check_unsupported()
-        if prompt_len >= max_model_len:
-            raise ValueError(f"This model's maximum context length is {max_model_len} tokens. However, your "
-                             f"request has {prompt_len} input tokens. Please reduce the length of the input.")
         max_tokens = self._requested_max_tokens()
+        # max_tokens < 1 is left to SamplingParams, whose message names the field
+        check_context_length(prompt_len, max_tokens if max_tokens is not None and max_tokens >= 1 else None,
+                             max_model_len)
         if max_tokens is None:
             max_tokens = self._default_max_tokens(max_model_len, prompt_len)
-        elif max_tokens >= 1 and prompt_len + max_tokens > max_model_len:
-            raise ValueError(f"This model's maximum context length is {max_model_len} tokens. However, you "
-                             f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the input, "
-                             f"{max_tokens} in the completion). Please reduce the length of the input or "
-                             f"of the completion (max_tokens).")
         return SamplingParams(
             n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
