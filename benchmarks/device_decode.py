@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from vllm_jax.utils import cdiv
+
 SHAPES = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192),
@@ -51,7 +53,7 @@ def run_device_mode(shape: str = "llama3-8b", batches: tuple[int, ...] = (1, 8, 
     on_cpu = jax.default_backend() == "cpu"
     dtype = "float32" if on_cpu else "bfloat16"
     block_size = 16
-    blocks_per_seq = -(-(context + 1) // block_size)
+    blocks_per_seq = cdiv(context + 1, block_size)
     with tempfile.TemporaryDirectory() as model_dir:
         LlamaConfig(architectures=["LlamaForCausalLM"], **SHAPES[shape]).save_pretrained(model_dir)
         config = EngineArgs(model=model_dir, dtype=dtype, max_model_len=2 * context, block_size=block_size,

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from vllm_jax.paged_kv.block_hash import BlockHash, extend_block_hashes
 from vllm_jax.paged_kv.block_pool import BlockPool, KVBlock
+from vllm_jax.utils import cdiv
 
 
 class CacheRequest(Protocol):
@@ -57,7 +58,7 @@ class KVCacheManager:
         return self.num_blocks - 1
 
     def num_blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     @property
     def usage(self) -> float:

@@ -18,6 +18,7 @@ import numpy as np
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.utils import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int) -> K
 
 def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
     """The block table's width: the blocks of one max_model_len sequence."""
-    return -(-max_model_len // block_size)
+    return cdiv(max_model_len, block_size)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
