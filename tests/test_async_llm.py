@@ -257,6 +257,30 @@ def test_bad_prompts_are_value_errors(engine, prompt):
     assert not engine.dead and drained(engine)
 
 
+class PanicException(BaseException):
+    """What pyo3 raises when Rust code (the tokenizers library) panics: a BaseException, not an Exception."""
+
+
+def test_a_tokenizer_panic_fails_its_request_not_the_engine(engine, offline, monkeypatch):
+    real = type(offline.llm_engine).add_request
+
+    def panicky(self, request_id, prompt, *args, **kwargs):
+        if prompt == "panic":
+            raise PanicException("tokenizer panicked")
+        return real(self, request_id, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(type(offline.llm_engine), "add_request", panicky)
+
+    async def main() -> list[RequestOutput]:
+        with pytest.raises(PanicException):
+            await engine.generate("panic", greedy(4), "panics").__anext__()
+        return await collect(engine, [5, 6, 7], greedy(3), "after")
+
+    outs = run(main())
+    assert len(outs[-1].outputs[0].token_ids) == 3
+    assert not engine.dead and drained(engine)
+
+
 def test_request_id_in_flight_cannot_be_reused_until_it_finishes(engine, hook):
     hook(lambda: time.sleep(0.005))
 

@@ -122,8 +122,10 @@ class EngineLoop:
         try:
             engine.add_request(rid, stream.prompt, stream.params, arrival_time=stream.arrival_wall,
                                priority=stream.priority, cache_salt=stream.cache_salt)
-        except Exception as exc:  # noqa: BLE001 - bad input fails this request only; add_request left nothing behind
-            result.deliveries.append((stream, _rejection(rid, exc)))
+        except BaseException as exc:  # noqa: BLE001 - narrowed right below
+            if not _fails_only_this_request(exc):
+                raise
+            result.deliveries.append((stream, _rejection(rid, exc)))  # add_request left nothing behind
             result.ended.append(stream)
             return
         self._active[rid] = stream
@@ -200,7 +202,13 @@ class EngineLoop:
             self._registry.requeue_aborts([s for s in orphans if self._active.get(s.request_id) is s])
 
 
-def _rejection(request_id: str, exc: Exception) -> Exception:
+def _fails_only_this_request(exc: BaseException) -> bool:
+    """Bad input fails its own request, never the engine: any Exception, and a Rust panic inside the tokenizer
+    (pyo3 raises `PanicException`, which derives from BaseException); KeyboardInterrupt and the like propagate."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def _rejection(request_id: str, exc: BaseException) -> BaseException:
     """What the caller of a refused request gets: bad input as a ValueError (a TypeError from the tokenizer too);
     anything else as itself, logged."""
     if isinstance(exc, ValueError):
