@@ -20,7 +20,7 @@ import pytest
 from tests.helpers import attention_oracle as oracle
 from tests.helpers.ragged_batches import long_batch, make_batch
 from vllm_jax.aot.targets import CHIPS, gpu_target_config, spec_for_device_kind
-from vllm_jax.pallas_kernels import gpu_attention, tpu_attention
+from vllm_jax.pallas_kernels import gpu_attention, tpu_attention, tpu_plan
 
 LLAMA3_8B = dict(group=4, num_kv_heads=8)
 
@@ -70,12 +70,12 @@ def test_gpu_kernel_splits_pages_that_do_not_fit_shared_memory():
 def test_tpu_plan_fits_the_chip_and_sets_a_vmem_limit():
     # 32 query heads, no GQA, float32, 512 tokens: 23 MB of scoped VMEM before (v5e's default limit is 16M).
     for chip in (CHIPS["v5e"], CHIPS["v6e"]):
-        plan = tpu_attention.tpu_plan(num_tokens=512, num_seqs=256, group=1, num_kv_heads=32, head_dim=128,
+        plan = tpu_plan.tpu_plan(num_tokens=512, num_seqs=256, group=1, num_kv_heads=32, head_dim=128,
                                       block_size=16, q_dtype=jnp.float32, kv_dtype=jnp.float32, table_width=256,
                                       chip=chip)
         assert plan.vmem_limit_bytes == 96 * 2**20
         assert plan.vmem_estimate_bytes <= plan.vmem_limit_bytes // 2
-    llama = tpu_attention.tpu_plan(num_tokens=8192, num_seqs=256, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
+    llama = tpu_plan.tpu_plan(num_tokens=8192, num_seqs=256, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
                                    kv_dtype=jnp.bfloat16, table_width=8192, chip=CHIPS["v5e"],
                                    group=4, num_kv_heads=8)
     assert (llama.tq, llama.pages_per_block) == (32, 8)  # the shape rule's choice fits untouched
@@ -84,17 +84,17 @@ def test_tpu_plan_fits_the_chip_and_sets_a_vmem_limit():
 
 def test_tpu_plan_shrinks_the_page_block_then_the_tile_before_refusing():
     tight = dataclasses.replace(CHIPS["v5e"], vmem_bytes=24 * 2**20)  # 9 MiB budget
-    plan = tpu_attention.tpu_plan(num_tokens=1024, num_seqs=64, group=1, num_kv_heads=32, head_dim=128,
+    plan = tpu_plan.tpu_plan(num_tokens=1024, num_seqs=64, group=1, num_kv_heads=32, head_dim=128,
                                   block_size=16, q_dtype=jnp.float32, kv_dtype=jnp.float32, table_width=256,
                                   chip=tight)
     assert plan.pages_per_block == 1 and plan.tq < 128
     assert plan.vmem_estimate_bytes <= 9 * 2**20
     with pytest.raises(ValueError, match="--block-size"):
-        tpu_attention.tpu_plan(num_tokens=1024, num_seqs=64, group=1, num_kv_heads=32, head_dim=128,
+        tpu_plan.tpu_plan(num_tokens=1024, num_seqs=64, group=1, num_kv_heads=32, head_dim=128,
                                block_size=512, q_dtype=jnp.float32, kv_dtype=jnp.float32, table_width=256,
                                chip=tight)
     with pytest.raises(ValueError, match="--max-num-seqs"):
-        tpu_attention.tpu_plan(num_tokens=8192, num_seqs=65536, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
+        tpu_plan.tpu_plan(num_tokens=8192, num_seqs=65536, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
                                kv_dtype=jnp.bfloat16, table_width=8192, chip=CHIPS["v5e"], **LLAMA3_8B)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import jax
 
-from vllm_jax.pallas_kernels import gpu_attention, kv_write, reference, tpu_attention, xla_attention
+from vllm_jax.pallas_kernels import gpu_attention, kv_write, tpu_attention, xla_attention, xla_common
 
 BACKENDS = ("xla", "pallas_tpu", "pallas_gpu")
 _AUTO = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
@@ -55,8 +55,9 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
                            kv_head_offset: jax.Array | int | None = None) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
-    Extension to DESIGN.md's signature: with `layer_index`, `kv_cache_layer` may be the whole
-    [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the donated cache.
+    Beyond the one-layer signature (docs/architecture.md, "KV cache layout"): with `layer_index`, `kv_cache_layer`
+    may be the whole [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the
+    donated cache.
     `interpret`: force Pallas interpret mode (True, or a pltpu.InterpretParams for pallas_tpu).
     `platform`: the target chip's platform when it is not jax's backend (ahead-of-time compilation).
     `kv_head_offset` (Pallas backends, for sharding/kernel_sharding.py): all of q's heads attend that one KV
@@ -85,7 +86,7 @@ def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping
     when donated. `platform` as for ragged_paged_attention."""
     backend = resolve_backend(backend, platform)
     if backend == "xla":
-        return reference.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index)
+        return xla_common.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index)
     mode = _interpret_mode(backend, interpret, platform)
     write = kv_write.write_kv_cache_tpu if backend == "pallas_tpu" else kv_write.write_kv_cache_gpu
     return write(kv_cache, k, v, slot_mapping, layer_index=layer_index, interpret=mode)

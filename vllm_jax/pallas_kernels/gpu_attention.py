@@ -212,7 +212,7 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                rows: int | None = None, num_splits: int | None = None,
                                num_warps: int = 4, num_stages: int | None = None,
                                kv_head_offset: jax.Array | int | None = None, chip=None) -> jax.Array:
-    """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call.
+    """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
     `kv_head_offset`: all of q's heads attend that one KV head of a cache holding every KV head (tensor
     parallelism over more devices than KV heads); `chip`: the chips.ChipSpec to plan for."""
     num_tokens, num_q_heads, head_dim = q.shape

@@ -66,7 +66,7 @@ def _tpu_kernel(slots_ref, layer_ref, new_hbm, cache_in, cache_out, sem, *, chun
 
 def write_kv_cache_tpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                        layer_index: jax.Array | int | None = None, interpret=False) -> jax.Array:
-    """Same contract as reference.write_kv_cache, as a Mosaic kernel."""
+    """Same contract as xla_common.write_kv_cache, as a Mosaic kernel."""
     from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
 
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
@@ -112,7 +112,7 @@ def _gpu_kernel(slots_ref, layer_ref, new_ref, cache_in, cache_out, *, block_siz
 
 def write_kv_cache_gpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                        layer_index: jax.Array | int | None = None, interpret: bool = False) -> jax.Array:
-    """Same contract as reference.write_kv_cache, as a Triton kernel (head_dim a power of two)."""
+    """Same contract as xla_common.write_kv_cache, as a Triton kernel (head_dim a power of two)."""
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
     head_dim = cache.shape[-1]
     if head_dim & (head_dim - 1):

@@ -16,7 +16,7 @@ into one of two SMEM slots, one page block ahead of the page DMAs that need it (
 cache stays in HBM (memory space ANY) and is read only through DMAs of whole pages `cache[layer, page]`, so the
 stacked form never copies a layer.
 
-Block sizes and the VMEM limit come from the chip (`tpu_plan`): the shape rule's tile and page block, shrunk
+Block sizes and the VMEM limit come from the chip (`tpu_plan.py`): the shape rule's tile and page block, shrunk
 until the estimated VMEM of a grid step fits half of the `vmem_limit_bytes` set on the kernel (3/4 of the
 core's VMEM; the compiler's default scoped limit is 16 MiB on v5e, 32 MiB on v6e). A configuration that cannot
 fit is refused with a ValueError naming the flag to change. Each call carries a pl.CostEstimate.
@@ -35,7 +35,6 @@ head's rows out of the VMEM page buffer (`head_loads`):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -43,32 +42,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up, sublane_packing, table_window, tpu_plan
+
 from vllm_jax.pallas_kernels.costs import attention_cost
 
 MASKED = -1e30  # finite: rows that see nothing stay finite (exp(MASKED - MASKED) is never taken unmasked)
-_LANES = 128
 _ANY = getattr(pl, "ANY", None) or getattr(pltpu, "ANY", None) or pltpu.TPUMemorySpace.ANY
 _CompilerParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
-
-
-def _sublane_packing(dtype) -> int:
-    return max(1, 4 // jnp.dtype(dtype).itemsize)
-
-
-def tpu_block_sizes(*, num_tokens: int, group: int, num_kv_heads: int, head_dim: int, block_size: int,
-                    kv_dtype, max_blocks_per_seq: int, kv_buffer_bytes: int = 512 * 1024) -> tuple[int, int]:
-    """-> (tq tokens per query tile, pages per KV block), from the shapes only (no per-chip table).
-
-    tq: about 128 query rows (tq * group) per MXU pass, at least 16 tokens so rows stay a multiple of the
-    bfloat16 sublane tiling, at most the padded batch. Pages per block: enough pages to fill `kv_buffer_bytes`
-    per buffer (two buffers live at once), at least one, at most 32 DMAs and the table width.
-    """
-    tq = max(16, 128 // max(group, 1))
-    tq = 1 << (tq.bit_length() - 1)
-    tq = min(tq, -(-num_tokens // 16) * 16)
-    page_bytes = block_size * 2 * num_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize
-    pages = max(1, min(kv_buffer_bytes // page_bytes, 32, max_blocks_per_seq))
-    return tq, pages
 
 
 def default_head_loads(num_kv_heads: int, kv_dtype) -> str:
@@ -76,7 +56,7 @@ def default_head_loads(num_kv_heads: int, kv_dtype) -> str:
     dt = jnp.dtype(kv_dtype)
     if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         return "indexed"
-    return "strided" if (2 * num_kv_heads) % (8 * _sublane_packing(dt)) == 0 else "indexed"
+    return "strided" if (2 * num_kv_heads) % (8 * sublane_packing(dt)) == 0 else "indexed"
 
 
 def _div(x: jax.Array, d: int) -> jax.Array:
@@ -207,8 +187,8 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
         v = jnp.where(v_ok, v, jnp.zeros_like(v))
         pv = jnp.dot(p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
         acc_ref[h] = acc_ref[h] * alpha + pv
-        l_ref[h] = jnp.broadcast_to(l_prev * alpha + jnp.sum(p, axis=1, keepdims=True), (rows, _LANES))
-        m_ref[h] = jnp.broadcast_to(m_new, (rows, _LANES))
+        l_ref[h] = jnp.broadcast_to(l_prev * alpha + jnp.sum(p, axis=1, keepdims=True), (rows, LANES))
+        m_ref[h] = jnp.broadcast_to(m_new, (rows, LANES))
 
     def attend(s, j, slot):
         if not select_kv_head:
@@ -257,109 +237,6 @@ def tile_sequence_ranges(query_start_loc: jax.Array, num_seqs: jax.Array, num_ti
     return jnp.where(empty, 1, first), jnp.where(empty, 0, last)
 
 
-@dataclasses.dataclass(frozen=True)
-class TpuPlan:
-    """Block sizes and the VMEM limit of one attention call, chosen for one chip."""
-
-    tq: int
-    pages_per_block: int
-    vmem_estimate_bytes: int  # what the plan's buffers and the main temporaries take
-    vmem_limit_bytes: int  # passed to Mosaic (the scoped-VMEM limit of this kernel)
-    smem_bytes: int  # scalar-prefetched arrays + the block-table windows
-    chip: str
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def vmem_estimate(*, tq: int, pages_per_block: int, group: int, num_kv_heads: int, cache_kv_heads: int,
-                  head_dim: int, block_size: int, q_dtype, kv_dtype) -> int:
-    """VMEM bytes of one grid step: the pipelined q/o blocks (two buffers each), the two KV page buffers,
-    the softmax state, and the per-head temporaries of one page block (scores, probabilities, mask, the K/V
-    rows read out of the buffer), each padded to the (sublane, 128-lane) tiling."""
-    rows = tq * group
-    d = _round_up(head_dim, _LANES)
-    qi, ki = jnp.dtype(q_dtype).itemsize, jnp.dtype(kv_dtype).itemsize
-    block_tokens = pages_per_block * block_size
-    rows_q = _round_up(rows, 8 * _sublane_packing(q_dtype))
-    qo = 2 * 2 * num_kv_heads * rows_q * d * qi
-    combined = _round_up(2 * cache_kv_heads, 8 * _sublane_packing(kv_dtype))
-    kv = 2 * block_tokens * combined * d * ki
-    rows32 = _round_up(rows, 8)
-    state = num_kv_heads * rows32 * (2 * _LANES + d) * 4
-    temps = 6 * rows32 * _round_up(block_tokens, _LANES) * 4 + 4 * block_tokens * d * 4 + 3 * rows32 * d * 4
-    return qo + kv + state + temps
-
-
-def table_window(table_width: int, pages_per_block: int) -> int:
-    """Columns of the block table copied into SMEM per page block (table_width is a multiple of 128)."""
-    return table_width if table_width <= 128 else min(table_width, _round_up(128 + pages_per_block, 128))
-
-
-def _unlisted_tpu():
-    """A TPU missing from chips.CHIPS (v4, v5p, ...): its VMEM and SMEM from jax's own chip info."""
-    from vllm_jax.pallas_kernels.chips import CHIPS
-
-    if jax.default_backend() != "tpu":
-        return None
-    try:
-        from jax._src.pallas.mosaic import tpu_info
-        info = tpu_info.get_tpu_info()
-        return dataclasses.replace(CHIPS["v5e"], name=str(info.chip_version), vmem_bytes=info.vmem_capacity_bytes,
-                                   smem_bytes=info.smem_capacity_bytes)
-    except Exception:  # pragma: no cover - private API moved: the smallest VMEM of any TPU generation
-        return dataclasses.replace(CHIPS["v5e"], name="unknown TPU", vmem_bytes=16 * 2**20, smem_bytes=16 * 1024)
-
-
-def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, head_dim: int, block_size: int,
-             q_dtype, kv_dtype, table_width: int, cache_kv_heads: int | None = None, chip=None,
-             tq: int | None = None, pages_per_block: int | None = None) -> TpuPlan:
-    """Block sizes for `chip` (an chips.ChipSpec; default: the chip being compiled for, v5e's figures
-    on CPU): start from the shape rule (tpu_block_sizes), then halve the page block and then the query tile
-    until the estimate fits half the VMEM limit (the rest is headroom for what the estimate does not see).
-    The limit is 3/4 of the core's VMEM. A configuration that cannot fit is a ValueError naming the flag."""
-    from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
-
-    chip = chip or current_chip() or _unlisted_tpu()
-    if chip is None or chip.platform != "tpu":
-        chip = CHIPS["v5e"]  # CPU (interpret mode): plan as v5e would
-    cache_kv_heads = cache_kv_heads or num_kv_heads
-    limit = chip.vmem_bytes * 3 // 4
-    auto_tq, auto_pages = tpu_block_sizes(num_tokens=num_tokens, group=group, num_kv_heads=cache_kv_heads,
-                                          head_dim=head_dim, block_size=block_size, kv_dtype=kv_dtype,
-                                          max_blocks_per_seq=table_width)
-    fixed_tq, fixed_pages = tq is not None, pages_per_block is not None
-    tq, pages = tq or auto_tq, pages_per_block or auto_pages
-
-    def estimate(tq, pages):
-        return vmem_estimate(tq=tq, pages_per_block=pages, group=group, num_kv_heads=num_kv_heads,
-                             cache_kv_heads=cache_kv_heads, head_dim=head_dim, block_size=block_size,
-                             q_dtype=q_dtype, kv_dtype=kv_dtype)
-
-    while estimate(tq, pages) > limit // 2:
-        if pages > 1 and not fixed_pages:
-            pages //= 2
-        elif tq > 16 and not fixed_tq:
-            tq //= 2
-        else:
-            page_kib = block_size * 2 * cache_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize // 1024
-            raise ValueError(
-                f"pallas_tpu attention does not fit {chip.name}'s VMEM: {estimate(tq, pages) / 2**20:.1f} MiB "
-                f"needed for {tq} query tokens x {num_kv_heads} KV heads and {pages} page(s) of {page_kib} KiB "
-                f"(budget {limit // 2 / 2**20:.0f} MiB); lower --block-size, use a smaller --dtype, or shard the "
-                f"heads with --tensor-parallel-size")
-    num_tiles = -(-num_tokens // tq)
-    smem = 4 * (2 * _round_up(num_tiles, 128) + _round_up(num_seqs + 1, 128) + _round_up(num_seqs, 128) + 128
-                + 2 * table_window(_round_up(table_width, 128), pages))
-    if smem > chip.smem_bytes // 2:
-        raise ValueError(
-            f"pallas_tpu attention's scalars need {smem / 1024:.0f} KiB of SMEM, more than half of {chip.name}'s "
-            f"{chip.smem_bytes // 1024} KiB: lower --max-num-seqs or --max-num-batched-tokens")
-    return TpuPlan(tq=tq, pages_per_block=pages, vmem_estimate_bytes=estimate(tq, pages), vmem_limit_bytes=limit,
-                   smem_bytes=smem, chip=chip.name)
-
-
 def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                                query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                                sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
@@ -367,7 +244,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                head_loads: str | None = None, tq: int | None = None,
                                pages_per_block: int | None = None, kv_head_offset: jax.Array | int | None = None,
                                chip=None) -> jax.Array:
-    """Same contract as reference.ragged_paged_attention_xla; `interpret` is passed to pallas_call.
+    """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
 
     `kv_head_offset` (tensor parallelism over more devices than KV heads, the cache replicated): all of q's
     heads attend the one KV head `kv_head_offset` (traced) of a cache that holds every KV head. Without it, q's
@@ -402,7 +279,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     prefetch = (first, last, query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32), params)
     tables = block_tables.astype(jnp.int32)
     if table_width % 128:  # the kernel copies 128-aligned windows of a row (the table's HBM tiling)
-        tables = jnp.pad(tables, ((0, 0), (0, _round_up(table_width, 128) - table_width)))
+        tables = jnp.pad(tables, ((0, 0), (0, round_up(table_width, 128) - table_width)))
     window_cols = table_window(tables.shape[1], pages_per_block)
 
     rows = tq * group
@@ -426,8 +303,8 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.SMEM((2, window_cols), jnp.int32),
                 pltpu.SemaphoreType.DMA((2,)),
-                pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
-                pltpu.VMEM((num_kv_heads, rows, _LANES), jnp.float32),
+                pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
+                pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, head_dim), jnp.float32),
             ]),
         out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),

@@ -1,17 +1,14 @@
 """The `xla` attention backend: ragged paged attention in plain XLA ops, shaped for CPU (and GSPMD under TP).
 
-Same contract and the same split as the reference (reference.py, the kernels' oracle). The in-step part (the
-keys written this step) runs by tiles of query rows, each meeting only the key tiles of its own sequences up to
-itself, instead of the dense [T, T] product. The context part (the KV each sequence had before this step) reads
-each sequence's pages once instead of once per query row:
+Attention is split in two parts merged with a log-sum-exp (docs/architecture.md, "Departures from the first
+design"). The in-step part (the keys written this step, xla_common.in_step_attention) runs by tiles of query
+rows, each meeting only the key tiles of its own sequences up to itself, instead of a dense [T, T] product. The
+context part (the KV each sequence had before this step) reads each sequence's pages once, not once per query row:
 
 * sequences with one query row (decode) gather their pages in groups of 8 sequences, packed first, so the
   padding rows and sequence slots of a bucket cost no page reads;
 * sequences with several query rows and a context (a chunked prefill, a prefix-cache hit) run a loop over
   (sequence, tile of QT rows, chunk of pages): the tile's rows share each gathered chunk, a real matmul.
-
-The reference gathers pages per query row, so a 256-row prefill chunk over 384 cached tokens moved ~300 MB
-per layer; here it moves the sequence's 384 tokens once per tile.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.pallas_kernels.reference import (MASKED, RowLayout, cap, in_step_attention, in_step_keys, in_window,
+from vllm_jax.pallas_kernels.xla_common import (MASKED, RowLayout, cap, in_step_attention, in_step_keys, in_window,
                                                row_layout, window_value)
 
 _CHUNK_BLOCKS = 8  # pages per iteration of a context loop
@@ -31,7 +28,7 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                            layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE) -> jax.Array:
-    """[T, num_q_heads, head_dim]; the same contract as reference.ragged_paged_attention_xla."""
+    """[T, num_q_heads, head_dim]; the contract of dispatch.ragged_paged_attention."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0

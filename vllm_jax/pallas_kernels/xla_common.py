@@ -1,19 +1,16 @@
-"""Ragged paged attention and the KV-cache write in plain jnp: the CPU path and the oracle for the kernels.
+"""The XLA backend's building blocks in plain jnp: the KV-cache write, where each query row sits in the ragged
+batch, the sliding-window and soft-cap rules, and the attention over the keys written this step.
 
-The batch is ragged: sequence s owns query rows query_start_loc[s]:query_start_loc[s+1], and those rows are
-the last q_len(s) positions of a sequence whose KV length after this step is seq_lens[s]. Attention is split
-in two parts merged with a log-sum-exp:
-
-* the *batch* part: every query row against the keys written this step (read back from the cache at the
-  batch's own slots: a [T, T] masked product, same sequence and causal);
-* the *context* part: every query row against the KV its sequence had before this step, streamed from the
-  pages in chunks with an online softmax. Its loop runs only as many chunks as the longest context in the
-  batch needs, so a fresh prefill costs no page reads and a decode reads each page once.
+The batch is ragged: sequence s owns query rows query_start_loc[s]:query_start_loc[s+1], and those rows are the
+last q_len(s) positions of a sequence whose KV length after this step is seq_lens[s]. xla_attention.py splits
+attention in two parts merged with a log-sum-exp: the keys written this step (`in_step_attention`, read back
+from the cache at the batch's own slots) and the KV each sequence had before the step (its pages, streamed).
 
 `kv_cache` is either one layer, [num_blocks, block_size, 2 * num_kv_heads, head_dim], or the whole stack
-[num_layers, num_blocks, block_size, 2 * num_kv_heads, head_dim] together with `layer_index`; passing the
-stack avoids slicing a layer out of the donated cache (a copy of the whole layer every step).
-K and V are interleaved on the head axis: k0, v0, k1, v1, ...
+[num_layers, num_blocks, block_size, 2 * num_kv_heads, head_dim] together with `layer_index`; passing the stack
+avoids slicing a layer out of the donated cache (docs/architecture.md, "KV cache layout"). K and V are
+interleaved on the head axis: k0, v0, k1, v1, ... The kernels are tested against a numpy oracle that shares none
+of this (tests/helpers/attention_oracle.py).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import jax
 import jax.numpy as jnp
 
 MASKED = -1e30  # large finite negative: fully masked rows stay finite instead of NaN
-_CONTEXT_CHUNK_BLOCKS = 8  # pages read per iteration of the context loop
 
 
 def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
@@ -42,52 +38,6 @@ def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping
     nl, nb, bs = kv_cache.shape[:3]
     flat = kv_cache.reshape(nl, nb * bs, *kv_cache.shape[3:])
     return flat.at[layer_index, slot_mapping].set(new, mode="promise_in_bounds").reshape(kv_cache.shape)
-
-
-def ragged_paged_attention_xla(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
-                               query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
-                               sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
-                               layer_index: jax.Array | int | None = None) -> jax.Array:
-    """[T, num_q_heads, head_dim] attention output; see the module docstring for the layout."""
-    num_tokens, num_q_heads, head_dim = q.shape
-    if layer_index is None:
-        kv_cache = kv_cache[None]
-        layer_index = 0
-    block_size = kv_cache.shape[2]
-    num_kv_heads = kv_cache.shape[3] // 2
-    layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
-    seq_idx, valid, q_pos, context_lens = layout.seq_idx, layout.valid, layout.q_pos, layout.context_lens
-    window = window_value(sliding_window)
-    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
-    m, l, acc = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
-
-    # Context part: pages holding the KV each sequence had before this step, a chunk of pages at a time.
-    chunk_tokens = _CONTEXT_CHUNK_BLOCKS * block_size
-    width = block_tables.shape[1]
-    padded_width = -(-width // _CONTEXT_CHUNK_BLOCKS) * _CONTEXT_CHUNK_BLOCKS
-    tables = jnp.pad(block_tables, ((0, 0), (0, padded_width - width)))
-    row_tables = tables[seq_idx]  # [T, padded_width]
-    row_context = jnp.where(valid, context_lens[seq_idx], 0)
-    num_chunks = (row_context.max() + chunk_tokens - 1) // chunk_tokens
-
-    def context_chunk(j, carry):
-        m, l, acc = carry
-        ids = jax.lax.dynamic_slice_in_dim(row_tables, j * _CONTEXT_CHUNK_BLOCKS, _CONTEXT_CHUNK_BLOCKS, axis=1)
-        pages = kv_cache[layer_index, ids].astype(jnp.float32)  # [T, C, BS, 2*KVH, D]
-        pages = pages.reshape(num_tokens, chunk_tokens, 2 * num_kv_heads, head_dim)
-        k_c, v_c = pages[:, :, 0::2], pages[:, :, 1::2]
-        s = cap(jnp.einsum("tkgd,tckd->tkgc", qg, k_c), soft_cap)
-        k_pos = j * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)
-        ok = (k_pos[None, :] < row_context[:, None]) & in_window(q_pos[:, None], k_pos[None, :], window)
-        s = jnp.where(ok[:, None, None, :], s, MASKED)
-        m_new = jnp.maximum(m, s.max(-1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[..., None])
-        return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + jnp.einsum("tkgc,tckd->tkgd", p, v_c)
-
-    m, l, acc = jax.lax.fori_loop(0, num_chunks, context_chunk, (m, l, acc))
-    out = acc / jnp.maximum(l, 1e-30)[..., None]
-    return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 
 @dataclass
