@@ -120,7 +120,7 @@ class EngineArgs:
     num_processes: int | None = None
     process_id: int | None = None
     # Layers as one scan (compile time independent of depth; on CPU over per-layer arrays through switched
-    # matmuls, see decoder.LayerSwitch), or unrolled over per-layer arrays (~6x the compile time of a program).
+    # matmuls, see model/layers.py: LayerSwitch), or unrolled over per-layer arrays (~6x the compile time).
     scan_layers: bool = True
     # Smallest buckets (default: 2 on CPU, where every padding row costs time, 16 / 8 on accelerators). One-token
     # buckets are avoided: XLA:CPU turns a one-row KV write into a dynamic-update-slice and copies the cache.

@@ -144,7 +144,7 @@ class WarmupProgress:
 
     def __init__(self, total: int, bar: bool):
         self.total, self.finished = total, 0
-        self.bar = tqdm(total=total, desc="warm-up: compiling programs", unit="program") if bar else None
+        self.bar = tqdm(total=total, desc="warm-up", unit="program") if bar else None
         self.t0 = self.last = time.perf_counter()
 
     def start(self, label: str) -> None:
