@@ -238,7 +238,7 @@ def test_prompt_longer_than_max_model_len_is_a_value_error_naming_the_lengths(en
     async def main() -> list[RequestOutput]:
         good = asyncio.create_task(collect(engine, [3] * 10, greedy(8), "good-neighbour"))
         gen = engine.generate([3] * 70, greedy(8), "too-long")
-        with pytest.raises(ValueError, match=r"70 tokens.*max_model_len 64"):
+        with pytest.raises(ValueError, match=r"maximum context length is 64 tokens.*has 70 input tokens"):
             await gen.__anext__()
         return await good
 
