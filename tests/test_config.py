@@ -51,3 +51,31 @@ def test_an_unknown_backend_is_refused_naming_the_dispatch_list(checkpoint, monk
     monkeypatch.setattr(dispatch, "BACKENDS", ("xla",))
     with pytest.raises(ValueError, match=r"attention_backend must be one of auto, xla; got 'pallas_tpu'"):
         EngineArgs(model=checkpoint, attention_backend="pallas_tpu").create_config()
+
+
+def test_a_tpu_platform_on_this_cpu_host_gets_the_accelerator_defaults_and_the_mosaic_kernel(checkpoint):
+    config = EngineArgs(model=checkpoint, tensor_parallel_size=4).create_config(platform="tpu")
+    assert config.platform == "tpu" and jax.default_backend() == "cpu"
+    assert config.model_config.dtype == "bfloat16" and config.model_config.kv_cache_dtype == "bfloat16"
+    sc = config.scheduler_config
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (256, 8192)
+    assert (sc.min_token_bucket, sc.min_seq_bucket, sc.bucket_growth) == (16, 8, 2)
+    assert config.cache_config.kv_cache_memory_bytes is None  # sized from the device, not the CPU's 1 GiB
+    assert config.resolved_attention_backend == "pallas_tpu"  # `auto` keeps the kernel under tp 4
+
+
+def test_the_platform_picks_the_kernel_and_cpu_stays_as_it_was(checkpoint):
+    cpu = EngineArgs(model=checkpoint, max_model_len=64).create_config()
+    assert cpu.platform == "cpu" and cpu.resolved_attention_backend == "xla"
+    assert cpu.model_config.dtype == "float32" and cpu.scheduler_config.max_num_seqs == 32
+    interpret = EngineArgs(model=checkpoint, max_model_len=64, attention_backend="pallas_gpu").create_config()
+    assert interpret.resolved_attention_backend == "pallas_gpu"  # interpret mode on this host
+    gpu = EngineArgs(model=checkpoint, max_model_len=64).create_config(platform="cuda")
+    assert gpu.platform == "gpu" and gpu.resolved_attention_backend == "pallas_gpu"
+
+
+def test_the_other_chips_kernel_and_an_unknown_platform_are_refused_at_config_time(checkpoint):
+    with pytest.raises(ValueError, match=r"attention_backend 'pallas_gpu' does not run on tpu"):
+        EngineArgs(model=checkpoint, attention_backend="pallas_gpu").create_config(platform="tpu")
+    with pytest.raises(ValueError, match=r"platform must be one of cpu, tpu, gpu; got 'npu'"):
+        EngineArgs(model=checkpoint).create_config(platform="npu")

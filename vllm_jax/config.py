@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+PLATFORMS = ("cpu", "tpu", "gpu")
+_PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
 
 # CPU is for development and CI: small defaults keep warm-up (one compile per bucket pair) short.
 _CPU_DEFAULT_MAX_NUM_SEQS = 32
@@ -82,8 +84,16 @@ class EngineConfig:
     parallel_config: ParallelConfig
     attention_backend: str
     compilation_cache_dir: str | None  # resolved: the directory in use, or None (no persistent cache)
-    platform: str  # jax.default_backend() at config time: cpu / gpu / tpu
+    platform: str  # what the programs are built for (cpu / gpu / tpu): jax's backend unless create_config was told
     scan_layers: bool
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        """`--attention-backend` resolved against `platform`: xla, pallas_tpu or pallas_gpu (what the model runs;
+        a Pallas backend on a cpu platform runs in interpret mode)."""
+        from vllm_jax.pallas_kernels.dispatch import resolve_backend
+
+        return resolve_backend(self.attention_backend, self.platform)
 
 
 @dataclass
@@ -134,13 +144,15 @@ class EngineArgs:
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
 
-    def create_config(self) -> EngineConfig:
+    def create_config(self, platform: str | None = None) -> EngineConfig:
         """Validate every value and resolve the model; no side effects (a multi-host run calls
-        `initialize_distributed` first)."""
-        import jax
+        `initialize_distributed` first).
 
-        self._check_values()
-        platform = jax.default_backend()
+        `platform`: what the programs are built for: None is jax's backend; "tpu" / "gpu" ("cuda") let this host
+        (a CPU one, say) build the config of a TPU / GPU target for an ahead-of-time compile, with that target's
+        defaults (dtype, batch limits, buckets, KV budget) and attention backend."""
+        platform = _resolve_platform(platform)
+        self._check_values(platform)
         on_cpu = platform == "cpu"
         model_config = self._model_config(platform)
         kv_bytes = self.kv_cache_memory_bytes
@@ -162,13 +174,14 @@ class EngineArgs:
             scan_layers=self.scan_layers,
         )
 
-    def _check_values(self) -> None:
+    def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
-        from vllm_jax.pallas_kernels.dispatch import BACKENDS
+        from vllm_jax.pallas_kernels.dispatch import BACKENDS, resolve_backend
 
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ("auto", *BACKENDS))
+        resolve_backend(self.attention_backend, platform)  # the other accelerator's kernel is refused here
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}")
@@ -266,6 +279,17 @@ def engine_args_from_kwargs(model: str | None, kwargs: dict) -> EngineArgs:
     if unknown:
         raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
     return EngineArgs(model=model, **kwargs)
+
+
+def _resolve_platform(platform: str | None) -> str:
+    """The platform the programs are built for: the one asked for (its lowering alias allowed), else jax's."""
+    if platform is None:
+        import jax
+
+        return jax.default_backend()
+    platform = _PLATFORM_ALIASES.get(platform, platform)
+    _check_choice("platform", platform, PLATFORMS)
+    return platform
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
