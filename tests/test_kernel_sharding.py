@@ -1,7 +1,8 @@
 """The Pallas kernels under tensor parallelism (sharding/kernel_sharding.py): attention and the KV write inside
 shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
 precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
-(split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the replicated pages)."""
+(split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the replicated pages).
+Then the engine: greedy generation through each kernel at TP 2 and 4 gives the tokens of TP 1."""
 
 from __future__ import annotations
 
@@ -17,12 +18,20 @@ from vllm_jax.sharding.kernel_sharding import kv_head_layout
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def checks() -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.kernel_sharding_checks"], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+def _run(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict:
+    return _run("tests.helpers.kernel_sharding_checks")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> dict:
+    return _run("tests.helpers.multidevice_checks", "pallas_tensor_parallel", str(tmp_path_factory.mktemp("tp")))
 
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
@@ -53,3 +62,26 @@ def test_layouts_the_kernels_cannot_split_are_clear_errors():
         kv_head_layout(6, 4, 24)
     with pytest.raises(ValueError, match="query heads"):
         kv_head_layout(2, 4, 6)
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_engine_greedy_tokens_through_each_kernel_at_tp2_and_tp4_equal_tp1(engine, backend):
+    """The tiny Llama's 2 KV heads are split at tp 2 and replicated at tp 4."""
+    assert all(len(tokens) == 10 for tokens in engine[f"{backend}_tp1"])
+    assert engine[f"{backend}_tp2"] == engine[f"{backend}_tp1"]
+    assert engine[f"{backend}_tp4"] == engine[f"{backend}_tp1"]
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_under_tp_the_model_calls_the_kernel_inside_shard_map(engine, backend):
+    assert engine[f"{backend}_tp1_traced"] == {"pallas_call": True, "shard_map": False}
+    for tp in (2, 4):
+        assert engine[f"{backend}_tp{tp}_traced"] == {"pallas_call": True, "shard_map": True}
+    assert engine["qwen3_moe_tp2_traced"] == {"pallas_call": True, "shard_map": True}
+
+
+def test_a_kv_layout_the_kernels_cannot_split_is_refused_at_start_up_naming_the_flags(engine):
+    message = engine["kv6_tp4_pallas_gpu"]
+    assert "--tensor-parallel-size (4)" in message and "KV heads (6)" in message
+    assert "--attention-backend xla" in message
+    assert engine["kv6_tp4_xla"] == "ok"  # the xla backend replicates the KV heads instead

@@ -15,11 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
-from vllm_jax.model.layers import (LayerContext, LayerSwitch, attention_params, decoder_block, gated_mlp,
-                                   init_param, is_unstacked, layer_param_values, rms_norm, rotary_tables)
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, decoder_block,
+                                   gated_mlp, init_param, is_unstacked, layer_param_values, rms_norm, rotary_tables)
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.pallas_kernels import resolve_backend
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
@@ -56,9 +58,14 @@ class DecoderLM(nnx.Module):
     scan_layers: bool = True
     switched_scan: bool = True  # whether _run_layers can scan over per-layer arrays (the MoE model cannot)
 
-    def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto"):
+    def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
+                 platform: str | None = None, mesh: Mesh | None = None):
+        """`attention_backend` is resolved against `platform` (what the program is built for; None: jax's
+        backend, read here once; the runner passes its config's) into `self.kernels`, static like `spec`. `mesh`
+        (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis."""
         self.spec = spec
-        self.attention_backend = attention_backend
+        platform = platform or jax.default_backend()
+        self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
         self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
         self.layers = self.layers_class(spec, dtype, rngs)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
@@ -70,7 +77,7 @@ class DecoderLM(nnx.Module):
         spec = self.spec
         hidden = self.embed_tokens[...][inputs.input_ids]
         cos, sin = rotary_tables(spec, inputs.positions)
-        ctx = LayerContext(cos, sin, inputs, self.attention_backend)
+        ctx = LayerContext(cos, sin, inputs, self.kernels)
         hidden, kv_cache = self._run_layers(ctx, hidden, kv_cache)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
         head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]

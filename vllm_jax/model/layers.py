@@ -1,6 +1,7 @@
 """The building blocks every decoder family here shares: parameter init, RMS norm, rotary embedding (with its
 linear and llama3 frequency scalings), linear layers with optional bias, the gated MLP, the attention call
-through `pallas_kernels`, one pre-norm decoder block, and the stacked / per-layer param layouts.
+through `pallas_kernels` (shard_map-wrapped under tensor parallelism: `AttentionKernels`), one pre-norm decoder
+block, and the stacked / per-layer param layouts.
 
 All functions are pure (arrays in, arrays out) and follow transformers' order of operations and float32
 islands, which is what keeps logits within 1e-4 of it. Linear weights are [in, out] (x @ W); the loader
@@ -18,9 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
+from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
 
 if TYPE_CHECKING:  # spec.py reads rope scaling through rope_inv_freq below
     from vllm_jax.model.spec import DecoderSpec
@@ -155,13 +158,43 @@ def gated_mlp(w: dict, x: jax.Array) -> jax.Array:
 # ---- attention and the decoder block ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class AttentionKernels:
+    """The attention implementation a model's program calls, fixed when the model is built (static: part of the
+    graphdef): a resolved backend, the platform the program is built for (so a CPU host building a TPU program
+    emits the Mosaic kernel, not interpret mode) and, under tensor parallelism, the mesh. With a mesh, the Pallas
+    backends run inside shard_map over the KV heads (sharding/kernel_sharding.py); the xla backend stays plain
+    XLA ops, which GSPMD partitions (docs/architecture.md, "Sharding")."""
+
+    backend: str  # xla, pallas_tpu or pallas_gpu (pallas_kernels.resolve_backend's answer)
+    platform: str  # cpu, tpu or gpu
+    mesh: Mesh | None = None
+
+    def write_kv_cache(self, kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
+                       layer_index: jax.Array | int) -> jax.Array:
+        kwargs = dict(layer_index=layer_index, backend=self.backend, platform=self.platform)
+        if self.mesh is None:
+            return write_kv_cache(kv_cache, k, v, slot_mapping, **kwargs)
+        return sharded_write_kv_cache(self.mesh, kv_cache, k, v, slot_mapping, **kwargs)
+
+    def attention(self, q: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *, sm_scale: float,
+                  window: jax.Array | int, layer_index: jax.Array | int) -> jax.Array:
+        args = (q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
+        kwargs = dict(sm_scale=sm_scale, sliding_window=window, layer_index=layer_index, backend=self.backend,
+                      platform=self.platform)
+        if self.mesh is None:
+            return ragged_paged_attention(*args, **kwargs)
+        return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)
+
+
+@dataclass(frozen=True)
 class LayerContext:
-    """What every layer of one step reads besides its weights: the rotary tables and the step's batch."""
+    """What every layer of one step reads besides its weights: the rotary tables, the step's batch and the
+    attention kernels."""
 
     cos: jax.Array
     sin: jax.Array
     inputs: StepInputs
-    backend: str  # pallas_kernels attention backend
+    kernels: AttentionKernels
 
 
 def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_cache: jax.Array,
@@ -177,10 +210,9 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
         q = rms_norm(q, w["q_norm"], spec.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], spec.rms_norm_eps)
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
-    kv_cache = write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index=layer_index, backend=ctx.backend)
-    attn = ragged_paged_attention(
-        q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs,
-        sm_scale=spec.head_dim ** -0.5, sliding_window=window, backend=ctx.backend, layer_index=layer_index)
+    kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
+    attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.head_dim ** -0.5, window=window,
+                                 layer_index=layer_index)
     return linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias")), kv_cache
 
 

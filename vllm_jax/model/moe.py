@@ -129,8 +129,9 @@ class MoeLM(DecoderLM):
     switched_scan = False  # its scans index stacked params; per-layer arrays mean the unrolled loop
 
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
-                 expert_mesh: Mesh | None = None, expert_axis: str = "model"):
-        super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend)
+                 platform: str | None = None, mesh: Mesh | None = None, expert_mesh: Mesh | None = None,
+                 expert_axis: str = "model"):
+        super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform, mesh=mesh)
         self.expert_mesh = expert_mesh
         self.expert_axis = expert_axis
 

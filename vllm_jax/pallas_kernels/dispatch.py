@@ -7,6 +7,7 @@ explicitly on CPU runs in Pallas interpret mode, so the whole engine can be test
 
 `platform` (default: jax's backend) is the chip the program is built for. A CPU host compiling ahead of time for
 a TPU or GPU target (vllm_jax.aot) passes `platform="tpu"` / `"gpu"` to get the real kernel, not interpret mode.
+The model always passes its config's platform, so nothing it traces reads jax's backend.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import jax
 
 from vllm_jax.pallas_kernels import gpu_attention, kv_write, tpu_attention, xla_attention, xla_common
+from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up
 
 BACKENDS = ("xla", "pallas_tpu", "pallas_gpu")
 _AUTO = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
@@ -31,6 +33,15 @@ def resolve_backend(name: str = "auto", platform: str | None = None) -> str:
         raise ValueError(f"attention_backend {name!r} does not run on {platform}; use 'auto', 'xla' or "
                          f"{_AUTO.get(platform, 'xla')!r}")
     return name
+
+
+def block_table_width(blocks_per_seq: int, backend: str, platform: str) -> int:
+    """The block table's width for a backend (resolved) on `platform`: the Mosaic kernel copies 128-aligned
+    windows of a table row, so on a TPU its table is a multiple of 128 wide (a narrower one would be padded at
+    every layer call); every other backend takes the blocks of one max_model_len sequence."""
+    if backend == "pallas_tpu" and platform == "tpu":
+        return round_up(blocks_per_seq, LANES)
+    return blocks_per_seq
 
 
 def _interpret_mode(backend: str, interpret, platform: str | None = None):

@@ -15,6 +15,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec as P
 
+from vllm_jax.sharding.kernel_sharding import kv_head_layout
 from vllm_jax.sharding.mesh import MODEL_AXIS
 
 # (regex on "a/b" param path, index of the dim to shard counted from the END, or None = replicate)
@@ -35,11 +36,19 @@ _KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias)$")
 _EXPERT_PARAMS = re.compile(r"^layers/experts_")
 
 
-def check_tensor_parallel_layout(spec: Any, tp: int) -> None:
-    """Start-up check: tp must split the query heads evenly."""
+def check_tensor_parallel_layout(spec: Any, tp: int, attention_backend: str = "xla") -> None:
+    """Start-up check: tp must split the query heads evenly; with a Pallas backend (resolved name) it must also
+    divide the KV heads or be a multiple of them (the kernels' shard_map layouts, kernel_sharding.kv_head_layout),
+    so a layout they cannot serve is refused here, not at the first request. The xla backend takes any KV head
+    count (GSPMD replicates what tp does not divide)."""
     if spec.num_heads % tp:
         raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's num_attention_heads "
                          f"({spec.num_heads})")
+    if tp > 1 and attention_backend != "xla":
+        try:
+            kv_head_layout(spec.num_kv_heads, tp, spec.num_heads)
+        except ValueError as exc:
+            raise ValueError(f"attention backend {attention_backend}: {exc}") from None
 
 
 def kv_heads_sharded(spec: Any, tp: int) -> bool:

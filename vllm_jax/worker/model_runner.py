@@ -35,6 +35,7 @@ from vllm_jax.model.layers import unstack_layers
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model_loader.loader import build_model
+from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
 from vllm_jax.sample.sampler import SamplerOutput
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -52,17 +53,6 @@ from vllm_jax.worker.step_payload import StepPayload
 logger = logging.getLogger(__name__)
 
 Logprobs = tuple[list[int], list[float], list[int]]  # token ids, logprobs, ranks: the sampled token, then top-N
-
-
-def _attention_backend(name: str, tensor_parallel_size: int) -> str:
-    """The Pallas kernels are not wrapped in shard_map yet, and GSPMD cannot split a Pallas call over devices,
-    so with tensor parallelism `auto` means the XLA attention (which GSPMD shards on the head axis)."""
-    if tensor_parallel_size > 1 and name == "auto":
-        logger.info("tensor_parallel_size > 1: using the xla attention backend (Pallas kernels are single-device)")
-        return "xla"
-    if tensor_parallel_size > 1 and name.startswith("pallas"):
-        logger.warning("attention backend %s with tensor_parallel_size > 1 is untested on accelerators", name)
-    return name
 
 
 @dataclass
@@ -84,11 +74,14 @@ class ModelRunner:
         self.compilation_cache_dir = use_compilation_cache(config.compilation_cache_dir)
         model_entry, self.spec = resolve_architecture(mc.hf_config)
         self.mesh = make_mesh(tp, 1, devices=devices)
-        check_tensor_parallel_layout(self.spec, tp)
+        # Resolved once, for the platform the programs are built for (docs/architecture.md, "Sharding").
+        self.attention_backend = config.resolved_attention_backend
+        check_tensor_parallel_layout(self.spec, tp, self.attention_backend)
         graphdef, params = self._load_model(model_entry, random_weights)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
-        self.max_blocks_per_seq = blocks_per_sequence(mc.max_model_len, cc.block_size)
+        self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
+                                                    self.attention_backend, config.platform)
         self.max_logprobs = mc.max_logprobs
 
         kv_spec = kv_cache_partition_spec(self.spec, tp)
@@ -112,10 +105,12 @@ class ModelRunner:
     def _load_model(self, model_entry: object, random_weights: bool) -> tuple[nnx.GraphDef, nnx.State]:
         """The model's graph and its sharded params, laid out for the layer loop this platform runs."""
         config, mc = self.config, self.config.model_config
-        backend = _attention_backend(config.attention_backend, config.parallel_config.tensor_parallel_size)
+        # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
+        sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend != "xla"
         model = build_model(model_entry, self.spec, mc.dtype, None if random_weights else mc.source,
-                            attention_backend=backend, seed=mc.seed, sharding_for=self._param_sharding,
-                            model_kwargs=self._expert_parallel_kwargs())
+                            attention_backend=self.attention_backend, platform=config.platform,
+                            mesh=self.mesh if sharded_kernels else None, seed=mc.seed,
+                            sharding_for=self._param_sharding, model_kwargs=self._expert_parallel_kwargs())
         # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers
