@@ -23,13 +23,14 @@ from typing import Any, Callable
 import jax
 import jax.extend.core
 
+from vllm_jax.aot.hlo_cost import generic_cost
 from vllm_jax.aot.targets import Target, get_target
 
 # What a Pallas kernel becomes in compiled HLO.
 KERNEL_MARKERS = {"tpu": 'custom_call_target="tpu_custom_call"', "gpu": 'custom_call_target="__gpu$xla.gpu.triton"'}
 # XLA:TPU's cost analysis adds each Mosaic call's pl.CostEstimate; XLA:GPU's has none for Triton calls (and
-# jax's Triton lowering drops the estimate), so there the kernels' own estimates are added.
-KERNEL_COSTS_IN_XLA = {"tpu": True, "gpu": False}
+# jax's Triton lowering drops the estimate), so there the kernels' own estimates are added to aot.hlo_cost's.
+KERNEL_COSTS_IN_XLA = {"tpu": True, "gpu": False, "cpu": False}
 
 
 @dataclasses.dataclass
@@ -45,7 +46,12 @@ class CompileReport:
     xla_bytes_accessed: float = 0.0
     kernel_flops: int = 0  # sum of the pallas_calls' CostEstimates (traced once each)
     kernel_bytes_accessed: int = 0
+    flops: float = 0.0  # what the roofline counts: XLA's, plus the kernels' where XLA does not see them
+    bytes_accessed: float = 0.0
     roofline_seconds: float = 0.0
+    # "xla": the compiled executable's own cost analysis; "generic": XLA's HloCostAnalysis over the optimized
+    # module (aot.hlo_cost), where the executable has none. Either counts a while loop's body once.
+    cost_source: str = "xla"
 
     @property
     def kernel_present(self) -> bool:
@@ -79,9 +85,9 @@ def place(args: Any, target: Target, shardings: Any = None) -> Any:
                         is_leaf=lambda x: isinstance(x, (jax.ShapeDtypeStruct, jax.sharding.PartitionSpec)))
 
 
-def _kernel_costs(fn: Callable, args: Any) -> tuple[int, int]:
-    """Flops and bytes of every pallas_call's CostEstimate in fn's jaxpr, inside jit/shard_map/cond bodies
-    too (a scan's body counted `length` times; a while loop's once)."""
+def _kernel_costs(jaxpr: jax.extend.core.Jaxpr) -> tuple[int, int]:
+    """Flops and bytes of every pallas_call's CostEstimate in a jaxpr, inside jit/shard_map/cond bodies too (a
+    scan's body counted `length` times; a while loop's once)."""
     flops = bytes_accessed = 0
 
     def walk(jaxpr, times):
@@ -97,7 +103,7 @@ def _kernel_costs(fn: Callable, args: Any) -> tuple[int, int]:
             for sub in _subjaxprs(eqn):
                 walk(sub, inner)
 
-    walk(jax.make_jaxpr(fn)(*args).jaxpr, 1)
+    walk(jaxpr, 1)
     return flops, bytes_accessed
 
 
@@ -114,23 +120,38 @@ def compile_for_target(fn: Callable, args: tuple, target: str | Target, *, shard
                        donate_argnums: tuple[int, ...] = ()) -> CompileReport:
     """Lower and compile `jax.jit(fn)(*args)` for `target`; never raises for a compile failure (see .error)."""
     target = get_target(target) if isinstance(target, str) else target
+    report, _ = compile_jitted(jax.jit(fn, donate_argnums=donate_argnums), place(args, target, shardings), target)
+    return report
+
+
+def compile_jitted(jitted: Any, args: tuple, target: Target, mesh: jax.sharding.Mesh | None = None
+                   ) -> tuple[CompileReport, Any]:
+    """Trace, lower and compile an already jitted function (its own donation and static arguments) on abstract
+    `args` placed on the target's devices, under `mesh` (default: the target's whole mesh) so the kernels plan
+    for the target's chip. -> (report, the compiled executable or None). A failure, the kernel plan's refusal
+    (a ValueError while tracing) included, is the report's `error`, never an exception."""
     report = CompileReport(target=target.name, ok=False)
-    placed = place(args, target, shardings)
     start = time.perf_counter()
     try:
-        with jax.set_mesh(target.mesh()):
-            lowered = jax.jit(fn, donate_argnums=donate_argnums).lower(*placed)
-            compiled = lowered.compile()
-            report.kernel_flops, report.kernel_bytes_accessed = _kernel_costs(fn, placed)
-    except Exception as exc:  # the compiler's own message is the point
+        with jax.set_mesh(mesh or target.mesh()):
+            traced = jitted.trace(*args)
+            compiled = traced.lower().compile()
+    except Exception as exc:  # the compiler's (or the kernel plan's) own message is the point
         report.compile_seconds = time.perf_counter() - start
         report.error = f"{type(exc).__name__}: {exc}"
-        return report
+        return report, None
     report.compile_seconds = time.perf_counter() - start
     report.ok = True
+    report.kernel_flops, report.kernel_bytes_accessed = _kernel_costs(traced.jaxpr.jaxpr)
+    _read_compiled(report, compiled, target)
+    return report, compiled
+
+
+def _read_compiled(report: CompileReport, compiled: Any, target: Target) -> None:
+    """The kernels in the compiled text, XLA's memory and cost analyses, and the roofline."""
     text = compiled.as_text() or ""
-    marker = KERNEL_MARKERS[target.platform]
-    calls = [line for line in text.splitlines() if marker in line]
+    marker = KERNEL_MARKERS.get(target.platform)  # none on CPU: interpret mode leaves no custom call
+    calls = [line for line in text.splitlines() if marker and marker in line]
     report.kernel_calls = len(calls)
     report.kernel_names = tuple(m.group(1) for line in calls
                                 for m in [re.search(r'op_name="[^"]*?(vllm_jax_\w+|[\w.]+)/pallas_call', line)] if m)
@@ -145,8 +166,11 @@ def compile_for_target(fn: Callable, args: tuple, target: str | Target, *, shard
     if cost:
         report.xla_flops = float(cost.get("flops", 0.0))
         report.xla_bytes_accessed = float(cost.get("bytes accessed", 0.0))
-    flops, moved = report.xla_flops, report.xla_bytes_accessed
+    elif (generic := generic_cost(compiled)) is not None:  # XLA:GPU compile-only: no cost analysis
+        report.xla_flops, report.xla_bytes_accessed = generic
+        report.cost_source = "generic"
+    report.flops, report.bytes_accessed = report.xla_flops, report.xla_bytes_accessed
     if not KERNEL_COSTS_IN_XLA[target.platform]:
-        flops, moved = flops + report.kernel_flops, moved + report.kernel_bytes_accessed
-    report.roofline_seconds = target.spec.roofline_seconds(flops, moved)  # per device (SPMD: per shard)
-    return report
+        report.flops += report.kernel_flops
+        report.bytes_accessed += report.kernel_bytes_accessed
+    report.roofline_seconds = target.spec.roofline_seconds(report.flops, report.bytes_accessed)  # per device

@@ -20,6 +20,13 @@ import os
 from vllm_jax.pallas_kernels.chips import CHIPS, KiB, ChipSpec, current_chip, spec_for_device_kind  # noqa: F401
 
 TARGETS = ("v5e:1x1", "v5e:2x2", "v5e:2x4", "v6e:1x1", "v6e:2x2", "v6e:2x4", "h100", "a100", "h200")
+# "cpu" / "cpu:N": this host's own CPU devices, so the compile checks' plumbing is tested without any plugin. Its
+# figures are nominal (no roofline meaning); the engine's CPU config sizes its KV cache explicitly anyway.
+HOST_CPU = ChipSpec(name="cpu", platform="cpu", device_kinds=("cpu",), hbm_bytes=16 * 1024 ** 3,
+                    hbm_bytes_per_s=50e9, peak_bf16_flops=1e12, sources=("nominal figures for this host's CPU",))
+# jax's GPU client takes this share of device memory unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise
+# (jax's "GPU memory allocation" docs); what the engine sizes its KV cache from is what the client gives it.
+GPU_CLIENT_MEM_FRACTION = 0.75
 
 
 def available(platform: str) -> str | None:
@@ -75,6 +82,15 @@ class Target:
     def platform(self) -> str:
         return self.spec.platform
 
+    @property
+    def engine_memory_bytes(self) -> int:
+        """One device's memory as a process sees it (the engine's `bytes_limit`): a TPU's HBM; on a GPU the share
+        jax's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75)."""
+        if self.platform != "gpu":
+            return self.spec.hbm_bytes
+        fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_CLIENT_MEM_FRACTION))
+        return int(self.spec.hbm_bytes * fraction)
+
     def mesh(self, shape: tuple[int, ...] | None = None, axis_names: tuple[str, ...] = ("data", "model")):
         """A mesh over the target's devices (default: [1, n] as ("data", "model"), the engine's layout)."""
         import jax
@@ -86,9 +102,19 @@ class Target:
 
 @functools.cache
 def get_target(name: str) -> Target:
-    """Compile-only devices for "v5e:1x1" / "v5e:2x2" / "v5e:2x4" / "v6e:..." / "h100" / "a100" / "h200".
-    Raises RuntimeError saying what to install when the plugin for the platform is missing."""
+    """Compile-only devices for "v5e:1x1" / "v5e:2x2" / "v5e:2x4" / "v6e:..." / "h100" / "a100" / "h200" (or
+    this host's "cpu" / "cpu:N"). Raises RuntimeError saying what to install when the plugin for the platform is
+    missing."""
     chip, _, shape = name.partition(":")
+    if chip == "cpu":
+        import jax
+
+        count = int(shape or 1)
+        devices = jax.devices("cpu")
+        if count > len(devices):
+            raise ValueError(f"target {name!r} needs {count} CPU devices; this process has {len(devices)} (set "
+                             f"XLA_FLAGS=--xla_force_host_platform_device_count={count})")
+        return Target(name=name, spec=HOST_CPU, devices=tuple(devices[:count]))
     if chip not in CHIPS:
         raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
     spec = CHIPS[chip]
