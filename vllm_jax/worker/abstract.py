@@ -1,0 +1,156 @@
+"""The engine's programs without their arrays: abstract weights and KV cache, on any devices.
+
+`AbstractEngine.build(config, devices)` makes what `ModelRunner` makes before warm-up (the model's graph for the
+config's platform and attention backend, the params as ShapeDtypeStructs carrying the partition rules'
+NamedShardings, the block-table width, the buckets) and allocates nothing, so every program of warm-up's plan
+(worker/compilation.py) can be lowered and compiled for devices this host does not have: vllm_jax.aot's
+compile-only TPU and GPU targets. `compilation(num_blocks)` gives the CompilationManager over a DeviceStep with
+an abstract KV cache of that many blocks; its plan is the runner's own (docs/architecture.md, "Compilation and
+warm-up").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vllm_jax.config import EngineConfig
+from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model_loader.weight_loader import NP_DTYPES, flatten_params, unflatten_params
+from vllm_jax.pallas_kernels.dispatch import block_table_width
+from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
+from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
+from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
+from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block
+
+DeviceStepFactory = Callable[..., DeviceStep]
+
+
+@dataclass
+class AbstractEngine:
+    config: EngineConfig
+    spec: DecoderSpec
+    mesh: Mesh
+    attention_backend: str  # resolved for config.platform
+    graphdef: nnx.GraphDef
+    params: nnx.State  # ShapeDtypeStructs with NamedShardings over `mesh`
+    max_blocks_per_seq: int
+    token_buckets: list[int]
+    seq_buckets: list[int]
+
+    @classmethod
+    def build(cls, config: EngineConfig, devices: list | tuple) -> AbstractEngine:
+        """The runner's construction (worker/model_runner.py) up to the KV cache, without allocating."""
+        mc, sc, tp = config.model_config, config.scheduler_config, config.parallel_config.tensor_parallel_size
+        entry, spec = resolve_architecture(mc.hf_config)
+        mesh = make_mesh(tp, 1, devices=list(devices))
+        backend = config.resolved_attention_backend
+        check_tensor_parallel_layout(spec, tp, backend)
+        graphdef, params = _abstract_model(config, entry, spec, backend, mesh)
+        width = block_table_width(blocks_per_sequence(mc.max_model_len, config.cache_config.block_size), backend,
+                                  config.platform)
+        return cls(config, spec, mesh, backend, graphdef, params, width,
+                   geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
+                   geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth))
+
+    @property
+    def kv_spec(self) -> PartitionSpec:
+        return kv_cache_partition_spec(self.spec, self.config.parallel_config.tensor_parallel_size)
+
+    @property
+    def kv_shards(self) -> int:
+        """How many ways each block is split over the devices (1: every device holds whole blocks)."""
+        return self.config.parallel_config.tensor_parallel_size if self.kv_spec != PartitionSpec() else 1
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """One block's bytes on one device (the engine's budget is per device: kv_cache.size_kv_cache)."""
+        s, mc = self.spec, self.config.model_config
+        return bytes_per_block(s.num_layers, self.config.cache_config.block_size, s.num_kv_heads, s.head_dim,
+                               mc.kv_cache_dtype) // self.kv_shards
+
+    @property
+    def weight_bytes(self) -> int:
+        """The params' bytes on one device (the first; the rules split evenly or replicate)."""
+        return sum(_shard_bytes(leaf) for leaf in jax.tree.leaves(self.params))
+
+    def min_blocks(self) -> int:
+        """The smallest cache the engine starts with: one max_model_len request and the null block."""
+        mc = self.config.model_config
+        return blocks_per_sequence(mc.max_model_len, self.config.cache_config.block_size) + 1
+
+    def kv_cache(self, num_blocks: int) -> jax.ShapeDtypeStruct:
+        s, cc = self.spec, self.config.cache_config
+        shape = (s.num_layers, num_blocks, cc.block_size, 2 * s.num_kv_heads, s.head_dim)
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(self.config.model_config.kv_cache_dtype),
+                                    sharding=NamedSharding(self.mesh, self.kv_spec))
+
+    def buckets(self) -> list[tuple[int, int]]:
+        """(tokens, sequences) of every forward program, as the runner pairs them."""
+        max_num_seqs = self.config.scheduler_config.max_num_seqs
+        return [(t, seq_bucket_for(t, self.seq_buckets, max_num_seqs)) for t in self.token_buckets]
+
+    def compilation(self, num_blocks: int, buckets: list[tuple[int, int]] | None = None,
+                    device_step: DeviceStepFactory = DeviceStep) -> CompilationManager:
+        """Warm-up's plan over a DeviceStep (`device_step` builds it, with DeviceStep's arguments) holding the
+        abstract params and a `num_blocks` cache; `buckets` (default: all) narrows the forward programs."""
+        counter = TraceCounter()
+        mc = self.config.model_config
+        step = device_step(self.graphdef, self.params, self.kv_cache(num_blocks), self.mesh, mc.max_logprobs,
+                           on_trace=counter)
+        shapes = StepShapes(buckets or self.buckets(), self.config.cache_config.block_size, self.max_blocks_per_seq,
+                            self.spec.vocab_size, mc.max_logprobs)
+        return CompilationManager(step, counter, shapes, None)
+
+
+def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str,
+                    mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model as the runner builds it (model_loader.build_model's arguments), every param a ShapeDtypeStruct
+    on its partition rule's sharding, laid out for the platform's layer loop."""
+    mc, pc = config.model_config, config.parallel_config
+    kwargs = {}
+    if pc.tensor_parallel_size > 1 and backend != "xla":
+        kwargs["mesh"] = mesh  # the Pallas kernels run inside shard_map over it
+    if pc.enable_expert_parallel and getattr(spec, "num_experts", None):
+        kwargs["expert_mesh"] = mesh
+    dtype = jnp.dtype(NP_DTYPES[mc.dtype])
+    model = nnx.eval_shape(lambda: entry.model_class(spec, dtype, rngs=nnx.Rngs(0), attention_backend=backend,
+                                                     platform=config.platform, **kwargs))
+    graphdef, state = nnx.split(model)
+
+    def place(path: tuple[str, ...], leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+        rule = param_partition_spec(path, leaf.shape, spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, rule))
+
+    flat = flatten_params(nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, unflatten_params({path: place(path, leaf) for path, leaf in flat.items()}))
+    model = nnx.merge(graphdef, state)
+    model.scan_layers = config.scan_layers
+    graphdef, params = nnx.split(model)
+    if not config.scan_layers or (config.platform == "cpu" and model.switched_scan):
+        _unstack_abstract(params)
+    return graphdef, params
+
+
+def _unstack_abstract(state: nnx.State) -> None:
+    """model.layers.unstack_layers for abstract params: each stacked [L, ...] param becomes L per-layer ones."""
+    for variable in state["layers"].values():
+        value = variable.get_value()
+        spec = PartitionSpec(*tuple(value.sharding.spec)[1:])
+        one = jax.ShapeDtypeStruct(value.shape[1:], value.dtype, sharding=NamedSharding(value.sharding.mesh, spec))
+        variable.set_value(tuple(one for _ in range(value.shape[0])))
+
+
+def _shard_bytes(leaf: jax.ShapeDtypeStruct) -> int:
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    size = 1
+    for d in shape:
+        size *= d
+    return size * jnp.dtype(leaf.dtype).itemsize
