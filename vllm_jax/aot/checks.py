@@ -1,0 +1,67 @@
+"""What must hold of a target's compiled programs; each miss is one line of `TargetResult.failures`.
+
+- Every program compiled (a Mosaic / XLA:GPU error, or a kernel plan's refusal, is a failure with its message).
+- With a Pallas backend, every forward contains both kernels (attention and the KV write) as Mosaic / Triton
+  custom calls: `auto` silently compiling the XLA attention for a TPU must not pass.
+- Memory truth: every forward aliases exactly the KV cache's bytes (the donated cache is updated in place, per
+  device under tensor parallelism), and a decode program's temporaries stay far below the cache (a copy of the
+  cache would need at least its size).
+- The budget holds with the final programs: weights + cache + the largest temporaries within
+  --gpu-memory-utilization of the device (the cache was sized from the probe's temporaries).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_jax.aot.engine_programs import TargetResult
+
+KERNELS = ("vllm_jax_ragged_paged_attention", "vllm_jax_write_kv_cache")
+DECODE_TEMP_SHARE = 0.1  # a decode program's temporaries must stay under this share of the cache
+MiB = 1 << 20
+
+
+def check(result: TargetResult) -> TargetResult:
+    """Fill `result.failures` (see the module docstring) and return the result."""
+    failures = result.failures
+    for program in result.programs:
+        report = program.report
+        if not report.ok:
+            failures.append(f"{program.label}: {first_line(report.error)}")
+            continue
+        if program.kind != "forward":
+            continue
+        if result.attention_backend != "xla":
+            missing = [k for k in KERNELS if k not in report.kernel_names]
+            if missing:
+                failures.append(f"{program.label}: {', '.join(missing)} not in the compiled program "
+                                f"(a fallback to XLA ops)")
+        if result.budget is not None:
+            failures += _memory_truth(program, result.budget.kv_bytes)
+    budget = result.budget
+    if budget is not None and result.programs and all(p.report.ok for p in result.programs):
+        temp = max(p.report.memory.get("temp_size_in_bytes", 0) for p in result.programs)
+        if budget.weight_bytes + budget.kv_bytes + temp > budget.usable_bytes:
+            failures.append(f"weights + KV cache + the largest temporaries ({temp / MiB:.0f} MiB) exceed "
+                            f"{budget.usable_bytes / MiB:.0f} MiB: the probe's temporaries were "
+                            f"{budget.temp_bytes / MiB:.0f} MiB")
+    return result
+
+
+def _memory_truth(program, kv_bytes: int) -> list[str]:
+    memory = program.report.memory
+    out = []
+    alias = memory.get("alias_size_in_bytes", 0)
+    if alias != kv_bytes:
+        out.append(f"{program.label}: {alias / MiB:.1f} MiB aliased, the KV cache is {kv_bytes / MiB:.1f} MiB "
+                   f"(the donated cache is not updated in place)")
+    temp = memory.get("temp_size_in_bytes", 0)
+    if program.decode and temp >= DECODE_TEMP_SHARE * kv_bytes:
+        out.append(f"{program.label}: {temp / MiB:.1f} MiB of temporaries against a {kv_bytes / MiB:.1f} MiB "
+                   f"cache (over {DECODE_TEMP_SHARE:.0%}: a copy of the cache?)")
+    return out
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""

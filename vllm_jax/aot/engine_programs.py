@@ -1,0 +1,175 @@
+"""Every program the engine's warm-up compiles, compiled for a chip this host does not have.
+
+`check_target(args, "v5e:2x2")` takes the engine's own path: `args.create_config(platform=...)` (the target's
+defaults: dtype, batch limits, buckets, attention backend), `worker.abstract.AbstractEngine` (the runner's model,
+params and block-table width, abstract), and warm-up's plan (worker/compilation.py: each token bucket's forward,
+the KV write inside it, each sampler variant per sequence bucket), every program compiled by
+`aot.compile.compile_jitted` through the DeviceStep's own jitted functions (their donation included).
+
+The KV cache is sized by the engine's accelerator rule (worker/kv_budget.py): the largest temporaries come from
+the largest forward bucket and its sequence bucket's samplers, compiled first at the smallest cache (a program's
+temporaries do not grow with the donated cache); the plan is then compiled at the cache that leaves, the
+samplers reused. A config that cannot fit (the weights, one max_model_len request, a kernel plan's VMEM / SMEM
+refusal) ends in its message naming the flag, as at start-up. `aot.checks` says what must hold of the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+
+from vllm_jax.aot.compile import CompileReport, compile_jitted
+from vllm_jax.aot.targets import Target, get_target
+from vllm_jax.config import EngineArgs
+from vllm_jax.worker.abstract import AbstractEngine
+from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.kv_budget import KVBudget, kv_budget
+
+
+@dataclasses.dataclass
+class ProgramResult:
+    label: str  # warm-up's label, e.g. "forward T=256 S=256"
+    kind: str  # "forward" or "sampler"
+    num_tokens: int | None  # the forward's token bucket
+    num_seqs: int
+    report: CompileReport
+    reused: bool = False  # compiled once for the probe (a sampler does not read the cache)
+
+    @property
+    def decode(self) -> bool:
+        """A pure-decode bucket: every row one token (the programs a serving step runs most)."""
+        return self.kind == "forward" and self.num_tokens == self.num_seqs
+
+
+@dataclasses.dataclass
+class TargetResult:
+    target: str
+    platform: str = ""
+    tensor_parallel_size: int = 1
+    attention_backend: str = ""
+    dtype: str = ""
+    max_model_len: int = 0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    block_size: int = 0
+    num_layers: int = 0
+    scan_layers: bool = True
+    budget: KVBudget | None = None
+    programs: list[ProgramResult] = dataclasses.field(default_factory=list)
+    refused: str | None = None  # the config cannot run on this target: the message naming the flag
+    failures: list[str] = dataclasses.field(default_factory=list)  # filled by aot.checks
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None and not self.failures
+
+
+class _ProgramFailed(Exception):
+    """A program did not compile; its report already holds the compiler's message."""
+
+
+class _Recorder:
+    """Compiles what the DeviceStep asks for (via `RecordingDeviceStep`) and keeps one result per plan label."""
+
+    def __init__(self, target: Target, mesh: jax.sharding.Mesh):
+        self.target, self.mesh = target, mesh
+        self.label = ""
+        self.results: dict[str, ProgramResult] = {}
+        self._compiled: dict[tuple, tuple[CompileReport, Any]] = {}  # by program and argument avals
+
+    def compile(self, key: tuple, jitted: Any, args: tuple) -> Any:
+        avals = (key, tuple(_aval(x) for x in jax.tree.leaves(args)))
+        reused = avals in self._compiled
+        if not reused:
+            self._compiled[avals] = compile_jitted(jitted, args, self.target, self.mesh)
+        report, compiled = self._compiled[avals]
+        self.results[self.label] = _result(self.label, report, reused)
+        if compiled is None:
+            raise _ProgramFailed(report.error)
+        return compiled
+
+    def run(self, plan: list) -> list[ProgramResult]:
+        """Every (label, make-ready) of a warm-up plan; a failure is recorded and the rest still compile."""
+        labels = []
+        for label, make_ready in plan:
+            self.label = label
+            labels.append(label)
+            try:
+                make_ready()
+            except _ProgramFailed:
+                pass
+            except Exception as exc:  # e.g. a kernel plan's refusal while tracing, or a sampler without logits
+                failed = CompileReport(target=self.target.name, ok=False, error=f"{type(exc).__name__}: {exc}")
+                self.results[label] = _result(label, failed, False)
+        return [self.results[label] for label in labels]
+
+
+class RecordingDeviceStep(DeviceStep):
+    """The engine's DeviceStep whose warm-up compiles for the target and records what came out."""
+
+    def __init__(self, *args, recorder: _Recorder, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorder = recorder
+
+    def _load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
+        return self.recorder.compile(key, jitted, args)
+
+
+def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
+    """Compile every warm-up program of `args` for `target` (see the module docstring); never raises for a
+    config the target cannot run (TargetResult.refused) or a program that does not compile (its report)."""
+    from vllm_jax.aot.checks import check
+
+    target = get_target(target) if isinstance(target, str) else target
+    config = args.create_config(platform=target.platform)
+    mc, sc = config.model_config, config.scheduler_config
+    result = TargetResult(target.name, target.platform, config.parallel_config.tensor_parallel_size,
+                          config.resolved_attention_backend, mc.dtype, mc.max_model_len, sc.max_num_seqs,
+                          sc.max_num_batched_tokens, config.cache_config.block_size, scan_layers=config.scan_layers)
+    try:
+        engine = AbstractEngine.build(config, target.devices)
+    except ValueError as exc:  # a tensor-parallel layout the kernels cannot serve, too few devices
+        result.refused = str(exc)
+        return result
+    result.num_layers = engine.spec.num_layers
+    recorder = _Recorder(target, engine.mesh)
+
+    def plan(num_blocks: int, buckets=None) -> list:
+        step = lambda *a, **k: RecordingDeviceStep(*a, recorder=recorder, **k)  # noqa: E731
+        return engine.compilation(num_blocks, buckets, device_step=step).plan()
+
+    def budget(temp_bytes: int) -> KVBudget | None:
+        try:
+            return kv_budget(config, target.engine_memory_bytes, engine.weight_bytes, temp_bytes,
+                             engine.kv_bytes_per_block)
+        except ValueError as exc:  # the message names the flag, as at start-up
+            result.refused = str(exc)
+            return None
+
+    if budget(0) is None:  # the weights alone, or an explicit budget, leave no room: nothing to compile
+        return result
+    probe = recorder.run(plan(engine.min_blocks(), engine.buckets()[-1:]))
+    if not all(p.report.ok for p in probe):
+        result.programs = probe
+        return check(result)
+    result.budget = budget(max(p.report.memory.get("temp_size_in_bytes", 0) for p in probe))
+    if result.budget is None:
+        return result
+    result.programs = recorder.run(plan(result.budget.num_blocks))
+    return check(result)
+
+
+def _result(label: str, report: CompileReport, reused: bool) -> ProgramResult:
+    tokens = re.search(r"\bT=(\d+)", label)
+    seqs = re.search(r"\bS=(\d+)", label)
+    return ProgramResult(label, label.split()[0], int(tokens.group(1)) if tokens else None,
+                         int(seqs.group(1)) if seqs else 0, report, reused)
+
+
+def _aval(x: Any) -> tuple:
+    if hasattr(x, "shape"):
+        return tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None))
+    return (repr(x),)
