@@ -157,7 +157,7 @@ def _compile_check(ns: argparse.Namespace) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only targets need no accelerator on this host
     from vllm_jax.aot.report import run
 
-    return run(ns.model, ns.target, engine_args_from_namespace(ns, None), ns.json)
+    return run(ns.model, ns.target, engine_args_from_namespace(ns, None), ns.json, jobs=ns.jobs)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -232,8 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "Exits non-zero when any program fails to compile or a check fails.", formatter_class=fmt)
     chk.add_argument("model", help="an HF config.json, or the directory holding it (no weights are read)")
     chk.add_argument("--target", action="append", required=True, metavar="TARGET",
-                     help="v5e:1x1, v5e:2x2, v5e:2x4, v6e:1x1, v6e:2x2, v6e:2x4, h100, a100 or h200 (repeatable)")
+                     help="v5e:1x1, v5e:2x2, v5e:2x4, v6e:1x1, v6e:2x2, v6e:2x4, h100, a100 or h200; "
+                          "h100:8 etc. for several GPUs on one host (repeatable)")
     chk.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON ('-': stdout)")
+    chk.add_argument("--jobs", type=int, default=1, help="targets checked at once, each in its own process")
     add_engine_args(chk)
     chk.set_defaults(func=_compile_check)
     return parser

@@ -61,6 +61,7 @@ class TargetResult:
     programs: list[ProgramResult] = dataclasses.field(default_factory=list)
     refused: str | None = None  # the config cannot run on this target: the message naming the flag
     failures: list[str] = dataclasses.field(default_factory=list)  # filled by aot.checks
+    seconds: float = 0.0  # the whole check, the KV probe included
 
     @property
     def ok(self) -> bool:
@@ -137,10 +138,6 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     result.num_layers = engine.spec.num_layers
     recorder = _Recorder(target, engine.mesh)
 
-    def plan(num_blocks: int, buckets=None) -> list:
-        step = lambda *a, **k: RecordingDeviceStep(*a, recorder=recorder, **k)  # noqa: E731
-        return engine.compilation(num_blocks, buckets, device_step=step).plan()
-
     def budget(temp_bytes: int) -> KVBudget | None:
         try:
             return kv_budget(config, target.engine_memory_bytes, engine.weight_bytes, temp_bytes,
@@ -151,15 +148,26 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
 
     if budget(0) is None:  # the weights alone, or an explicit budget, leave no room: nothing to compile
         return result
-    probe = recorder.run(plan(engine.min_blocks(), engine.buckets()[-1:]))
+    probe = compile_plan(engine, target, engine.min_blocks(), engine.buckets()[-1:], recorder=recorder)
     if not all(p.report.ok for p in probe):
         result.programs = probe
         return check(result)
     result.budget = budget(max(p.report.memory.get("temp_size_in_bytes", 0) for p in probe))
     if result.budget is None:
         return result
-    result.programs = recorder.run(plan(result.budget.num_blocks))
+    result.programs = compile_plan(engine, target, result.budget.num_blocks, recorder=recorder)
     return check(result)
+
+
+def compile_plan(engine: AbstractEngine, target: Target, num_blocks: int, buckets: list | None = None, *,
+                 kinds: tuple[str, ...] = ("forward", "sampler"), recorder: _Recorder | None = None
+                 ) -> list[ProgramResult]:
+    """Compile warm-up's plan (its `kinds` of programs; `buckets`: AbstractEngine.compilation's) for `target`
+    over a `num_blocks` cache. A shared `recorder` compiles a program it has seen with the same inputs once."""
+    recorder = recorder or _Recorder(target, engine.mesh)
+    step = lambda *a, **k: RecordingDeviceStep(*a, recorder=recorder, **k)  # noqa: E731
+    plan = engine.compilation(num_blocks, buckets, device_step=step).plan()
+    return recorder.run([item for item in plan if item[0].split()[0] in kinds])
 
 
 def _result(label: str, report: CompileReport, reused: bool) -> ProgramResult:

@@ -9,8 +9,10 @@ aot.checks.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -41,20 +43,25 @@ def model_directory(path: str, scratch: str) -> str:
 
 
 def run(model: str, targets: list[str], args: EngineArgs, json_path: str | None = None,
-        out: TextIO | None = None) -> int:
-    """Check every target (see the module docstring); -> the exit code."""
+        out: TextIO | None = None, jobs: int = 1) -> int:
+    """Check every target (see the module docstring), `jobs` targets at a time in their own processes (XLA
+    compiles a program on one core); -> the exit code."""
     out = out or sys.stdout
-    results: list[TargetResult] = []
     with tempfile.TemporaryDirectory() as scratch:
         args = dataclasses.replace(args, model=model_directory(model, scratch))
-        for name in targets:
-            start = time.perf_counter()
-            try:
-                result = check_target(args, name)
-            except (ValueError, RuntimeError) as exc:  # an unknown target, a missing plugin, a bad flag
-                result = TargetResult(name, refused=str(exc))
-            results.append(result)
-            print(format_target(result, time.perf_counter() - start), file=out, flush=True)
+        if jobs > 1 and len(targets) > 1:
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chip to share
+            context = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+                futures = [pool.submit(_check_one, args, name) for name in targets]
+                for done in concurrent.futures.as_completed(futures):
+                    print(format_target(done.result()), file=out, flush=True)
+                results = [f.result() for f in futures]
+        else:
+            results = []
+            for name in targets:
+                results.append(_check_one(args, name))
+                print(format_target(results[-1]), file=out, flush=True)
     if json_path:
         text = json.dumps([to_json(r) for r in results], indent=1)
         if json_path == "-":
@@ -65,7 +72,17 @@ def run(model: str, targets: list[str], args: EngineArgs, json_path: str | None 
     return 0 if results and all(r.ok for r in results) else 1
 
 
-def format_target(result: TargetResult, seconds: float) -> str:
+def _check_one(args: EngineArgs, name: str) -> TargetResult:
+    start = time.perf_counter()
+    try:
+        result = check_target(args, name)
+    except (ValueError, RuntimeError) as exc:  # an unknown target, a missing plugin, a bad flag
+        result = TargetResult(name, refused=str(exc))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def format_target(result: TargetResult) -> str:
     lines = [f"== {result.target}: {result.platform}, tp {result.tensor_parallel_size}, {result.attention_backend}, "
              f"{result.dtype}, max_model_len {result.max_model_len}, max_num_seqs {result.max_num_seqs}, "
              f"max_num_batched_tokens {result.max_num_batched_tokens}, block_size {result.block_size}"]
@@ -81,7 +98,7 @@ def format_target(result: TargetResult, seconds: float) -> str:
               for row in rows]
     compiled = [p for p in result.programs if not p.reused]
     lines.append(f"{len(result.programs)} programs, {sum(p.report.compile_seconds for p in compiled):.0f} s "
-                 f"compiling ({seconds:.0f} s in all, the KV probe included)")
+                 f"compiling ({result.seconds:.0f} s in all, the KV probe included)")
     if result.programs and result.programs[0].report.ok and _layer_loop(result):
         lines.append("note: XLA's cost analysis counts the layer loop's body once, so GFLOP / GB / roofline cover "
                      "one layer plus the rest; --no-scan-layers compiles the layers unrolled for whole-step figures")

@@ -19,7 +19,7 @@ import os
 
 from vllm_jax.pallas_kernels.chips import CHIPS, KiB, ChipSpec, current_chip, spec_for_device_kind  # noqa: F401
 
-TARGETS = ("v5e:1x1", "v5e:2x2", "v5e:2x4", "v6e:1x1", "v6e:2x2", "v6e:2x4", "h100", "a100", "h200")
+TARGETS = ("v5e:1x1", "v5e:2x2", "v5e:2x4", "v6e:1x1", "v6e:2x2", "v6e:2x4", "h100", "a100", "h200")  # and "h100:8"...
 # "cpu" / "cpu:N": this host's own CPU devices, so the compile checks' plumbing is tested without any plugin. Its
 # figures are nominal (no roofline meaning); the engine's CPU config sizes its KV cache explicitly anyway.
 HOST_CPU = ChipSpec(name="cpu", platform="cpu", device_kinds=("cpu",), hbm_bytes=16 * 1024 ** 3,
@@ -102,9 +102,9 @@ class Target:
 
 @functools.cache
 def get_target(name: str) -> Target:
-    """Compile-only devices for "v5e:1x1" / "v5e:2x2" / "v5e:2x4" / "v6e:..." / "h100" / "a100" / "h200" (or
-    this host's "cpu" / "cpu:N"). Raises RuntimeError saying what to install when the plugin for the platform is
-    missing."""
+    """Compile-only devices for "v5e:1x1" / "v5e:2x2" / "v5e:2x4" / "v6e:..." / "h100" / "a100" / "h200", a GPU
+    with a device count on one host ("h100:8"), or this host's "cpu" / "cpu:N". Raises RuntimeError saying what
+    to install when the plugin for the platform is missing."""
     chip, _, shape = name.partition(":")
     if chip == "cpu":
         import jax
@@ -133,8 +133,9 @@ def get_target(name: str) -> Target:
             topology_name=f"{spec.topology_prefix}:{x}x{y}", platform="tpu", chip_config_name="default",
             chips_per_host_bounds=(x, y, 1), num_slices=1, wrap=(False, False, False))
     else:
-        if shape not in ("", "1", "1x1x1"):
-            raise ValueError(f"GPU targets are one device; got {name!r}")
-        topo = topologies.get_topology_desc(chip, "cuda", target_config=gpu_target_config(spec), topology="1x1x1")
+        if not (shape or "1").isdigit() or int(shape or 1) < 1:
+            raise ValueError(f"a GPU target is a chip and a device count on one host (h100, h100:8); got {name!r}")
+        topo = topologies.get_topology_desc(chip, "cuda", target_config=gpu_target_config(spec),
+                                            topology=f"1x1x{int(shape or 1)}")  # slices x hosts x devices
     return Target(name=name if shape or spec.platform == "gpu" else f"{name}:1x1", spec=spec,
                   devices=tuple(topo.devices))
