@@ -88,13 +88,18 @@ def test_the_kv_budget_is_memory_minus_weights_minus_temporaries(tiny_dir):
     config = EngineArgs(model=str(tiny_dir), max_model_len=256, block_size=16).create_config()
     config = dataclasses.replace(config, cache_config=dataclasses.replace(config.cache_config,
                                                                           kv_cache_memory_bytes=None))
-    budget = kv_budget(config, device_bytes=10_000_000, weight_bytes=2_000_000, temp_bytes=500_000,
+    budget = kv_budget(config, device_bytes=1 << 30, weight_bytes=200 << 20, temp_bytes=50 << 20,
                        bytes_per_block=4096)
-    assert budget.num_blocks == (9_000_000 - 2_000_000 - 500_000) // 4096 and budget.fits
+    headroom = 64 << 20  # over an eighth of 50 MiB
+    assert budget.num_blocks == (int(0.9 * (1 << 30)) - (200 << 20) - (50 << 20) - headroom) // 4096
+    assert budget.fits
+    big = kv_budget(config, device_bytes=1 << 34, weight_bytes=1 << 30, temp_bytes=1 << 30, bytes_per_block=4096)
+    assert big.num_blocks == (int(0.9 * (1 << 34)) - (1 << 30) - (9 << 27)) // 4096  # temps plus an eighth
     with pytest.raises(ValueError, match="--tensor-parallel-size"):
-        kv_budget(config, device_bytes=10_000_000, weight_bytes=9_000_000, temp_bytes=1, bytes_per_block=4096)
+        kv_budget(config, device_bytes=1 << 30, weight_bytes=900 << 20, temp_bytes=1, bytes_per_block=4096)
     with pytest.raises(ValueError, match="--max-model-len"):  # room for blocks, not for one 256-token request
-        kv_budget(config, device_bytes=10_000_000, weight_bytes=8_990_000, temp_bytes=0, bytes_per_block=4096)
+        kv_budget(config, device_bytes=1 << 30, weight_bytes=int(0.9 * (1 << 30)) - (64 << 20) - 40_000,
+                  temp_bytes=0, bytes_per_block=4096)
 
 
 def _forward(label="forward T=8 S=8", alias=1 << 20, temp=1 << 10, kernels=checks.KERNELS):

@@ -28,7 +28,7 @@ from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_s
 from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
 from vllm_jax.worker.device_step import DeviceStep
-from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block
+from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block, cache_shape, min_kv_blocks
 
 DeviceStepFactory = Callable[..., DeviceStep]
 
@@ -79,18 +79,14 @@ class AbstractEngine:
     @property
     def weight_bytes(self) -> int:
         """The params' bytes on one device (the first; the rules split evenly or replicate)."""
-        return sum(_shard_bytes(leaf) for leaf in jax.tree.leaves(self.params))
+        return sum(shard_bytes(leaf) for leaf in jax.tree.leaves(self.params))
 
     def min_blocks(self) -> int:
         """The smallest cache the engine starts with: one max_model_len request and the null block."""
-        mc = self.config.model_config
-        return blocks_per_sequence(mc.max_model_len, self.config.cache_config.block_size) + 1
+        return min_kv_blocks(self.config)
 
     def kv_cache(self, num_blocks: int) -> jax.ShapeDtypeStruct:
-        s, cc = self.spec, self.config.cache_config
-        shape = (s.num_layers, num_blocks, cc.block_size, 2 * s.num_kv_heads, s.head_dim)
-        return jax.ShapeDtypeStruct(shape, jnp.dtype(self.config.model_config.kv_cache_dtype),
-                                    sharding=NamedSharding(self.mesh, self.kv_spec))
+        return cache_shape(self.config, self.spec, num_blocks).abstract(NamedSharding(self.mesh, self.kv_spec))
 
     def buckets(self) -> list[tuple[int, int]]:
         """(tokens, sequences) of every forward program, as the runner pairs them."""
@@ -148,7 +144,8 @@ def _unstack_abstract(state: nnx.State) -> None:
         variable.set_value(tuple(one for _ in range(value.shape[0])))
 
 
-def _shard_bytes(leaf: jax.ShapeDtypeStruct) -> int:
+def shard_bytes(leaf: jax.ShapeDtypeStruct) -> int:
+    """The bytes of one device's shard of an abstract array (all of it without a sharding)."""
     shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
     size = 1
     for d in shape:

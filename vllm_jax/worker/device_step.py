@@ -93,6 +93,11 @@ class DeviceStep:
         out = executable(logits, tensors) if executable is not None else self._sample(logits, tensors, num_logprobs)
         return _fetch(out)
 
+    @property
+    def executables(self) -> list:
+        """The compiled (or loaded) programs warm-up made ready."""
+        return list(self._executables.values())
+
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""

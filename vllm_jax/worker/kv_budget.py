@@ -1,20 +1,36 @@
-"""The KV cache's size on an accelerator from what the compiled programs need, not from a guess.
+"""The KV cache's size from what the compiled programs need, not from a guess.
 
-Per device: `--gpu-memory-utilization` x the device's memory, minus the weights, minus the largest temp bytes
-of any compiled program (XLA's memory analysis; the donated cache is aliased in place, so a program needs its
-temporaries and nothing else besides weights and cache), in whole blocks. `--num-gpu-blocks-override` and
-`--kv-cache-memory-bytes` win, as in kv_cache.num_kv_blocks. A budget that cannot hold one max_model_len request
-is refused with the flags to change (kv_cache.check_capacity), as at start-up.
+On an accelerator (no `--num-gpu-blocks-override`, no `--kv-cache-memory-bytes`), per device:
+`--gpu-memory-utilization` x the device's memory, minus the weights, minus the largest temporaries of the
+programs (XLA's memory analysis; the donated cache is aliased in place, so a program needs its temporaries and
+nothing else besides weights and cache) with a headroom, in whole blocks. The temporaries come from a probe
+(`probe_temp_bytes`): the largest bucket's forward and its samplers compiled over an abstract cache of the fewest
+blocks (a program's temporaries barely depend on the donated cache's size: seen 330 -> 331 MiB for Llama-3-8B's
+8192-token forward at tensor parallelism 4 on v6e, hence the headroom). The engine (kv_cache.size_kv_cache) and
+`vllm-jax compile-check` (aot/engine_programs.py) size the cache with this one rule. A budget that cannot hold
+one max_model_len request is refused with the flags to change (`check_capacity`), as vLLM does at start-up.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
 from vllm_jax.config import EngineConfig
-from vllm_jax.worker.kv_cache import check_capacity
+from vllm_jax.utils import cdiv
+from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
+from vllm_jax.worker.device_step import DeviceStep
 
 GiB = 1 << 30
+MiB = 1 << 20
+
+
+def temp_headroom(temp_bytes: int) -> int:
+    """What is kept free for the programs' temporaries: the probe's, plus an eighth, at least 64 MiB more."""
+    return temp_bytes + max(temp_bytes // 8, 64 * MiB)
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,7 @@ class KVBudget:
     device_bytes: int
     usable_bytes: int  # gpu_memory_utilization x device_bytes
     weight_bytes: int
-    temp_bytes: int  # the largest compiled program's temporaries
+    temp_bytes: int  # the largest compiled program's temporaries (the probe's)
     bytes_per_block: int
     num_blocks: int
 
@@ -39,16 +55,19 @@ class KVBudget:
 
 def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_bytes: int,
               bytes_per_block: int) -> KVBudget:
-    """The cache's blocks for one device of `device_bytes` (see the module docstring); ValueError naming the
-    flags when weights and programs leave too little for one max_model_len request."""
+    """The cache's blocks for one device of `device_bytes` (see the module docstring; an override or an explicit
+    budget wins); ValueError naming the flags when too little is left for one max_model_len request."""
     cache = config.cache_config
     usable = int(device_bytes * cache.gpu_memory_utilization)
     if cache.num_gpu_blocks_override is not None:
         blocks = cache.num_gpu_blocks_override
+    elif cache.kv_cache_memory_bytes is not None:
+        blocks = cache.kv_cache_memory_bytes // bytes_per_block
+        if blocks < 2:
+            raise ValueError(f"--kv-cache-memory-bytes ({cache.kv_cache_memory_bytes}) holds fewer than 2 blocks of "
+                             f"{bytes_per_block} bytes; raise it or use a smaller --block-size")
     else:
-        budget = cache.kv_cache_memory_bytes
-        if budget is None:
-            budget = usable - weight_bytes - temp_bytes
+        budget = usable - weight_bytes - temp_headroom(temp_bytes)
         if budget < 2 * bytes_per_block:
             raise ValueError(
                 f"the weights ({weight_bytes / GiB:.2f} GiB per device) and the compiled programs' temporaries "
@@ -58,3 +77,32 @@ def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_b
         blocks = budget // bytes_per_block
     check_capacity(config, blocks)
     return KVBudget(device_bytes, usable, weight_bytes, temp_bytes, bytes_per_block, int(blocks))
+
+
+def check_capacity(config: EngineConfig, num_blocks: int) -> None:
+    """vLLM's start-up check: one request of max_model_len tokens must fit in the cache (and the null block)."""
+    max_model_len, block_size = config.model_config.max_model_len, config.cache_config.block_size
+    needed = cdiv(max_model_len, block_size)
+    if needed > num_blocks - 1:
+        explicit = config.cache_config.num_gpu_blocks_override is not None or \
+            config.cache_config.kv_cache_memory_bytes is not None
+        raise_flags = ("--kv-cache-memory-bytes / --num-gpu-blocks-override" if explicit else
+                       "--gpu-memory-utilization or --tensor-parallel-size")
+        raise ValueError(
+            f"max_model_len ({max_model_len}) needs {needed} KV blocks of {block_size} tokens but the cache has "
+            f"only {num_blocks - 1} usable blocks; lower --max-model-len or raise {raise_flags}")
+
+
+def probe_temp_bytes(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.ShapeDtypeStruct, mesh: Mesh,
+                     shapes: StepShapes, max_logprobs: int) -> int:
+    """The largest temporaries (XLA's memory analysis) of the programs warm-up compiles for `shapes` (the largest
+    bucket: its forward and its samplers), compiled over `kv_cache`, an abstract cache: nothing is allocated."""
+    step = DeviceStep(graphdef, params, kv_cache, mesh, max_logprobs)
+    for _, make_ready in CompilationManager(step, TraceCounter(), shapes, None).plan():
+        make_ready()
+    return max(program_temp_bytes(p) for p in step.executables)
+
+
+def program_temp_bytes(compiled: jax.stages.Compiled) -> int:
+    analysis = compiled.memory_analysis()
+    return int(getattr(analysis, "temp_size_in_bytes", 0) or 0) if analysis is not None else 0

@@ -1,10 +1,11 @@
 """Sizing and allocating the device KV cache (paged_kv/ does the block accounting, in pure Python).
 
 Layout (docs/architecture.md, "KV cache layout"): one array [num_layers, num_blocks, block_size, 2 * num_kv_heads,
-head_dim], K and V interleaved on the head axis. The block count comes from a memory budget:
-`--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU `--gpu-memory-utilization` of
-device memory minus what is already in use (weights) and an activation reserve. On CPU the budget is always
-explicit (1 GiB by default), never a silent huge allocation.
+head_dim], K and V interleaved on the head axis. The block count comes from a memory budget
+(worker/kv_budget.py): `--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU
+`--gpu-memory-utilization` of device memory minus what is already in use (the weights) and the compiled
+programs' temporaries, measured by a probe compile. On CPU the budget is always explicit (1 GiB by default),
+never a silent huge allocation.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.utils import cdiv
+from vllm_jax.worker.kv_budget import kv_budget
 
 logger = logging.getLogger(__name__)
 
@@ -36,20 +38,40 @@ class KVCacheShape:
     def shape(self) -> tuple[int, ...]:
         return (self.num_layers, self.num_blocks, self.block_size, 2 * self.num_kv_heads, self.head_dim)
 
+    def abstract(self, sharding: jax.sharding.Sharding | None = None) -> jax.ShapeDtypeStruct:
+        """The cache as a ShapeDtypeStruct (for compiling without allocating)."""
+        return jax.ShapeDtypeStruct(self.shape, jnp.dtype(self.dtype), sharding=sharding)
 
-def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int) -> KVCacheShape:
-    """The cache's shape from the memory budget, checked (one max_model_len request fits) and logged.
+
+def measures_device_memory(config: EngineConfig) -> bool:
+    """True when the cache is sized from the device's memory (neither an override nor an explicit budget): the
+    runner then probes the programs' temporaries first."""
+    cache = config.cache_config
+    return cache.num_gpu_blocks_override is None and cache.kv_cache_memory_bytes is None
+
+
+def device_memory() -> tuple[int, int]:
+    """(the bytes the first device's allocator may hold, the bytes in use now: the weights), from jax."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if not stats.get("bytes_limit"):
+        raise ValueError("cannot read device memory to size the KV cache; pass --kv-cache-memory-bytes or "
+                         "--num-gpu-blocks-override")
+    return int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
+
+
+def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp_bytes: int = 0) -> KVCacheShape:
+    """The cache's shape from the memory budget (`temp_bytes`: the programs' largest temporaries, when
+    measures_device_memory), checked (one max_model_len request fits) and logged.
 
     The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
     each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
     per_block = bytes_per_block(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim,
                                 mc.kv_cache_dtype) // num_shards
-    reserve = activation_reserve_bytes(config, spec.hidden_size, spec.intermediate_size, spec.vocab_size)
-    num_blocks = num_kv_blocks(config, per_block, reserve)
-    check_capacity(config, num_blocks)
+    device_bytes, weight_bytes = device_memory() if measures_device_memory(config) else (0, 0)
+    num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks
     log_capacity(config, num_blocks, per_block)
-    return KVCacheShape(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, mc.kv_cache_dtype)
+    return cache_shape(config, spec, num_blocks)
 
 
 def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
@@ -57,45 +79,19 @@ def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
     return cdiv(max_model_len, block_size)
 
 
+def min_kv_blocks(config: EngineConfig) -> int:
+    """The smallest cache the engine starts with: one max_model_len request and the null block."""
+    return blocks_per_sequence(config.model_config.max_model_len, config.cache_config.block_size) + 1
+
+
+def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:
+    mc = config.model_config
+    return KVCacheShape(spec.num_layers, num_blocks, config.cache_config.block_size, spec.num_kv_heads,
+                        spec.head_dim, mc.kv_cache_dtype)
+
+
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
     return num_layers * block_size * 2 * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
-
-
-def activation_reserve_bytes(config: EngineConfig, hidden_size: int, intermediate_size: int, vocab_size: int) -> int:
-    """A generous bound on one step's live activations (float32), kept free on TPU/GPU."""
-    sched = config.scheduler_config
-    per_token = 4 * (6 * hidden_size + 3 * intermediate_size)
-    return sched.max_num_batched_tokens * per_token + sched.max_num_seqs * vocab_size * 4 * 3
-
-
-def num_kv_blocks(config: EngineConfig, per_block: int, activation_reserve: int) -> int:
-    cache = config.cache_config
-    if cache.num_gpu_blocks_override is not None:
-        return cache.num_gpu_blocks_override
-    budget = cache.kv_cache_memory_bytes
-    if budget is None:
-        stats = jax.devices()[0].memory_stats() or {}
-        limit = stats.get("bytes_limit")
-        if not limit:
-            raise ValueError("cannot read device memory to size the KV cache; pass --kv-cache-memory-bytes or "
-                             "--num-gpu-blocks-override")
-        budget = int(limit * cache.gpu_memory_utilization) - stats.get("bytes_in_use", 0) - activation_reserve
-    blocks = budget // per_block
-    if blocks < 2:
-        raise ValueError(f"the KV cache budget ({budget} bytes) holds fewer than 2 blocks of {per_block} bytes; "
-                         "raise --kv-cache-memory-bytes / --gpu-memory-utilization or use a smaller --block-size")
-    return int(blocks)
-
-
-def check_capacity(config: EngineConfig, num_blocks: int) -> None:
-    """vLLM's start-up check: one request of max_model_len tokens must fit in the cache."""
-    block_size = config.cache_config.block_size
-    needed = blocks_per_sequence(config.model_config.max_model_len, block_size)
-    if needed > num_blocks - 1:
-        raise ValueError(
-            f"max_model_len ({config.model_config.max_model_len}) needs {needed} KV blocks of {block_size} tokens "
-            f"but the cache has only {num_blocks - 1} usable blocks; lower --max-model-len or raise "
-            "--kv-cache-memory-bytes / --num-gpu-blocks-override")
 
 
 def log_capacity(config: EngineConfig, num_blocks: int, per_block: int) -> None:

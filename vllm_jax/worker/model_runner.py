@@ -21,6 +21,8 @@ broadcasts each step's payload and the others run `serve_worker()`, executing th
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +48,9 @@ from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_f
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import DeviceStep, StepResult
-from vllm_jax.worker.kv_cache import allocate_kv_cache, blocks_per_sequence, size_kv_cache
+from vllm_jax.worker.kv_budget import probe_temp_bytes
+from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
+                                      min_kv_blocks, size_kv_cache)
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.step_payload import StepPayload
 
@@ -84,20 +88,27 @@ class ModelRunner:
                                                     self.attention_backend, config.platform)
         self.max_logprobs = mc.max_logprobs
 
-        kv_spec = kv_cache_partition_spec(self.spec, tp)
-        kv_shape = size_kv_cache(config, self.spec, num_shards=tp if kv_spec != PartitionSpec() else 1)
-        self.num_blocks = kv_shape.num_blocks
-        kv_cache = allocate_kv_cache(kv_shape, NamedSharding(self.mesh, kv_spec))
-        counter = TraceCounter()
-        store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), (params, kv_cache))
-        self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
-                                 on_trace=counter)
-
         self.token_buckets = geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth)
         self.seq_buckets = geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs,
                                              sc.bucket_growth)
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
                             self.max_blocks_per_seq, self.vocab_size, self.max_logprobs)
+
+        kv_spec = kv_cache_partition_spec(self.spec, tp)
+        kv_sharding = NamedSharding(self.mesh, kv_spec)
+        num_shards = tp if kv_spec != PartitionSpec() else 1
+        temp_bytes = 0
+        if measures_device_memory(config):  # an accelerator: the programs' temporaries, from a probe compile
+            probe_cache = cache_shape(config, self.spec, min_kv_blocks(config)).abstract(kv_sharding)
+            temp_bytes = probe_temp_bytes(graphdef, params, probe_cache, self.mesh,
+                                          dataclasses.replace(shapes, buckets=shapes.buckets[-1:]), self.max_logprobs)
+        kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes)
+        self.num_blocks = kv_shape.num_blocks
+        kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
+        counter = TraceCounter()
+        store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), (params, kv_cache))
+        self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
+                                 on_trace=counter)
         self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir)
         self.requests: dict[str, CachedRequestState] = {}
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
