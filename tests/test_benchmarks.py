@@ -38,3 +38,25 @@ def test_device_mode_reports_the_batches_context_and_model_it_ran_and_compiles_n
         assert r["compilations_while_timed"] == 0  # the timed steps reuse the warm program
         assert r["step_ms"] > 0 and r["share_of_bandwidth"] > 0
     assert [f"batch {r['batch']:4d} x 40 context" in proc.stdout for r in rows] == [True, True]
+
+
+def test_the_aot_roofline_counts_what_a_decode_step_must_read(tmp_path):
+    """benchmarks/aot_roofline.py on this host's CPU target (float32, the CPU default), one Llama-3-8B-shaped
+    layer: the bytes a step must read are the weights less the embedding table, plus the gathered rows and the KV
+    the batch touches; the compiled program's count is at least that (XLA:CPU's cost analysis charges the
+    embedding gather its whole table, so on CPU the ratio says nothing), and the roofline follows from it."""
+    out = tmp_path / "roofline.json"
+    proc = subprocess.run([sys.executable, "benchmarks/aot_roofline.py", "--targets", "cpu", "--batches", "2",
+                           "--contexts", "256", "--layers", "1", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    [row] = json.loads(out.read_text())
+    hidden, inter, kv, vocab, f32 = 4096, 14336, 8 * 128, 128256, 4
+    layer = hidden * hidden * 2 + hidden * kv * 2 + 3 * hidden * inter + 2 * hidden
+    must = f32 * (layer + hidden + vocab * hidden + 2 * hidden) + 2 * 256 * 2 * kv * f32
+    assert (row["batch"], row["context"], row["fits"]) == (2, 256, True)
+    assert row["must_read_bytes"] == must
+    assert row["program_bytes"] > 0.95 * must and row["ratio"] == row["program_bytes"] / must
+    assert row["roofline_s"] == max(row["hbm_bytes"] / 50e9, row["flops"] / 1e12)  # the host's nominal figures
+    assert row["tok_s"] == 2 / row["roofline_s"]
+    assert "| cpu | 2 | 0k |" in proc.stdout

@@ -124,18 +124,19 @@ def compile_for_target(fn: Callable, args: tuple, target: str | Target, *, shard
     return report
 
 
-def compile_jitted(jitted: Any, args: tuple, target: Target, mesh: jax.sharding.Mesh | None = None
-                   ) -> tuple[CompileReport, Any]:
+def compile_jitted(jitted: Any, args: tuple, target: Target, mesh: jax.sharding.Mesh | None = None,
+                   compiler_options: dict[str, Any] | None = None) -> tuple[CompileReport, Any]:
     """Trace, lower and compile an already jitted function (its own donation and static arguments) on abstract
     `args` placed on the target's devices, under `mesh` (default: the target's whole mesh) so the kernels plan
-    for the target's chip. -> (report, the compiled executable or None). A failure, the kernel plan's refusal
+    for the target's chip; `compiler_options`: XLA flags for this compile. -> (report, the compiled executable
+    or None). A failure, the kernel plan's refusal
     (a ValueError while tracing) included, is the report's `error`, never an exception."""
     report = CompileReport(target=target.name, ok=False)
     start = time.perf_counter()
     try:
         with jax.set_mesh(mesh or target.mesh()):
             traced = jitted.trace(*args)
-            compiled = traced.lower().compile()
+            compiled = traced.lower().compile(compiler_options)
     except Exception as exc:  # the compiler's (or the kernel plan's) own message is the point
         report.compile_seconds = time.perf_counter() - start
         report.error = f"{type(exc).__name__}: {exc}"

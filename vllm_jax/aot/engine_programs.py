@@ -75,8 +75,8 @@ class _ProgramFailed(Exception):
 class _Recorder:
     """Compiles what the DeviceStep asks for (via `RecordingDeviceStep`) and keeps one result per plan label."""
 
-    def __init__(self, target: Target, mesh: jax.sharding.Mesh):
-        self.target, self.mesh = target, mesh
+    def __init__(self, target: Target, mesh: jax.sharding.Mesh, compiler_options: dict[str, Any] | None = None):
+        self.target, self.mesh, self.compiler_options = target, mesh, compiler_options
         self.label = ""
         self.results: dict[str, ProgramResult] = {}
         self._compiled: dict[tuple, tuple[CompileReport, Any]] = {}  # by program and argument avals
@@ -85,7 +85,8 @@ class _Recorder:
         avals = (key, tuple(_aval(x) for x in jax.tree.leaves(args)))
         reused = avals in self._compiled
         if not reused:
-            self._compiled[avals] = compile_jitted(jitted, args, self.target, self.mesh)
+            self._compiled[avals] = compile_jitted(jitted, args, self.target, self.mesh,
+                                                  self.compiler_options)
         report, compiled = self._compiled[avals]
         self.results[self.label] = _result(self.label, report, reused)
         if compiled is None:
@@ -160,11 +161,12 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
 
 
 def compile_plan(engine: AbstractEngine, target: Target, num_blocks: int, buckets: list | None = None, *,
-                 kinds: tuple[str, ...] = ("forward", "sampler"), recorder: _Recorder | None = None
-                 ) -> list[ProgramResult]:
+                 kinds: tuple[str, ...] = ("forward", "sampler"), recorder: _Recorder | None = None,
+                 compiler_options: dict[str, Any] | None = None) -> list[ProgramResult]:
     """Compile warm-up's plan (its `kinds` of programs; `buckets`: AbstractEngine.compilation's) for `target`
-    over a `num_blocks` cache. A shared `recorder` compiles a program it has seen with the same inputs once."""
-    recorder = recorder or _Recorder(target, engine.mesh)
+    over a `num_blocks` cache (with `compiler_options`, XLA flags, when no `recorder` is given). A shared
+    `recorder` compiles a program it has seen with the same inputs once."""
+    recorder = recorder or _Recorder(target, engine.mesh, compiler_options)
     step = lambda *a, **k: RecordingDeviceStep(*a, recorder=recorder, **k)  # noqa: E731
     plan = engine.compilation(num_blocks, buckets, device_step=step).plan()
     return recorder.run([item for item in plan if item[0].split()[0] in kinds])

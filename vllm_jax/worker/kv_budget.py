@@ -69,9 +69,9 @@ def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_b
     else:
         budget = usable - weight_bytes - temp_headroom(temp_bytes)
         if budget < 2 * bytes_per_block:
+            temps = f" and the compiled programs' temporaries ({temp_bytes / GiB:.2f} GiB)" if temp_bytes else ""
             raise ValueError(
-                f"the weights ({weight_bytes / GiB:.2f} GiB per device) and the compiled programs' temporaries "
-                f"({temp_bytes / GiB:.2f} GiB) leave no room for the KV cache in "
+                f"the weights ({weight_bytes / GiB:.2f} GiB per device){temps} leave no room for the KV cache in "
                 f"--gpu-memory-utilization ({cache.gpu_memory_utilization}) x {device_bytes / GiB:.1f} GiB: raise "
                 f"--tensor-parallel-size or --gpu-memory-utilization, or lower --max-num-batched-tokens")
         blocks = budget // bytes_per_block

