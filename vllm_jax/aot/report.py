@@ -83,6 +83,8 @@ def _check_one(args: EngineArgs, name: str) -> TargetResult:
 
 
 def format_target(result: TargetResult) -> str:
+    if not result.platform:  # refused before a config was built (an unknown target, a missing plugin)
+        return f"== {result.target}\nREFUSED: {result.refused}"
     lines = [f"== {result.target}: {result.platform}, tp {result.tensor_parallel_size}, {result.attention_backend}, "
              f"{result.dtype}, max_model_len {result.max_model_len}, max_num_seqs {result.max_num_seqs}, "
              f"max_num_batched_tokens {result.max_num_batched_tokens}, block_size {result.block_size}"]

@@ -37,8 +37,13 @@ def available(platform: str) -> str | None:
         else:
             import jax_plugins.xla_cuda12  # noqa: F401
     except ImportError as exc:
-        need = "jax[tpu] (libtpu)" if platform == "tpu" else "jax-cuda12-plugin and jax-cuda12-pjrt"
-        return f"{need} not installed ({exc})"
+        import jax
+
+        v = jax.__version__
+        need = (f"jax[tpu] (libtpu) not installed: pip install 'jax[tpu]=={v}'" if platform == "tpu" else
+                f"jax-cuda12-plugin and jax-cuda12-pjrt not installed: pip install jax-cuda12-plugin=={v} "
+                f"jax-cuda12-pjrt=={v}")
+        return f"{need} ({exc})"
     return None
 
 
