@@ -39,7 +39,7 @@ def tiny_dir(tmp_path_factory):
 
 def test_the_runner_sizes_the_cache_from_the_probes_temporaries(tiny_dir, monkeypatch):
     device_bytes, weights = 512 * MiB, 3 * MiB
-    monkeypatch.setattr(kv_cache, "device_memory", lambda: (device_bytes, weights))
+    monkeypatch.setattr(kv_cache, "device_memory", lambda device: (device_bytes, weights))
     probed = []
     real_probe = kv_budget_module.probe_temp_bytes
 
@@ -68,7 +68,7 @@ def fixed_probe(monkeypatch):
 
 
 def test_weights_that_leave_no_room_are_refused_naming_the_flags(tiny_dir, monkeypatch, fixed_probe):
-    monkeypatch.setattr(kv_cache, "device_memory", lambda: (100 * MiB, 90 * MiB - fixed_probe))
+    monkeypatch.setattr(kv_cache, "device_memory", lambda device: (100 * MiB, 90 * MiB - fixed_probe))
     with pytest.raises(ValueError, match="--tensor-parallel-size or --gpu-memory-utilization"):
         ModelRunner(_accelerator_config(tiny_dir), random_weights=True)
 
@@ -76,7 +76,8 @@ def test_weights_that_leave_no_room_are_refused_naming_the_flags(tiny_dir, monke
 def test_a_cache_too_small_for_one_request_names_max_model_len(tiny_dir, monkeypatch, fixed_probe):
     per_block = 2 * 16 * 2 * 2 * 16 * 4
     # room for 10 blocks; max_model_len 256 needs 16 and the null block
-    monkeypatch.setattr(kv_cache, "device_memory", lambda: (100 * MiB, 90 * MiB - fixed_probe - 10 * per_block))
+    monkeypatch.setattr(kv_cache, "device_memory",
+                        lambda device: (100 * MiB, 90 * MiB - fixed_probe - 10 * per_block))
     with pytest.raises(ValueError, match=r"needs 16 KV blocks .* only 9 usable blocks; lower --max-model-len or "
                                          r"raise --gpu-memory-utilization or --tensor-parallel-size"):
         ModelRunner(_accelerator_config(tiny_dir), random_weights=True)

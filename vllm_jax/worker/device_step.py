@@ -98,6 +98,10 @@ class DeviceStep:
         """The compiled (or loaded) programs warm-up made ready."""
         return list(self._executables.values())
 
+    def adopt_samplers(self, other: DeviceStep) -> None:
+        """Take `other`'s compiled samplers (same mesh and vocabulary): they read no KV cache, so a probe's serve."""
+        self._executables.update({k: v for k, v in other._executables.items() if k[0] == "sample"})
+
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""

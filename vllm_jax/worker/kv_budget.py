@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
-from flax import nnx
-from jax.sharding import Mesh
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.utils import cdiv
@@ -93,11 +91,10 @@ def check_capacity(config: EngineConfig, num_blocks: int) -> None:
             f"only {num_blocks - 1} usable blocks; lower --max-model-len or raise {raise_flags}")
 
 
-def probe_temp_bytes(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.ShapeDtypeStruct, mesh: Mesh,
-                     shapes: StepShapes, max_logprobs: int) -> int:
+def probe_temp_bytes(step: DeviceStep, shapes: StepShapes) -> int:
     """The largest temporaries (XLA's memory analysis) of the programs warm-up compiles for `shapes` (the largest
-    bucket: its forward and its samplers), compiled over `kv_cache`, an abstract cache: nothing is allocated."""
-    step = DeviceStep(graphdef, params, kv_cache, mesh, max_logprobs)
+    bucket: its forward and its samplers), compiled by `step`, a DeviceStep over an abstract cache: nothing is
+    allocated. Its samplers read no cache, so the engine's own step adopts them afterwards."""
     for _, make_ready in CompilationManager(step, TraceCounter(), shapes, None).plan():
         make_ready()
     return max(program_temp_bytes(p) for p in step.executables)

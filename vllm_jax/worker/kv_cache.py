@@ -50,25 +50,28 @@ def measures_device_memory(config: EngineConfig) -> bool:
     return cache.num_gpu_blocks_override is None and cache.kv_cache_memory_bytes is None
 
 
-def device_memory() -> tuple[int, int]:
-    """(the bytes the first device's allocator may hold, the bytes in use now: the weights), from jax."""
-    stats = jax.devices()[0].memory_stats() or {}
+def device_memory(device: jax.Device) -> tuple[int, int]:
+    """(the bytes `device`'s allocator may hold, the bytes in use on it now: the weights), from jax."""
+    stats = device.memory_stats() or {}
     if not stats.get("bytes_limit"):
         raise ValueError("cannot read device memory to size the KV cache; pass --kv-cache-memory-bytes or "
                          "--num-gpu-blocks-override")
     return int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
 
 
-def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp_bytes: int = 0) -> KVCacheShape:
+def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp_bytes: int = 0,
+                  device: jax.Device | None = None) -> KVCacheShape:
     """The cache's shape from the memory budget (`temp_bytes`: the programs' largest temporaries, when
-    measures_device_memory), checked (one max_model_len request fits) and logged.
+    measures_device_memory; `device`: the first of the runner's mesh, default jax's first), checked (one
+    max_model_len request fits) and logged.
 
     The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
     each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
     per_block = bytes_per_block(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim,
                                 mc.kv_cache_dtype) // num_shards
-    device_bytes, weight_bytes = device_memory() if measures_device_memory(config) else (0, 0)
+    device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
+    device_bytes, weight_bytes = device_memory(device) if measures_device_memory(config) else (0, 0)
     num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks
     log_capacity(config, num_blocks, per_block)
     return cache_shape(config, spec, num_blocks)

@@ -97,18 +97,20 @@ class ModelRunner:
         kv_spec = kv_cache_partition_spec(self.spec, tp)
         kv_sharding = NamedSharding(self.mesh, kv_spec)
         num_shards = tp if kv_spec != PartitionSpec() else 1
-        temp_bytes = 0
+        temp_bytes, probe = 0, None
         if measures_device_memory(config):  # an accelerator: the programs' temporaries, from a probe compile
             probe_cache = cache_shape(config, self.spec, min_kv_blocks(config)).abstract(kv_sharding)
-            temp_bytes = probe_temp_bytes(graphdef, params, probe_cache, self.mesh,
-                                          dataclasses.replace(shapes, buckets=shapes.buckets[-1:]), self.max_logprobs)
-        kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes)
+            probe = DeviceStep(graphdef, params, probe_cache, self.mesh, self.max_logprobs)
+            temp_bytes = probe_temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
+        kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes, device=self.mesh.devices.flat[0])
         self.num_blocks = kv_shape.num_blocks
         kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
         counter = TraceCounter()
         store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), (params, kv_cache))
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
                                  on_trace=counter)
+        if probe is not None:
+            self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
         self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir)
         self.requests: dict[str, CachedRequestState] = {}
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
