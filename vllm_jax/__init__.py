@@ -24,6 +24,7 @@ _LAZY = {
     "EngineArgs": "vllm_jax.config",
     "SamplingParams": "vllm_jax.sampling_params",
     "RequestOutputKind": "vllm_jax.sampling_params",
+    "StructuredOutputsParams": "vllm_jax.sampling_params",
     "RequestOutput": "vllm_jax.outputs",
     "CompletionOutput": "vllm_jax.outputs",
     "Logprob": "vllm_jax.outputs",
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from vllm_jax.engine.llm_engine import LLMEngine
     from vllm_jax.llm import LLM
     from vllm_jax.outputs import CompletionOutput, Logprob, RequestOutput
-    from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+    from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

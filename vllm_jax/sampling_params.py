@@ -24,6 +24,59 @@ _MIN_TEMPERATURE = 1e-2  # smaller positive temperatures are raised to this, as 
 _MAX_ABS_LOGIT_BIAS = 100.0  # vLLM (and OpenAI) clamp logit_bias values to [-100, 100]
 
 
+_CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's structured-output constraint: exactly one of json (a JSON schema, as a dict or its text), regex,
+    choice (a list of strings), grammar (EBNF / GBNF or Lark), json_object (any JSON object).
+
+    The engine compiles it with llguidance (docs/architecture.md, "Structured outputs"); the compiled grammar is
+    kept in `_grammar` so that a request cloned for n > 1 or retried compiles nothing again.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+    disable_fallback: bool = False
+    _grammar: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in _CONSTRAINT_KINDS if getattr(self, k) is not None and getattr(self, k) is not False]
+        if len(given) != 1:
+            what = ", ".join(given) if given else "none"
+            raise ValueError("structured_outputs needs exactly one of json, regex, choice, grammar or json_object; "
+                             f"got {what}.")
+        kind = given[0]
+        if kind == "structural_tag":
+            raise ValueError("structured_outputs.structural_tag is not supported; use json, regex, choice or "
+                             "grammar.")
+        if kind == "json" and not isinstance(self.json, (str, dict)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (an object or its text), got "
+                             f"{type(self.json).__name__}.")
+        if kind in ("regex", "grammar") and not (isinstance(getattr(self, kind), str) and getattr(self, kind)):
+            raise ValueError(f"structured_outputs.{kind} must be a non-empty string.")
+        if kind == "choice" and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                 or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings.")
+        if kind == "json_object" and self.json_object is not True:
+            raise ValueError("structured_outputs.json_object must be true when given.")
+        if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
+            raise ValueError("structured_outputs.whitespace_pattern must be a string (a regex).")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, regex, choice, grammar or json_object."""
+        return next(k for k in _CONSTRAINT_KINDS if getattr(self, k) is not None and getattr(self, k) is not False)
+
+
 class RequestOutputKind(IntEnum):
     CUMULATIVE = 0  # every output carries the whole text so far
     DELTA = 1  # streaming: only what is new since the last output
@@ -56,6 +109,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine: bad_words tokenized, and the model's EOS plus generation_config's extra stop ids.
     bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -92,6 +146,9 @@ class SamplingParams:
         self._verify_stops()
         self._verify_token_constraints()
         self.output_kind = _output_kind(self.output_kind)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}.")
         if self.temperature < _GREEDY_TEMPERATURE:  # greedy: these filters cannot change the argmax
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
         # min_tokens masks every stop id, user-given ones included (the engine adds EOS later).
