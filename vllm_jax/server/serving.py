@@ -53,9 +53,12 @@ def load_chat_template(value: str | None) -> str | None:
     """`--chat-template`: a file path, or the Jinja template itself (anything with braces or newlines)."""
     if value is None:
         return None
-    path = Path(value).expanduser()
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
+    try:
+        is_file = Path(value).expanduser().is_file()
+    except OSError:  # a long inline template is no valid file name
+        is_file = False
+    if is_file:
+        return Path(value).expanduser().read_text(encoding="utf-8")
     if any(c in value for c in "{}\n"):
         return value
     raise ValueError(f"--chat-template {value!r}: no such file (and it does not look like a Jinja template)")
