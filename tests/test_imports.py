@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vllm_jax"
 LEAVES = {"config", "sampling_params", "outputs", "logger", "utils"}  # importable from anywhere
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
-    "server": {"engine", "metrics", "scheduler"},
-    "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding"},
+    "server": {"engine", "metrics", "scheduler", "reasoning"},
+    "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "reasoning"},
     "scheduler": {"paged_kv"},
     "paged_kv": set(),
     "worker": {"model", "model_loader", "sample", "pallas_kernels", "sharding", "scheduler"},
@@ -24,7 +24,8 @@ ALLOWED = {
     "sharding": {"pallas_kernels"},
     "metrics": set(),
     "aot": {"pallas_kernels", "sharding", "model", "worker"},
-    "config": {"model_loader", "pallas_kernels", "sharding"},
+    "config": {"model_loader", "pallas_kernels", "sharding", "reasoning"},
+    "reasoning": set(),
     "sampling_params": set(),
     "outputs": set(),
     "logger": set(),
@@ -34,6 +35,7 @@ ENTRY_POINTS = {"__init__", "llm", "cli"}  # may import anything
 FORBIDDEN_LIBRARIES = {
     "scheduler": {"jax", "jaxlib", "flax"},
     "paged_kv": {"jax", "jaxlib", "flax"},
+    "reasoning": {"jax", "jaxlib", "flax"},
     "engine": {"prometheus_client", "fastapi", "starlette", "uvicorn"},
     "model": {"safetensors", "gguf", "orbax", "huggingface_hub"},
     "config": {"prometheus_client", "fastapi", "uvicorn"},

@@ -66,6 +66,8 @@ ENGINE_FLAG_HELP = {
                         "CPU, 16 on TPU/GPU)",
     "min_seq_bucket": "smallest sequence bucket compiled (default: 2 on CPU, 8 on TPU/GPU)",
     "bucket_growth": "ratio between consecutive token / sequence buckets (default: 4 on CPU, 2 on TPU/GPU)",
+    "reasoning_parser": "split thinking models' reasoning from the answer: deepseek_r1 or qwen3 (the server "
+                        "answers it in `reasoning`; default: none)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import os
 from typing import TYPE_CHECKING, Any
 
+from vllm_jax.reasoning import get_reasoning_parser
+
 if TYPE_CHECKING:
     from vllm_jax.model_loader.source import ModelSource
 
@@ -86,6 +88,9 @@ class EngineConfig:
     compilation_cache_dir: str | None  # resolved: the directory in use, or None (no persistent cache)
     platform: str  # what the programs are built for (cpu / gpu / tpu): jax's backend unless create_config was told
     scan_layers: bool
+    # `--reasoning-parser` (vllm_jax.reasoning): the server splits the reasoning from the answer with it, and a
+    # request's structured outputs are meant to start after its end token.
+    reasoning_parser: str | None = None
 
     @property
     def resolved_attention_backend(self) -> str:
@@ -139,6 +144,8 @@ class EngineArgs:
     # Ratio between consecutive buckets (default: 4 on CPU, where each compiled program costs ~1 s of warm-up,
     # 2 on accelerators).
     bucket_growth: int | None = None
+    # Thinking models: deepseek_r1 or qwen3 (vllm_jax.reasoning); None leaves the output as it is.
+    reasoning_parser: str | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -172,6 +179,7 @@ class EngineArgs:
             compilation_cache_dir=resolve_cache_dir(self.compilation_cache_dir, self.compilation_cache),
             platform=platform,
             scan_layers=self.scan_layers,
+            reasoning_parser=self.reasoning_parser,
         )
 
     def _check_values(self, platform: str) -> None:
@@ -199,6 +207,8 @@ class EngineArgs:
             raise ValueError(f"bucket_growth must be >= 2; got {self.bucket_growth}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
+        if self.reasoning_parser is not None:
+            get_reasoning_parser(self.reasoning_parser)
 
     def _model_config(self, platform: str) -> ModelConfig:
         """Find the model, read its HF config, resolve the dtypes and the context length."""

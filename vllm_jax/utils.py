@@ -1,4 +1,4 @@
-"""Small arithmetic shared across parts of the package (a leaf module: it imports nothing of ours)."""
+"""Small helpers shared across parts of the package (a leaf module: it imports nothing of ours)."""
 
 from __future__ import annotations
 
@@ -6,3 +6,13 @@ from __future__ import annotations
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: how many size-`b` pieces hold `a` items (blocks for tokens, tiles for rows)."""
     return -(-a // b)
+
+
+def partial_marker_len(text: str, marker: str) -> int:
+    """How many trailing characters of `text` could be the start of `marker` (at most len(marker) - 1).
+
+    A stream parser holds those back: the next delta decides whether they open the marker or are plain text."""
+    for k in range(min(len(text), len(marker) - 1), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
