@@ -180,7 +180,10 @@ CASES = [
     # options that cannot be honored, and /tokenize's own rules
     Bad("best_of != n", "/v1/completions", _cmpl(best_of=3), "best_of", "not supported"),
     Bad("suffix", "/v1/completions", _cmpl(suffix="end"), "suffix", "not supported"),
-    Bad("tools", "/v1/chat/completions", _chat(tools=[{"type": "function"}]), "tools", "not supported"),
+    Bad("a tool without its function", "/v1/chat/completions", _chat(tools=[{"type": "function"}]), "tools",
+        "tools.0.function"),
+    Bad("tools without --enable-auto-tool-choice", "/v1/chat/completions",
+        _chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tool_choice", "--enable-auto-tool-choice"),
     Bad("stream_options without stream", "/v1/completions", _cmpl(stream_options={"include_usage": True}),
         "stream_options", "stream"),
     Bad("empty cache_salt", "/v1/completions", _cmpl(cache_salt=""), "cache_salt", "at least 1 character"),

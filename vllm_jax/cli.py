@@ -185,6 +185,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                        help="do not collect or log engine statistics")
     group.add_argument("--enable-log-requests", action="store_true",
                        help="log each request's prompt and sampling parameters (off: prompts never reach the log)")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='let tool_choice "auto" (the default when a request has tools) parse the model\'s '
+                            "tool calls, with --tool-call-parser")
+    group.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                       help="the tool-call format the model writes: hermes (Qwen2.5, Qwen3, Hermes), llama3_json "
+                            "(Llama 3.x) or mistral")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="uvicorn's log level (access log lines are at info)")

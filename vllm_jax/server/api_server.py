@@ -17,6 +17,7 @@ from fastapi.responses import Response
 
 import vllm_jax
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.server.errors import APIError, error_response, install_error_handlers
 from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKeyMiddleware, BodyLimitMiddleware
 from vllm_jax.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -26,6 +27,7 @@ from vllm_jax.server.responses import (ChatCompletionResponse, CompletionRespons
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
+from vllm_jax.server.tool_parsers import auto_tool_parser
 
 if TYPE_CHECKING:
     from vllm_jax.metrics.prometheus import PrometheusStatLogger
@@ -37,14 +39,20 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str | None, chat_template: str | None,
               max_request_bytes: int | None = None, log_requests: bool = False,
-              metrics: PrometheusStatLogger | None = None) -> FastAPI:
+              metrics: PrometheusStatLogger | None = None, enable_auto_tool_choice: bool = False,
+              tool_call_parser: str | None = None) -> FastAPI:
     """The app serving `engine` (an AsyncLLM) under `served_model_names` (the first is the default name).
 
-    `metrics`: the Prometheus logger the engine feeds, served at /metrics (None: an empty /metrics)."""
+    `metrics`: the Prometheus logger the engine feeds, served at /metrics (None: an empty /metrics).
+    `enable_auto_tool_choice` with `tool_call_parser`: tool_choice "auto" parses calls with that parser (vLLM's
+    flags). The reasoning parser is the engine config's (`--reasoning-parser`)."""
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
+    reasoning = engine.config.reasoning_parser
     ctx = ServingContext(engine=engine, served_model_names=list(served_model_names),
-                         chat_template=load_chat_template(chat_template), log_requests=log_requests)
+                         chat_template=load_chat_template(chat_template), log_requests=log_requests,
+                         tool_parser=auto_tool_parser(enable_auto_tool_choice, tool_call_parser),
+                         reasoning_parser=get_reasoning_parser(reasoning) if reasoning else None)
     app = FastAPI(title="vllm-jax", version=vllm_jax.__version__,
                   description="OpenAI-compatible API of vllm_jax (a JAX reimplementation of vLLM).")
     app.state.serving = ctx
@@ -88,7 +96,8 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
                 raise APIError(400, "messages must not be empty.", param="messages")
             text = ctx.render_chat(conversation, add_generation_prompt=body.add_generation_prompt,
                                    continue_final_message=body.continue_final_message,
-                                   template_kwargs=body.chat_template_kwargs)
+                                   template_kwargs=body.chat_template_kwargs,
+                                   tools=[tool.template_dict() for tool in body.tools] if body.tools else None)
             ids = await ctx.tokenize(text, add_special_tokens=bool(body.add_special_tokens), param="messages")
         strs = ctx.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)

@@ -80,6 +80,8 @@ _UNION_HINTS = {
     "prompt": "must be a string, a list of strings, a list of token ids or a list of token-id lists",
     "stop": "must be a string or a list of strings",
     "content": "must be a string or a list of content parts",
+    "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+    "arguments": "must be a JSON string or an object",
 }
 _NOT_AN_OBJECT = ("the request body must be a JSON object, sent with 'Content-Type: application/json'")
 

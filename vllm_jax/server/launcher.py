@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import uvicorn
 from fastapi import FastAPI
 
+from vllm_jax.server.tool_parsers import auto_tool_parser
+
 if TYPE_CHECKING:
     from vllm_jax.engine.async_llm import AsyncLLM
 
@@ -170,6 +172,10 @@ def _checked_config(args: Any, ns: Any) -> tuple[Any, list[str]]:
         ("max-num-queued-requests", ns.max_num_queued_requests)) if value is not None and value <= 0]
     if ns.shutdown_timeout < 0:
         problems.append(f"--shutdown-timeout must be >= 0; got {ns.shutdown_timeout}")
+    try:
+        auto_tool_parser(ns.enable_auto_tool_choice, ns.tool_call_parser)
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
         return None, problems
     try:
@@ -194,5 +200,6 @@ def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAP
     engine = engine_cls(config, max_num_queued_requests=ns.max_num_queued_requests,
                         stat_loggers=[metrics] if metrics is not None else [])
     app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
-                    max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics)
+                    max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics,
+                    enable_auto_tool_choice=ns.enable_auto_tool_choice, tool_call_parser=ns.tool_call_parser)
     return engine, app

@@ -3,7 +3,7 @@ responses.py.
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...), ignore
 fields they do not know (clients send extras), and reject what they cannot honor with a 400 rather than
-silently doing something else (tools, suffix, best_of != n, a structured response_format). Types are strict, as
+silently doing something else (suffix, best_of != n, a structured response_format). Types are strict, as
 OpenAI's are: `"max_tokens": "10"`, `"stream": "yes"` or `"n": true` is a 400, not a silent conversion (a JSON
 integer is still a valid float). Coarse ranges and the per-request limits below are checked here;
 `to_sampling_params` builds the engine's `SamplingParams`, whose own validation names the field, and checks the
@@ -16,13 +16,25 @@ MAX_BAD_WORDS bad words of at most MAX_STOP_CHARS characters each.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+from vllm_jax.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from vllm_jax.scheduler.request import check_context_length
+from vllm_jax.server.tool_choice import (
+    ToolChoice,
+    ToolChoiceError,
+    forced_schema,
+    resolve_tool_choice,
+)
 
 MAX_N = 128  # completions per request: bounds the fan-out a single request can ask for
 MAX_PROMPTS = 1024  # prompts in one completions request (each is one engine request)
@@ -206,10 +218,26 @@ class ContentPart(OpenAIRequestModel):
     text: str | None = None
 
 
+class FunctionCallParam(OpenAIRequestModel):
+    name: str
+    arguments: str | dict[str, Any] | None = None  # OpenAI sends JSON text; some clients an object
+
+
+class ToolCallParam(OpenAIRequestModel):
+    """A call in an earlier assistant turn, as the client sends it back."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessage(OpenAIRequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # assistant turns
+    tool_call_id: str | None = None  # tool results: the call they answer
+    reasoning: str | None = None  # assistant turns: earlier thinking, for templates that show it
 
     def text(self) -> str:
         """The content as one string; only text parts are supported (joined with newlines, as vLLM does)."""
@@ -227,16 +255,55 @@ class ChatMessage(OpenAIRequestModel):
         return "\n".join(texts)
 
 
-def chat_conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the plain dicts a chat template reads: role, content as text and, when given, the author's
-    `name` (as vLLM passes it). Both /v1/chat/completions and /tokenize render through this."""
+def chat_conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the plain dicts a chat template reads, as vLLM passes them: role, content as text, the
+    author's `name`; an assistant turn's `tool_calls` with their arguments parsed into objects (what HF tool
+    templates iterate over) and its `reasoning` (also as `reasoning_content`, the name Qwen3's template reads);
+    a tool result's `tool_call_id`. Both /v1/chat/completions and /tokenize render through this."""
     conversation = []
-    for m in messages:
-        msg = {"role": m.role, "content": m.text()}
+    for i, m in enumerate(messages):
+        msg: dict[str, Any] = {"role": m.role, "content": m.text()}
         if m.name is not None:
             msg["name"] = m.name
+        if m.role == "assistant" and m.tool_calls:
+            msg["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
+                                 for j, call in enumerate(m.tool_calls)]
+        if m.role == "assistant" and m.reasoning is not None:
+            msg["reasoning"] = msg["reasoning_content"] = m.reasoning
+        if m.role == "tool" and m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
         conversation.append(msg)
     return conversation
+
+
+def _template_tool_call(call: ToolCallParam, where: str) -> dict[str, Any]:
+    arguments = call.function.arguments
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{where}.function.arguments is not valid JSON: {exc}") from None
+    entry: dict[str, Any] = {"type": "function",
+                             "function": {"name": call.function.name, "arguments": arguments or {}}}
+    if call.id is not None:
+        entry["id"] = call.id
+    return entry
+
+
+class FunctionDefinition(OpenAIRequestModel):
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIRequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+    def template_dict(self) -> dict[str, Any]:
+        """The tool as chat templates read it (transformers' `tools=`): OpenAI's shape, unset fields left out."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
 
 
 class ResponseFormat(OpenAIRequestModel):
@@ -250,11 +317,14 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # checked by resolve_tool_choice, with vLLM's rules
+    parallel_tool_calls: bool = True  # false: only the first call is returned, as vLLM does
     # vLLM extras for the chat template
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True  # false: no `reasoning` in the answer (with --reasoning-parser)
 
     def _requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -272,12 +342,28 @@ class ChatCompletionRequest(_SamplingRequest):
         super().check_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true.")
-        if self.tools:
-            raise ValueError("tools are not supported by this server (no tool calling); remove `tools`.")
+        self.resolved_tool_choice()
         if self.response_format is not None and self.response_format.type != "text":
             raise ValueError(f"response_format {self.response_format.type!r} is not supported; only 'text'.")
         if self.add_generation_prompt and self.continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true.")
+
+    def resolved_tool_choice(self) -> ToolChoice:
+        return resolve_tool_choice(self.tools, self.tool_choice)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [tool.template_dict() for tool in self.tools] if self.tools else None
+
+    def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
+        """As for every request, plus the schema that "required" or a named tool_choice forces."""
+        params = super().to_sampling_params(max_model_len, prompt_len)
+        schema = forced_schema(self.resolved_tool_choice(), self.tools)
+        if schema is None:
+            return params
+        if params.structured_outputs is not None:
+            raise ToolChoiceError("tool_choice \"required\" or a named function already constrains the output; "
+                                  "it cannot be combined with structured outputs.", "tool_choice")
+        return dataclasses.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
 
 
 class TokenizeRequest(OpenAIRequestModel):
@@ -290,6 +376,7 @@ class TokenizeRequest(OpenAIRequestModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None  # rendered by the template, as on chat
     return_token_strs: bool = False
 
 

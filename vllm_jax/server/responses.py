@@ -91,9 +91,22 @@ class ChatChoiceLogprobs(OpenAIBaseModel):
     content: list[ChatLogprob] | None = None
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning: str | None = None  # --reasoning-parser: the thinking, apart from the answer (vLLM's field)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionChoice(OpenAIBaseModel):
@@ -114,14 +127,33 @@ class ChatCompletionResponse(OpenAIBaseModel):
     prompt_logprobs: PromptLogprobs | None = None
 
 
-class DeltaMessage(OpenAIBaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
+class _Delta(OpenAIBaseModel):
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: Any) -> dict[str, Any]:
         """A delta carries only what changed: `{"content": "..."}`, never `"role": null`."""
         return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunctionCall(_Delta):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Delta):
+    """A piece of a streamed tool call: the first piece of call `index` has its id, type and name; the client
+    appends the `arguments` of every piece."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class DeltaMessage(_Delta):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(OpenAIBaseModel):

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from vllm_jax.reasoning import ThinkTagParser
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.errors import APIError, bad_request, model_not_found, unavailable
 from vllm_jax.server.protocol import guess_param, is_valid_unicode
+from vllm_jax.server.tool_parsers import ToolParser
 
 if TYPE_CHECKING:
     from vllm_jax.engine.async_llm import AsyncLLM
@@ -64,12 +66,20 @@ def load_chat_template(value: str | None) -> str | None:
     raise ValueError(f"--chat-template {value!r}: no such file (and it does not look like a Jinja template)")
 
 
+def error_param(exc: Exception) -> str | None:
+    """The request field an input error concerns: its own `param` (ToolChoiceError), else the field its
+    message starts with."""
+    return getattr(exc, "param", None) or guess_param(str(exc))
+
+
 @dataclass
 class ServingContext:
     engine: AsyncLLM
     served_model_names: list[str]
     chat_template: str | None = None
     log_requests: bool = False
+    tool_parser: ToolParser | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
+    reasoning_parser: ThinkTagParser | None = None  # --reasoning-parser NAME
 
     @property
     def max_model_len(self) -> int:
@@ -91,7 +101,7 @@ class ServingContext:
         try:
             body.check_unsupported()
         except ValueError as exc:
-            raise bad_request(str(exc), param=guess_param(str(exc))) from exc
+            raise bad_request(str(exc), param=error_param(exc)) from exc
         return model
 
     def require_ready(self) -> None:
@@ -135,9 +145,11 @@ class ServingContext:
         except Exception as exc:  # noqa: BLE001
             raise bad_request(f"tokens cannot be decoded: {exc}", param="tokens") from exc
 
-    def render_chat(self, conversation: list[dict[str, str]], *, add_generation_prompt: bool,
-                    continue_final_message: bool, template_kwargs: dict[str, Any] | None) -> str:
-        """The prompt text for a conversation, from --chat-template or the tokenizer's own template."""
+    def render_chat(self, conversation: list[dict[str, Any]], *, add_generation_prompt: bool,
+                    continue_final_message: bool, template_kwargs: dict[str, Any] | None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for a conversation (and the tools offered), from --chat-template or the tokenizer's
+        own template."""
         tokenizer = self.engine.tokenizer
         template = self.chat_template or getattr(tokenizer, "chat_template", None)
         if not template:
@@ -147,20 +159,21 @@ class ServingContext:
             raise bad_request("continue_final_message needs the last message to be from the assistant.",
                               param="messages")
         extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-        if nesting_depth(extra) > MAX_TEMPLATE_KWARGS_DEPTH:  # transformers walks the values recursively
-            raise bad_request(f"chat_template_kwargs may nest at most {MAX_TEMPLATE_KWARGS_DEPTH} levels deep.",
-                              param="chat_template_kwargs")
+        # transformers and the template walk these values recursively
+        for param, value in (("chat_template_kwargs", extra), ("tools", tools), ("messages", conversation)):
+            if nesting_depth(value) > MAX_TEMPLATE_KWARGS_DEPTH:
+                raise bad_request(f"{param} may nest at most {MAX_TEMPLATE_KWARGS_DEPTH} levels deep.", param=param)
         try:
             text = tokenizer.apply_chat_template(
                 conversation, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, **extra)
+                continue_final_message=continue_final_message, tools=tools, **extra)
         except Exception as exc:  # noqa: BLE001 - template errors (e.g. roles out of order) are the input's
             raise bad_request(f"The chat template cannot render these messages: {exc}", param="messages") from exc
         if not isinstance(text, str):
             raise APIError(500, "The chat template did not produce text.", code="internal_error")
         return text
 
-    async def chat_prompt_ids(self, conversation: list[dict[str, str]], **kwargs: Any) -> list[int]:
+    async def chat_prompt_ids(self, conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
         # The template already wrote the special tokens it wants (BOS included): add none.
         return await self.tokenize(self.render_chat(conversation, **kwargs), add_special_tokens=False,
                                    param="messages")
@@ -177,11 +190,10 @@ class ServingContext:
             return request.to_sampling_params(self.max_model_len, prompt_len)
         except (ValueError, TypeError) as exc:
             message = str(exc)
-            param = None
             if message.startswith("This model's maximum context length"):
                 param = "max_tokens" if "in the completion" in message else prompt_param
             else:
-                param = guess_param(message)
+                param = error_param(exc)
             raise bad_request(message, param=param, code="invalid_value") from exc
 
     def log_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:

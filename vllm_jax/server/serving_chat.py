@@ -1,12 +1,14 @@
-"""/v1/chat/completions: the conversation rendered by the chat template, one engine request with n completions.
+"""/v1/chat/completions: the conversation (and tools) rendered by the chat template, one engine request with n
+completions, each read into reasoning, content and tool calls by chat_output.py.
 
 Streaming follows OpenAI's chunk sequence: first a `{"role": "assistant", "content": ""}` delta per choice,
-then content deltas (the last one of a choice carries its finish_reason), then an optional usage chunk with no
-choices (`stream_options.include_usage`), then `data: [DONE]`.
+then deltas of content, reasoning and tool calls (the last one of a choice carries its finish_reason), then an
+optional usage chunk with no choices (`stream_options.include_usage`), then `data: [DONE]`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,39 +17,46 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from vllm_jax.outputs import CompletionOutput, RequestOutput
+from vllm_jax.server.chat_output import ChatOutputRules, ChoiceStreamer
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
 from vllm_jax.server.protocol import ChatCompletionRequest, chat_conversation
-from vllm_jax.server.responses import (AssistantMessage, ChatChoiceLogprobs, ChatCompletionChoice,
+from vllm_jax.server.responses import (ChatChoiceLogprobs, ChatCompletionChoice,
                                        ChatCompletionChunk, ChatCompletionResponse, ChatStreamChoice, DeltaMessage,
                                        UsageInfo)
 from vllm_jax.server.serving import ServingContext
 from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
+from vllm_jax.server.tool_choice import AUTO_NEEDS_FLAGS
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
     model = ctx.admit(body)
+    if body.resolved_tool_choice().mode == "auto" and ctx.tool_parser is None:
+        raise bad_request(AUTO_NEEDS_FLAGS, param="tool_choice")
+    rules = ChatOutputRules.for_request(body, ctx.tool_parser, ctx.reasoning_parser)
     try:
         conversation = chat_conversation(body.messages)
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from exc
     prompt_ids = await ctx.chat_prompt_ids(conversation, add_generation_prompt=body.add_generation_prompt,
                                            continue_final_message=body.continue_final_message,
-                                           template_kwargs=body.chat_template_kwargs)
+                                           template_kwargs=body.chat_template_kwargs, tools=body.template_tools())
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
+    if rules.keeps_special_tokens:
+        params = dataclasses.replace(params, skip_special_tokens=False)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     ctx.log_request(request_id, conversation, params)
     streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
                              cache_salt=body.cache_salt)
     if body.stream:
         await start_or_abort(streams, raw)
-        return SSEResponse(_stream(ctx, body, streams, request_id, model), on_close=streams.close)
+        return SSEResponse(_stream(ctx, body, rules, streams, request_id, model), on_close=streams.close)
     try:
         final = await await_or_disconnect(_final_output(streams), raw)
     finally:
         await streams.close()
-    return JSONResponse(_response(ctx, body, final, request_id, model).model_dump())
+    return JSONResponse(_response(ctx, body, rules, final, request_id, model).model_dump())
 
 
 async def _final_output(streams: RequestStreams) -> RequestOutput:
@@ -73,12 +82,13 @@ def _logprobs(ctx: ServingContext, body: ChatCompletionRequest, out: CompletionO
     return ChatChoiceLogprobs(content=content)
 
 
-def _response(ctx: ServingContext, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
-              model: str) -> ChatCompletionResponse:
-    choices = [ChatCompletionChoice(index=out.index, message=AssistantMessage(content=out.text),
-                                    logprobs=_logprobs(ctx, body, out), finish_reason=out.finish_reason,
-                                    stop_reason=out.stop_reason)
-               for out in sorted(final.outputs, key=lambda o: o.index)]
+def _response(ctx: ServingContext, body: ChatCompletionRequest, rules: ChatOutputRules, final: RequestOutput,
+              request_id: str, model: str) -> ChatCompletionResponse:
+    choices = []
+    for out in sorted(final.outputs, key=lambda o: o.index):
+        message, finish_reason = rules.message(out.text, out.finish_reason)
+        choices.append(ChatCompletionChoice(index=out.index, message=message, logprobs=_logprobs(ctx, body, out),
+                                            finish_reason=finish_reason, stop_reason=out.stop_reason))
     prompt = len(final.prompt_token_ids)
     completion = sum(len(out.token_ids) for out in final.outputs)
     usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
@@ -86,9 +96,10 @@ def _response(ctx: ServingContext, body: ChatCompletionRequest, final: RequestOu
                                   prompt_logprobs=prompt_logprobs(final.prompt_logprobs))
 
 
-async def _stream(ctx: ServingContext, body: ChatCompletionRequest, streams: RequestStreams, request_id: str,
-                  model: str) -> AsyncIterator[str]:
+async def _stream(ctx: ServingContext, body: ChatCompletionRequest, rules: ChatOutputRules, streams: RequestStreams,
+                  request_id: str, model: str) -> AsyncIterator[str]:
     created = int(time.time())
+    choice_streams: list[ChoiceStreamer] = [rules.streamer() for _ in range(body.n)]
 
     def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
         return sse_event(ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices,
@@ -103,11 +114,13 @@ async def _stream(ctx: ServingContext, body: ChatCompletionRequest, streams: Req
             for out in output.outputs:
                 completion_tokens += len(out.token_ids)
                 logprobs = _logprobs(ctx, body, out)
-                if not out.text and out.finish_reason is None and not (logprobs and logprobs.content):
+                choice = choice_streams[out.index]
+                delta = choice.push(out.text, finished=out.finish_reason is not None)
+                if delta == DeltaMessage() and out.finish_reason is None and not (logprobs and logprobs.content):
                     continue
-                yield chunk([ChatStreamChoice(index=out.index, delta=DeltaMessage(content=out.text or None),
-                                              logprobs=logprobs, finish_reason=out.finish_reason,
-                                              stop_reason=out.stop_reason)])
+                yield chunk([ChatStreamChoice(
+                    index=out.index, delta=delta, logprobs=logprobs, stop_reason=out.stop_reason,
+                    finish_reason=rules.finish_reason(choice.calls_sent > 0, out.finish_reason))])
         if body.include_usage:
             yield chunk([], UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                       total_tokens=prompt_tokens + completion_tokens))
