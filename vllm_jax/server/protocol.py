@@ -3,8 +3,9 @@ responses.py.
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...), ignore
 fields they do not know (clients send extras), and reject what they cannot honor with a 400 rather than
-silently doing something else (tools, suffix, best_of != n, a structured response_format). Types are strict, as
-OpenAI's are: `"max_tokens": "10"`, `"stream": "yes"` or `"n": true` is a 400, not a silent conversion (a JSON
+silently doing something else (suffix, best_of != n). Structured outputs come from vLLM's `structured_outputs`
+field or OpenAI's `response_format` (json_object, json_schema), on completions and chat alike, as vLLM serves
+them. Types are strict, as OpenAI's are: `"max_tokens": "10"`, `"stream": "yes"` or `"n": true` is a 400, not a silent conversion (a JSON
 integer is still a valid float). Coarse ranges and the per-request limits below are checked here;
 `to_sampling_params` builds the engine's `SamplingParams`, whose own validation names the field, and checks the
 prompt + max_tokens against the context length with vLLM's message.
@@ -21,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm_jax.scheduler.request import check_context_length
 
 MAX_N = 128  # completions per request: bounds the fan-out a single request can ask for
@@ -71,6 +72,55 @@ class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False
 
 
+class StructuredOutputsRequest(OpenAIRequestModel):
+    """vLLM's `structured_outputs` request field: exactly one constraint, plus its JSON options."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def to_params(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(
+            json=self.json_schema, regex=self.regex, choice=self.choice, grammar=self.grammar,
+            json_object=self.json_object, structural_tag=self.structural_tag,
+            disable_any_whitespace=self.disable_any_whitespace,
+            disable_additional_properties=self.disable_additional_properties,
+            whitespace_pattern=self.whitespace_pattern)
+
+
+class JsonSchemaFormat(OpenAIRequestModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIRequestModel):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def to_params(self) -> StructuredOutputsParams | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise ValueError("response_format of type json_schema needs json_schema.schema (the JSON schema).")
+        return StructuredOutputsParams(json=self.json_schema.schema_)
+
+
 class _SamplingRequest(OpenAIRequestModel):
     """Fields shared by completions and chat: OpenAI's sampling options, then vLLM's extras."""
 
@@ -101,6 +151,8 @@ class _SamplingRequest(OpenAIRequestModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
     priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
     cache_salt: str | None = Field(None, min_length=1)
+    structured_outputs: StructuredOutputsRequest | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -135,6 +187,21 @@ class _SamplingRequest(OpenAIRequestModel):
     def _logprob_fields(self) -> dict[str, int | None]:
         raise NotImplementedError
 
+    @property
+    def structured_outputs_param(self) -> str:
+        """The field a constraint came from, for error messages."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's constraint, from `structured_outputs` or `response_format` (not both, as in vLLM)."""
+        from_format = self.response_format.to_params() if self.response_format is not None else None
+        if self.structured_outputs is None:
+            return from_format
+        if from_format is not None:
+            raise ValueError("structured_outputs and a response_format of type json_object / json_schema cannot "
+                             "both be given; use one.")
+        return self.structured_outputs.to_params()
+
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
         """The engine's SamplingParams for this request; ValueError (a 400) on a bad value or length."""
         self.check_unsupported()
@@ -155,7 +222,8 @@ class _SamplingRequest(OpenAIRequestModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=self.logit_bias,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_params())
 
 
 class CompletionRequest(_SamplingRequest):
@@ -239,17 +307,12 @@ def chat_conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return conversation
 
 
-class ResponseFormat(OpenAIRequestModel):
-    type: str
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(None, le=_INT32_MAX)
     max_completion_tokens: int | None = Field(None, le=_INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     # vLLM extras for the chat template
     add_generation_prompt: bool = True
@@ -274,8 +337,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("top_logprobs requires logprobs=true.")
         if self.tools:
             raise ValueError("tools are not supported by this server (no tool calling); remove `tools`.")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format {self.response_format.type!r} is not supported; only 'text'.")
         if self.add_generation_prompt and self.continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true.")
 
@@ -298,7 +359,7 @@ class DetokenizeRequest(OpenAIRequestModel):
     tokens: TokenIds
 
 
-_LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:])")
+_LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:.])")
 
 
 def guess_param(message: str) -> str | None:

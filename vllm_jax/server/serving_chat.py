@@ -36,6 +36,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
                                            continue_final_message=body.continue_final_message,
                                            template_kwargs=body.chat_template_kwargs)
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
+    await ctx.compile_structured_outputs(body, params)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     ctx.log_request(request_id, conversation, params)
     streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
