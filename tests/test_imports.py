@@ -13,8 +13,10 @@ LEAVES = {"config", "sampling_params", "outputs", "logger", "utils"}  # importab
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
     "server": {"engine", "metrics", "scheduler", "reasoning"},
-    "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "reasoning"},
-    "scheduler": {"paged_kv"},
+    "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
+               "reasoning"},
+    "scheduler": {"paged_kv", "structured_output"},
+    "structured_output": set(),
     "paged_kv": set(),
     "worker": {"model", "model_loader", "sample", "pallas_kernels", "sharding", "scheduler"},
     "model": {"pallas_kernels", "sharding"},
@@ -35,6 +37,7 @@ ENTRY_POINTS = {"__init__", "llm", "cli"}  # may import anything
 FORBIDDEN_LIBRARIES = {
     "scheduler": {"jax", "jaxlib", "flax"},
     "paged_kv": {"jax", "jaxlib", "flax"},
+    "structured_output": {"jax", "jaxlib", "flax"},
     "reasoning": {"jax", "jaxlib", "flax"},
     "engine": {"prometheus_client", "fastapi", "starlette", "uvicorn"},
     "model": {"safetensors", "gguf", "orbax", "huggingface_hub"},

@@ -66,6 +66,8 @@ ENGINE_FLAG_HELP = {
                         "CPU, 16 on TPU/GPU)",
     "min_seq_bucket": "smallest sequence bucket compiled (default: 2 on CPU, 8 on TPU/GPU)",
     "bucket_growth": "ratio between consecutive token / sequence buckets (default: 4 on CPU, 2 on TPU/GPU)",
+    "structured_outputs_config": "JSON defaults for every structured-output request, e.g. "
+                                 "'{\"disable_any_whitespace\": true}' (backend: guidance, i.e. llguidance)",
     "reasoning_parser": "split thinking models' reasoning from the answer: deepseek_r1 or qwen3 (the server "
                         "answers it in `reasoning`; default: none)",
 }

@@ -9,8 +9,9 @@ effects: joining a multi-host run is `initialize_distributed(args)`, which the e
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import json
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_jax.reasoning import get_reasoning_parser
@@ -79,6 +80,42 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """vLLM's `--structured-outputs-config`: server-wide defaults for every constrained request (a request's own
+    options can only add to them). llguidance is the one backend ("guidance"; "auto" means it)."""
+
+    backend: str = "guidance"
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    @classmethod
+    def parse(cls, value: str | dict | None) -> StructuredOutputsConfig:
+        """From the flag's JSON text or a dict; a ValueError naming the flag and the bad key."""
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"structured_outputs_config must be a JSON object; got {value!r} ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"structured_outputs_config must be a JSON object; got {value!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"structured_outputs_config: unknown keys {unknown}; known: {sorted(known)}")
+        backend = value.get("backend", "guidance")
+        if backend not in ("auto", "guidance"):
+            raise ValueError(f"structured_outputs_config.backend {backend!r} is not available: this engine compiles "
+                             "grammars with llguidance ('guidance', or 'auto')")
+        for key in ("disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(value.get(key, False), bool):
+                raise ValueError(f"structured_outputs_config.{key} must be true or false; got {value[key]!r}")
+        return cls(backend="guidance", disable_any_whitespace=value.get("disable_any_whitespace", False),
+                   disable_additional_properties=value.get("disable_additional_properties", False))
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -88,6 +125,7 @@ class EngineConfig:
     compilation_cache_dir: str | None  # resolved: the directory in use, or None (no persistent cache)
     platform: str  # what the programs are built for (cpu / gpu / tpu): jax's backend unless create_config was told
     scan_layers: bool
+    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     # `--reasoning-parser` (vllm_jax.reasoning): the server splits the reasoning from the answer with it, and a
     # request's structured outputs are meant to start after its end token.
     reasoning_parser: str | None = None
@@ -144,6 +182,8 @@ class EngineArgs:
     # Ratio between consecutive buckets (default: 4 on CPU, where each compiled program costs ~1 s of warm-up,
     # 2 on accelerators).
     bucket_growth: int | None = None
+    # JSON text (the CLI) or a dict: StructuredOutputsConfig's keys.
+    structured_outputs_config: str | dict | None = None
     # Thinking models: deepseek_r1 or qwen3 (vllm_jax.reasoning); None leaves the output as it is.
     reasoning_parser: str | None = None
 
@@ -179,6 +219,7 @@ class EngineArgs:
             compilation_cache_dir=resolve_cache_dir(self.compilation_cache_dir, self.compilation_cache),
             platform=platform,
             scan_layers=self.scan_layers,
+            structured_outputs_config=StructuredOutputsConfig.parse(self.structured_outputs_config),
             reasoning_parser=self.reasoning_parser,
         )
 

@@ -8,6 +8,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def bitmask_width(vocab_size: int) -> int:
+    """int32 words per structured-output bitmask row: one bit per token of the logits' width."""
+    return cdiv(vocab_size, 32)
+
+
 def partial_marker_len(text: str, marker: str) -> int:
     """How many trailing characters of `text` could be the start of `marker` (at most len(marker) - 1).
 

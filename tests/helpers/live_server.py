@@ -73,7 +73,8 @@ def tiny_engine_args(checkpoint: Path, **overrides: Any) -> EngineArgs:
 def serve(engine: AsyncLLM, *, model_names: Sequence[str] = (MODEL,), shutdown_timeout: float = 0.0,
           access_log: bool = False, wait_ready: bool = True, **app_kwargs: Any) -> Served:
     """Serve `engine`; returns once /health says 200 (or, with `wait_ready=False`, once the port answers at all).
-    `app_kwargs` go to build_app (api_key, max_request_bytes, log_requests, chat_template, tool flags)."""
+    `app_kwargs` go to build_app (api_key, max_request_bytes, log_requests, tool flags, chat_template: None for
+    the tokenizer's own)."""
     app = build_app(engine, served_model_names=list(model_names),
                     **{"api_key": None, "chat_template": TEMPLATE, **app_kwargs})
     server = HttpServer(app, engine, shutdown_timeout=shutdown_timeout,

@@ -27,6 +27,7 @@ from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.engine_loop import EngineLoop
 from vllm_jax.engine.errors import EngineShutdownError
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
+from vllm_jax.structured_output import GrammarCompiler
 from vllm_jax.engine.output_processor import child_request_ids
 from vllm_jax.engine.request_registry import RequestRegistry
 from vllm_jax.engine.request_stream import RequestStream
@@ -132,6 +133,12 @@ class AsyncLLM:
         return self._engine_loop.engine
 
     @property
+    def grammar_compiler(self) -> GrammarCompiler | None:
+        """Compiles structured-output constraints (thread-safe, cached); None until start-up finished."""
+        engine = self.llm_engine
+        return engine.grammar_compiler if engine is not None else None
+
+    @property
     def vocab_size(self) -> int:
         engine = self.llm_engine
         return engine.vocab_size if engine is not None else int(self._config.model_config.hf_config.vocab_size)
@@ -174,6 +181,10 @@ class AsyncLLM:
         Rejections (ValueError for bad input, QueueFullError, EngineDeadError) come from the first iteration,
         before any output. Leaving the iteration early (break + aclose, cancellation) aborts the request.
         """
+        compiler = self.grammar_compiler
+        if sampling_params.structured_outputs is not None and compiler is not None:
+            # Compile (or find in the cache) off the engine thread, so a slow schema stalls no one else's step.
+            await asyncio.to_thread(compiler.compile, sampling_params.structured_outputs)
         stream = self._submit(prompt, sampling_params, request_id, priority, cache_salt)
         done = False
         try:

@@ -77,6 +77,12 @@ class DataParallelAsyncLLM:
         return self.replicas[0].vocab_size
 
     @property
+    def grammar_compiler(self) -> Any:
+        """Replica 0's: every replica has the same tokenizer and vocabulary, so a grammar compiled there serves
+        any of them."""
+        return self.replicas[0].grammar_compiler
+
+    @property
     def requests_per_replica(self) -> list[int]:
         """Requests each replica has been given so far (for tests and logs)."""
         return list(self._served)

@@ -24,6 +24,8 @@ from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.output import EngineCoreOutput, SchedulerOutput
 from vllm_jax.scheduler.request import Request, RequestStatus
 from vllm_jax.scheduler.scheduler import Scheduler
+from vllm_jax.structured_output import GrammarCompiler, ReasoningTokens, RequestGrammar
+from vllm_jax.utils import bitmask_width
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,12 @@ class LLMEngine:
         if isinstance(self.eos_token_id, list):
             self.eos_token_id = self.eos_token_id[0] if self.eos_token_id else None
         self.extra_stop_ids = generation_eos_token_ids(mc) - {self.eos_token_id}
+        so = config.structured_outputs_config
+        self.grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size,
+                                                {self.eos_token_id, *self.extra_stop_ids},
+                                                disable_any_whitespace=so.disable_any_whitespace,
+                                                disable_additional_properties=so.disable_additional_properties)
+        self.reasoning_tokens: ReasoningTokens | None = None
         self._seed_rng = random.Random(mc.seed)
         self.last_step: StepRecord | None = None
         self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
@@ -78,7 +86,8 @@ class LLMEngine:
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         requests = [Request(request_id=cid, prompt_token_ids=token_ids, sampling_params=params,
                             eos_token_id=self.eos_token_id, arrival_time=arrival, seed=base_seed + i,
-                            priority=priority, cache_salt=cache_salt) for i, cid in enumerate(child_ids)]
+                            priority=priority, cache_salt=cache_salt, grammar=self._new_grammar(params, token_ids))
+                    for i, cid in enumerate(child_ids)]
         added: list[str] = []
         try:
             for req in requests:
@@ -166,6 +175,15 @@ class LLMEngine:
             params.bad_words_token_ids = self._bad_words_ids(params.bad_words)
         params.all_stop_token_ids = set(params.stop_token_ids or []) | (
             {self.eos_token_id} if self.eos_token_id is not None else set())
+
+    def _new_grammar(self, params: SamplingParams, prompt_token_ids: list[int]) -> RequestGrammar | None:
+        """A fresh matcher for one (child) request; the grammar itself is compiled once (usually before the
+        request reached this thread: AsyncLLM and the server compile off the engine thread)."""
+        if params.structured_outputs is None:
+            return None
+        grammar = self.grammar_compiler.compile(params.structured_outputs)
+        return RequestGrammar(self.grammar_compiler.new_matcher(grammar), bitmask_width(self.vocab_size),
+                              self.grammar_compiler.stop_token_ids, self.reasoning_tokens, prompt_token_ids)
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word as it tokenizes alone and after a space (vLLM bans both spellings)."""

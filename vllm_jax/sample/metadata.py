@@ -1,9 +1,10 @@
 """Host-side builder of the sampler's per-step inputs: requests' SamplingParams -> padded numpy SamplingTensors.
 
 Two variants keep the common case cheap. The basic variant is six [S] arrays (no [S, V] work at all). The full
-variant adds [S, V] logit_bias / prompt_mask / output_counts and per-row penalties; it is built only when some row
-needs penalties, logit_bias, allowed_token_ids, bad words or min_tokens masking in this step, and only those rows
-are filled (the others keep neutral values). The caller jits one program per variant (docs/architecture.md,
+variant adds [S, V] logit_bias / prompt_mask / output_counts, per-row penalties and the structured-output bitmask
+[S, ceil(V / 32)]; it is built only when some row needs penalties, logit_bias, allowed_token_ids, bad words,
+min_tokens masking or a grammar's bitmask in this step, and only those rows are filled (the others keep neutral
+values: a free row's bitmask is all ones). The caller jits one program per variant (docs/architecture.md,
 "Sampling").
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from vllm_jax.sample.sampler import SamplingTensors
 from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.utils import bitmask_width
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -33,6 +35,7 @@ class RowSamplingInput:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     position: int
+    token_bitmask: np.ndarray | None = None  # [ceil(V / 32)] int32 from the request's grammar, None: free
 
 
 def seed_to_uint32(seed: int) -> int:
@@ -84,6 +87,7 @@ def _needs_full(row: RowSamplingInput) -> bool:
         or p.allowed_token_ids is not None
         or p.bad_words_token_ids
         or _min_tokens_active(row)
+        or row.token_bitmask is not None
     )
 
 
@@ -107,9 +111,12 @@ def _add_full(tensors: SamplingTensors, rows: Sequence[RowSamplingInput], full_r
     presence = np.zeros(num_rows_padded, np.float32)
     frequency = np.zeros(num_rows_padded, np.float32)
     repetition = np.ones(num_rows_padded, np.float32)
+    token_bitmask = np.full((num_rows_padded, bitmask_width(vocab_size)), -1, np.int32)
     for i in full_rows:
         row = rows[i]
         p = row.sampling_params
+        if row.token_bitmask is not None:
+            token_bitmask[i] = row.token_bitmask
         _fill_bias(logit_bias[i], row, vocab_size)
         if _has_penalties(p):
             presence[i], frequency[i], repetition[i] = p.presence_penalty, p.frequency_penalty, p.repetition_penalty
@@ -122,7 +129,7 @@ def _add_full(tensors: SamplingTensors, rows: Sequence[RowSamplingInput], full_r
         temperature=tensors.temperature, top_p=tensors.top_p, top_k=tensors.top_k, min_p=tensors.min_p,
         seeds=tensors.seeds, positions=tensors.positions, logit_bias=logit_bias, prompt_mask=prompt_mask,
         output_counts=output_counts, presence_penalties=presence, frequency_penalties=frequency,
-        repetition_penalties=repetition)
+        repetition_penalties=repetition, token_bitmask=token_bitmask)
 
 
 def _fill_bias(bias: np.ndarray, row: RowSamplingInput, vocab_size: int) -> None:

@@ -1,6 +1,7 @@
 """The device-side sampler: batched, float32, pure functions that trace once per (S, V, variant, K).
 
-Order follows vLLM v1: logprobs from the raw logits; logit_bias (which already carries the -inf masks for
+Order follows vLLM v1: the structured-output bitmask first (masked tokens get -inf, and logprobs see that, as in
+vLLM where the runner masks the logits before the sampler); logprobs from those raw logits; logit_bias (which already carries the -inf masks for
 allowed_token_ids, bad words and min_tokens stop ids); repetition -> frequency -> presence penalties; greedy rows
 take the argmax; other rows divide by temperature, apply min_p, then top-k and top-p, then Gumbel-max.
 
@@ -24,8 +25,6 @@ import jax.numpy as jnp
 GREEDY_TEMPERATURE = 1e-5  # rows below this are greedy (matches SamplingParams.is_greedy)
 TOP_CANDIDATES = 256  # top-k/top-p seek their cutoff among this many largest logits before bisecting the row
 
-_FULL_FIELDS = ("logit_bias", "prompt_mask", "output_counts", "presence_penalties", "frequency_penalties",
-                "repetition_penalties")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +46,7 @@ class SamplingTensors:
     presence_penalties: Any = None  # [S] f32
     frequency_penalties: Any = None  # [S] f32
     repetition_penalties: Any = None  # [S] f32
+    token_bitmask: Any = None  # [S, ceil(V / 32)] int32: bit t % 32 of word t // 32 allows token t; -1 = free row
 
     @property
     def is_full(self) -> bool:
@@ -84,6 +84,8 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
     only ([S, 1]); K > 0 -> [S, 1+K]. K is clamped to V.
     """
     logits = logits.astype(jnp.float32)
+    if t.is_full:
+        logits = apply_token_bitmask(logits, t.token_bitmask)
     processed = apply_logits_processors(logits, t)
     greedy = t.temperature < GREEDY_TEMPERATURE
     greedy_ids = jnp.argmax(processed, axis=-1).astype(jnp.int32)
@@ -124,6 +126,14 @@ def compute_logprobs(logits: jax.Array, token_ids: jax.Array, num_logprobs: int)
     return (jnp.concatenate([token_ids, top_ids], axis=-1),
             jnp.concatenate([token_lp, top_lp], axis=-1),
             jnp.concatenate([token_rank, top_rank], axis=-1))
+
+
+def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
+    """-inf for every token whose bit is clear in its row of `bitmask` [S, ceil(V / 32)] int32."""
+    vocab = logits.shape[-1]
+    bits = jnp.arange(32, dtype=jnp.int32)
+    allowed = ((bitmask[:, :, None] >> bits) & 1).reshape(bitmask.shape[0], -1)[:, :vocab]
+    return jnp.where(allowed.astype(jnp.bool_), logits, -jnp.inf)
 
 
 def apply_logits_processors(logits: jax.Array, t: SamplingTensors) -> jax.Array:

@@ -8,7 +8,7 @@ the output processor turns those into `RequestOutput`s. Pure Python, no jax.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm_jax.sampling_params import SamplingParams
@@ -50,6 +50,8 @@ class SchedulerOutput:
     # requests the runner must drop (finished or aborted since the last step, or preempted this step)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # req_id -> [ceil(V / 32)] int32 numpy row: the allowed tokens of a constrained request that samples this step
+    grammar_bitmask: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

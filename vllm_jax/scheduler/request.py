@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vllm_jax.paged_kv.block_hash import BlockHash
 from vllm_jax.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from vllm_jax.structured_output import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -54,6 +58,8 @@ class Request:
     cache_salt: str | None = None
     # Resolves max_tokens=None to "up to the context length"; the scheduler fills it at add_request.
     max_model_len: int | None = None
+    # The structured-output matcher (sampling_params.structured_outputs), advanced with every sampled token.
+    grammar: RequestGrammar | None = None
 
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)

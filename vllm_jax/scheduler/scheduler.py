@@ -16,15 +16,19 @@ make room or give up its own request; such a forced choice is counted in `num_pr
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_jax.config import SchedulerConfig
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput)
 from vllm_jax.scheduler.request import Request, RequestStatus, check_context_length, check_stop
+
+logger = logging.getLogger(__name__)
 
 
 def _priority_key(request: Request) -> tuple[int, float]:
@@ -170,6 +174,7 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan)
         output = self._build_output(plan)
+        output.grammar_bitmask = _grammar_bitmasks(plan)
         self.finished_req_ids = set()
         # vLLM v1: progress advances at scheduling time; the output above carries the values before it.
         for request in plan.running + plan.new:
@@ -313,7 +318,7 @@ class Scheduler:
             for token in sampled:
                 request.append_output_token_ids(token)
                 new_tokens.append(token)
-                if check_stop(request, self.max_model_len):
+                if check_stop(request, self.max_model_len) or _grammar_stops(request, token):
                     break
             logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
             outputs.append(EngineCoreOutput(
@@ -324,3 +329,38 @@ class Scheduler:
                 self.running.remove(request)
                 self._free_request(request)
         return outputs
+
+
+def _grammar_bitmasks(plan: _StepPlan) -> dict[str, Any]:
+    """The bitmask row of each constrained request whose last scheduled token samples (a prompt chunk short of
+    the prompt's end samples nothing, so it needs none). Read before progress advances."""
+    masks: dict[str, Any] = {}
+    for request in plan.running + plan.new:
+        if request.grammar is None:
+            continue
+        if request.num_computed_tokens + plan.num_scheduled[request.request_id] < request.num_tokens:
+            continue
+        row = request.grammar.next_token_bitmask()
+        if row is not None:
+            masks[request.request_id] = row
+    return masks
+
+
+def _grammar_stops(request: Request, token: int) -> bool:
+    """Advance a constrained request's grammar past `token` (called when the ordinary stop checks did not stop
+    it). A complete grammar allows only EOS, which ends the request as in vLLM; with ignore_eos that EOS ends it
+    here. A token the grammar rejects cannot come from a masked row: that request is aborted with an error
+    logged, never continued unconstrained."""
+    grammar = request.grammar
+    if grammar is None:
+        return False
+    if not grammar.accept(token):
+        logger.error("request %s: sampled token %d is not allowed by its structured-output grammar (%s); "
+                     "aborting it", request.request_id, token, grammar.matcher.get_error())
+        request.status = RequestStatus.FINISHED_ABORTED
+        return True
+    if grammar.is_terminated and token in grammar.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = None
+        return True
+    return False

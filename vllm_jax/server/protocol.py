@@ -3,8 +3,10 @@ responses.py.
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, min_p, repetition_penalty, ...), ignore
 fields they do not know (clients send extras), and reject what they cannot honor with a 400 rather than
-silently doing something else (suffix, best_of != n, a structured response_format). Types are strict, as
-OpenAI's are: `"max_tokens": "10"`, `"stream": "yes"` or `"n": true` is a 400, not a silent conversion (a JSON
+silently doing something else (suffix, best_of != n). Structured outputs come from vLLM's `structured_outputs`
+field or OpenAI's `response_format` (json_object, json_schema), on completions and chat alike, as vLLM serves
+them; chat's tool_choice "required" or a named function makes its own (tool_choice.py). Types are strict,
+as OpenAI's are: `"max_tokens": "10"`, `"stream": "yes"` or `"n": true` is a 400, not a silent conversion (a JSON
 integer is still a valid float). Coarse ranges and the per-request limits below are checked here;
 `to_sampling_params` builds the engine's `SamplingParams`, whose own validation names the field, and checks the
 prompt + max_tokens against the context length with vLLM's message.
@@ -23,11 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from vllm_jax.sampling_params import (
-    RequestOutputKind,
-    SamplingParams,
-    StructuredOutputsParams,
-)
+from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm_jax.scheduler.request import check_context_length
 from vllm_jax.server.tool_choice import (
     ToolChoice,
@@ -83,6 +81,55 @@ class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False
 
 
+class StructuredOutputsRequest(OpenAIRequestModel):
+    """vLLM's `structured_outputs` request field: exactly one constraint, plus its JSON options."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def to_params(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(
+            json=self.json_schema, regex=self.regex, choice=self.choice, grammar=self.grammar,
+            json_object=self.json_object, structural_tag=self.structural_tag,
+            disable_any_whitespace=self.disable_any_whitespace,
+            disable_additional_properties=self.disable_additional_properties,
+            whitespace_pattern=self.whitespace_pattern)
+
+
+class JsonSchemaFormat(OpenAIRequestModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIRequestModel):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def to_params(self) -> StructuredOutputsParams | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise ValueError("response_format of type json_schema needs json_schema.schema (the JSON schema).")
+        return StructuredOutputsParams(json=self.json_schema.schema_)
+
+
 class _SamplingRequest(OpenAIRequestModel):
     """Fields shared by completions and chat: OpenAI's sampling options, then vLLM's extras."""
 
@@ -113,6 +160,8 @@ class _SamplingRequest(OpenAIRequestModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
     priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
     cache_salt: str | None = Field(None, min_length=1)
+    structured_outputs: StructuredOutputsRequest | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -147,6 +196,21 @@ class _SamplingRequest(OpenAIRequestModel):
     def _logprob_fields(self) -> dict[str, int | None]:
         raise NotImplementedError
 
+    @property
+    def structured_outputs_param(self) -> str:
+        """The field a constraint came from, for error messages."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's constraint, from `structured_outputs` or `response_format` (not both, as in vLLM)."""
+        from_format = self.response_format.to_params() if self.response_format is not None else None
+        if self.structured_outputs is None:
+            return from_format
+        if from_format is not None:
+            raise ValueError("structured_outputs and a response_format of type json_object / json_schema cannot "
+                             "both be given; use one.")
+        return self.structured_outputs.to_params()
+
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
         """The engine's SamplingParams for this request; ValueError (a 400) on a bad value or length."""
         self.check_unsupported()
@@ -167,7 +231,8 @@ class _SamplingRequest(OpenAIRequestModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=self.logit_bias,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_params())
 
 
 class CompletionRequest(_SamplingRequest):
@@ -306,17 +371,12 @@ class ChatTool(OpenAIRequestModel):
         return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
 
 
-class ResponseFormat(OpenAIRequestModel):
-    type: str
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(None, le=_INT32_MAX)
     max_completion_tokens: int | None = Field(None, le=_INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
-    response_format: ResponseFormat | None = None
     tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None  # checked by resolve_tool_choice, with vLLM's rules
     parallel_tool_calls: bool = True  # false: only the first call is returned, as vLLM does
@@ -343,8 +403,6 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true.")
         self.resolved_tool_choice()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format {self.response_format.type!r} is not supported; only 'text'.")
         if self.add_generation_prompt and self.continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true.")
 
@@ -364,6 +422,13 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ToolChoiceError("tool_choice \"required\" or a named function already constrains the output; "
                                   "it cannot be combined with structured outputs.", "tool_choice")
         return dataclasses.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
+
+    @property
+    def structured_outputs_param(self) -> str:
+        """A forced tool choice's schema is made of the tools' parameters: errors in it name `tools`."""
+        if self.resolved_tool_choice().mode in ("required", "named"):
+            return "tools"
+        return super().structured_outputs_param
 
 
 class TokenizeRequest(OpenAIRequestModel):
@@ -385,7 +450,7 @@ class DetokenizeRequest(OpenAIRequestModel):
     tokens: TokenIds
 
 
-_LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:])")
+_LEADING_NAME = re.compile(r"^([a-z_]+)(?:[ =:.])")
 
 
 def guess_param(message: str) -> str | None:

@@ -196,6 +196,20 @@ class ServingContext:
                 param = error_param(exc)
             raise bad_request(message, param=param, code="invalid_value") from exc
 
+    async def compile_structured_outputs(self, request: Any, params: SamplingParams) -> None:
+        """Compile the request's constraint in a worker thread (cached: a repeated schema is a lookup), so an
+        invalid schema, regex or grammar is a 400 naming its field, and a slow one never stalls the engine."""
+        constraint = params.structured_outputs
+        compiler = self.engine.grammar_compiler
+        if constraint is None or compiler is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(compiler.compile, constraint)
+        except ValueError as exc:
+            param = request.structured_outputs_param
+            raise bad_request(str(exc).replace("structured_outputs", param, 1), param=param,
+                              code="invalid_value") from exc
+
     def log_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
         """Prompt text reaches the log only with --enable-log-requests."""
         if self.log_requests:

@@ -45,6 +45,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
     if rules.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
+    await ctx.compile_structured_outputs(body, params)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     ctx.log_request(request_id, conversation, params)
     streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,

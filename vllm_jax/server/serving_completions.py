@@ -39,6 +39,8 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
             texts.append(None)
             token_ids.append(ctx.check_token_ids(p, "prompt"))
     params = [ctx.sampling_params(body, len(ids), "prompt") for ids in token_ids]
+    for p in params:
+        await ctx.compile_structured_outputs(body, p)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     engine_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
     for rid, text, ids, p in zip(engine_ids, texts, token_ids, params):

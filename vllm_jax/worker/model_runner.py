@@ -190,8 +190,10 @@ class ModelRunner:
         inputs = pack_step_inputs([s.row_chunk(n) for s, n in zip(states, counts)], block_size=self.block_size,
                                   max_blocks_per_seq=self.max_blocks_per_seq, num_tokens_padded=num_tokens,
                                   num_seqs_padded=num_seqs)
-        tensors, asked = build_sampling_tensors([s.sampling_input(n) for s, n in zip(states, counts)], num_seqs,
-                                                self.vocab_size)
+        rows = [s.sampling_input(n) for s, n in zip(states, counts)]
+        for req_id, row in zip(req_ids, rows):
+            row.token_bitmask = sched.grammar_bitmask.get(req_id)
+        tensors, asked = build_sampling_tensors(rows, num_seqs, self.vocab_size)
         prompt_targets, spans = self._prompt_logprob_targets(states, inputs)
         # One logprobs width for every step that asks for any, so the sampler compiles two variants, not one per K.
         num_logprobs = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
