@@ -72,6 +72,27 @@ def test_only_qwen3_turns_thinking_off_with_enable_thinking_false():
     assert _streamed("qwen3", "Hello</think>there", [2], thinking=False) == (None, "Hello</think>there")
 
 
+CONSTRAINED = [  # structured outputs: without an end tag the output is the answer
+    ('{"city": "Paris"}', None, '{"city": "Paris"}'),  # the constraint started at the first token
+    ('Paris it is.</think>{"city": "Paris"}', "Paris it is.", '{"city": "Paris"}'),  # it started after </think>
+    ("", None, None),
+]
+
+
+@pytest.mark.parametrize("text,reasoning,content", CONSTRAINED)
+def test_a_constrained_output_is_reasoning_only_up_to_an_end_tag(text: str, reasoning: str | None,
+                                                                 content: str | None):
+    parser = get_reasoning_parser("qwen3")
+    assert parser.split(text, constrained=True) == (reasoning, content)
+    for size in (1, 2, 5, max(len(text), 1)):
+        streamer, got_reasoning, got_content = parser.streamer(constrained=True), "", ""
+        for pos in range(0, len(text), size):
+            r, c = streamer.push(text[pos:pos + size])
+            got_reasoning, got_content = got_reasoning + r, got_content + c
+        r, c = streamer.finish()
+        assert ((got_reasoning + r) or None, (got_content + c) or None) == (reasoning, content)
+
+
 def test_every_parser_names_its_tags_for_the_engine():
     for parser in REASONING_PARSERS.values():
         assert (parser.start_token, parser.end_token) == ("<think>", "</think>")

@@ -7,6 +7,9 @@ The rules, for a finished output:
 - Without an end tag the whole output is reasoning: the model was cut off while thinking.
 - With thinking off (qwen3 with `enable_thinking: false`, whose template closes the block in the prompt) the
   whole output is the answer.
+- A constrained output (structured outputs) without an end tag is the answer: the engine applies a constraint
+  either after the end tag (vLLM's way, when it gates on the reasoning parser) or from the first token, and
+  either way the constrained text is the answer. Streamed, it waits for the end tag or the end of the output.
 
 vLLM drops a start tag wherever it appears, discarding the text before it; here only a leading one counts,
 because a stream cannot take back text it has already sent.
@@ -33,18 +36,18 @@ class ThinkTagParser:
         kwargs = chat_template_kwargs or {}
         return not (self.honours_enable_thinking and kwargs.get("enable_thinking", True) is False)
 
-    def split(self, text: str, thinking: bool = True) -> tuple[str | None, str | None]:
+    def split(self, text: str, thinking: bool = True, constrained: bool = False) -> tuple[str | None, str | None]:
         """(reasoning, content) of a finished output; an empty part is None."""
         if not thinking:
             return None, text or None
         body = self._after_start_tag(text)
         reasoning, found, content = body.partition(self.end_token)
         if not found:
-            return body or None, None
+            return (None, body or None) if constrained else (body or None, None)
         return reasoning or None, content or None
 
-    def streamer(self, thinking: bool = True) -> ReasoningStreamer:
-        return ReasoningStreamer(self, thinking)
+    def streamer(self, thinking: bool = True, constrained: bool = False) -> ReasoningStreamer:
+        return ReasoningStreamer(self, thinking, constrained)
 
     def _after_start_tag(self, text: str) -> str:
         stripped = text.lstrip()
@@ -58,9 +61,10 @@ class ReasoningStreamer:
     """One output's deltas in, (reasoning, content) deltas out, adding up to `split` of the whole text. Text
     that could still become a tag is held back until the next delta (or `finish`) settles it."""
 
-    def __init__(self, parser: ThinkTagParser, thinking: bool):
+    def __init__(self, parser: ThinkTagParser, thinking: bool, constrained: bool = False):
         self._parser = parser
         self._state = _START if thinking else _CONTENT
+        self._constrained = constrained  # without an end tag it is all answer: hold until one settles it
         self._held = ""
 
     def push(self, delta: str) -> tuple[str, str]:
@@ -80,11 +84,11 @@ class ReasoningStreamer:
         if found:
             self._state = _CONTENT
             return reasoning, content
-        keep = partial_marker_len(text, self._parser.end_token)
+        keep = len(text) if self._constrained else partial_marker_len(text, self._parser.end_token)
         self._held = text[len(text) - keep:]
         return text[:len(text) - keep], ""
 
     def finish(self) -> tuple[str, str]:
-        """What is still held back: reasoning, since no end tag completed it."""
+        """What is still held back: reasoning, since no end tag completed it (the answer, when constrained)."""
         held, self._held = self._held, ""
-        return held, ""
+        return ("", held) if self._constrained else (held, "")

@@ -43,17 +43,20 @@ class ChatOutputRules:
     new_call_id: Callable[[], str]  # the server's parser's ids: its model's templates may check their form
     reasoning: ThinkTagParser | None
     thinking: bool
+    constrained: bool
     include_reasoning: bool
     parallel_tool_calls: bool
 
     @classmethod
     def for_request(cls, body: ChatCompletionRequest, auto_parser: ToolParser | None,
-                    reasoning: ThinkTagParser | None) -> ChatOutputRules:
+                    reasoning: ThinkTagParser | None, constrained: bool) -> ChatOutputRules:
+        """`constrained`: the request has structured outputs, so without an end tag its output is all answer
+        (vllm_jax/reasoning/think_tags.py)."""
         choice = body.resolved_tool_choice()
         parser = {"auto": auto_parser, "required": RequiredToolParser()}.get(choice.mode)
         new_call_id = auto_parser.new_call_id if auto_parser is not None else random_call_id
-        thinking = reasoning.thinking(body.chat_template_kwargs) if reasoning is not None else False
-        return cls(choice, parser, new_call_id, reasoning, thinking, body.include_reasoning,
+        thinking = reasoning is not None and reasoning.thinking(body.chat_template_kwargs)
+        return cls(choice, parser, new_call_id, reasoning, thinking, constrained, body.include_reasoning,
                    body.parallel_tool_calls)
 
     @property
@@ -63,7 +66,8 @@ class ChatOutputRules:
 
     def message(self, text: str, finish_reason: str | None) -> tuple[AssistantMessage, str | None]:
         """The message of a finished choice and its finish reason."""
-        reasoning, content = self.reasoning.split(text, self.thinking) if self.reasoning else (None, text)
+        reasoning, content = (self.reasoning.split(text, self.thinking, self.constrained) if self.reasoning
+                              else (None, text))
         parsed: list[ParsedToolCall] = []
         if self.choice.mode == "named":
             parsed, content = [ParsedToolCall(self.choice.function or "", content or "")], None
@@ -92,7 +96,7 @@ class ChoiceStreamer:
 
     def __init__(self, rules: ChatOutputRules):
         self.rules = rules
-        self._reasoning = rules.reasoning.streamer(rules.thinking) if rules.reasoning else None
+        self._reasoning = rules.reasoning.streamer(rules.thinking, rules.constrained) if rules.reasoning else None
         self._tools = ToolCallStreamer(rules.tool_parser) if rules.tool_parser else None
         self.calls_sent = 0
 

@@ -34,7 +34,6 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     model = ctx.admit(body)
     if body.resolved_tool_choice().mode == "auto" and ctx.tool_parser is None:
         raise bad_request(AUTO_NEEDS_FLAGS, param="tool_choice")
-    rules = ChatOutputRules.for_request(body, ctx.tool_parser, ctx.reasoning_parser)
     try:
         conversation = chat_conversation(body.messages)
     except ValueError as exc:
@@ -43,6 +42,8 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
                                            continue_final_message=body.continue_final_message,
                                            template_kwargs=body.chat_template_kwargs, tools=body.template_tools())
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
+    rules = ChatOutputRules.for_request(body, ctx.tool_parser, ctx.reasoning_parser,
+                                        constrained=params.structured_outputs is not None)
     if rules.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     await ctx.compile_structured_outputs(body, params)
