@@ -185,6 +185,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                        help="do not collect or log engine statistics")
     group.add_argument("--enable-log-requests", action="store_true",
                        help="log each request's prompt and sampling parameters (off: prompts never reach the log)")
+    group.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                       help="serve /tokenizer_info (the tokenizer's configuration and chat template), as vLLM does")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="uvicorn's log level (access log lines are at info)")

@@ -194,5 +194,6 @@ def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAP
     engine = engine_cls(config, max_num_queued_requests=ns.max_num_queued_requests,
                         stat_loggers=[metrics] if metrics is not None else [])
     app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
-                    max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics)
+                    max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics,
+                    enable_tokenizer_info=ns.enable_tokenizer_info_endpoint)
     return engine, app
