@@ -40,7 +40,7 @@ SEED = os.environ.get("VLLM_JAX_FUZZ_SEED")  # unset: derandomized, the same exa
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           negative_data_rejection]
 # Options the server refuses by design (400): dropped by the repair so that generation runs.
-_REFUSED = ("model", "suffix", "best_of", "tools", "tool_choice", "response_format", "echo", "prompt_logprobs",
+_REFUSED = ("model", "suffix", "best_of", "tools", "tool_choice", "response_format", "prompt_logprobs",
             "stream_options")
 _TOKEN_ID_FIELDS = ("prompt", "stop_token_ids", "allowed_token_ids", "tokens")
 

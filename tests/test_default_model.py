@@ -33,30 +33,54 @@ def test_default_model_chat_answers_through_the_gguf_chat_template(llm):
     assert out.finish_reason in ("stop", "length")
 
 
-def test_default_model_openai_parse_returns_a_validated_pydantic_object():
-    """The openai SDK's `chat.completions.parse(response_format=<pydantic model>)` against `vllm-jax serve`'s app
-    on the default model: the SDK sends a strict json_schema and parses the reply into the model class."""
-    import openai
-    from pydantic import BaseModel
-
+@pytest.fixture(scope="module")
+def served():
+    """`vllm-jax serve`'s app on the default model, with the tokenizer's own chat template."""
     from tests.helpers.live_server import serve
     from vllm_jax import AsyncLLM, EngineArgs
+
+    server = serve(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256, max_num_seqs=8,
+                                                        max_num_batched_tokens=32)),
+                   model_names=[SERVED_NAME], chat_template=None)
+    yield server
+    server.stop()
+
+
+SERVED_NAME = "SmolLM2-135M-Instruct"
+QUESTION = "Name the capital of France and its country as JSON."
+
+
+def _city_model():
+    from pydantic import BaseModel
 
     class City(BaseModel):
         name: str
         country: str
 
-    served = serve(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256, max_num_seqs=8,
-                                                        max_num_batched_tokens=32)),
-                   model_names=["SmolLM2-135M-Instruct"], chat_template=None)
-    try:
-        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none")
-        reply = client.chat.completions.parse(
-            model="SmolLM2-135M-Instruct", response_format=City, temperature=0.0, max_tokens=48,
-            messages=[{"role": "user", "content": "Name the capital of France and its country as JSON."}])
-        city = reply.choices[0].message.parsed
-        assert isinstance(city, City), reply.choices[0].message.content
-        assert city.name.strip()
-        assert reply.choices[0].finish_reason == "stop"
-    finally:
-        served.stop()
+    return City
+
+
+def test_default_model_openai_parse_returns_a_validated_pydantic_object(served):
+    """The openai SDK's `chat.completions.parse(response_format=<pydantic model>)`: the SDK sends a strict
+    json_schema and parses the reply into the model class."""
+    import openai
+
+    city_model = _city_model()
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none")
+    reply = client.chat.completions.parse(model=SERVED_NAME, response_format=city_model, temperature=0.0,
+                                          max_tokens=48, messages=[{"role": "user", "content": QUESTION}])
+    city = reply.choices[0].message.parsed
+    assert isinstance(city, city_model), reply.choices[0].message.content
+    assert city.name.strip()
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_default_model_langchain_with_structured_output(served):
+    """langchain-openai's `with_structured_output(<pydantic model>)` (a json_schema response_format)."""
+    from langchain_openai import ChatOpenAI
+
+    city_model = _city_model()
+    chat = ChatOpenAI(base_url=f"{served.url}/v1", api_key="none", model=SERVED_NAME, temperature=0.0,
+                      max_tokens=48)
+    city = chat.with_structured_output(city_model).invoke(QUESTION)
+    assert isinstance(city, city_model) and city.name.strip()

@@ -96,6 +96,13 @@ def test_gauges_sum_the_latest_snapshot_of_each_engine():
     assert value(p, "vllm:kv_cache_usage_perc") == pytest.approx((0.5 * 11 + 0.25 * 33) / 44)
 
 
+def test_no_created_series_as_in_vllm():
+    metrics = PrometheusStatLogger("m")
+    metrics.record(EngineStats(), IterationStats(num_prompt_tokens=3, time_to_first_tokens_s=[0.5]))
+    text = metrics.render().decode()
+    assert "vllm:prompt_tokens_total" in text and "_created" not in text
+
+
 def test_two_loggers_do_not_share_a_registry():
     a, b = PrometheusStatLogger("a"), PrometheusStatLogger("b")
     a.record(EngineStats(num_requests_waiting=2), IterationStats(num_generation_tokens=5))

@@ -323,6 +323,33 @@ def test_outputs_carry_logprobs_and_partial_prefill_reports_only_prompt_logprobs
     assert no_lp == []  # partial prefill without prompt logprobs: nothing to report
 
 
+def test_a_prefill_recomputed_after_a_preemption_reports_each_prompt_position_once():
+    """b is preempted after scoring prompt positions 1-2; its recompute scores them again, and only positions
+    3-11 may be reported (an output processor appends what it gets, so a repeat would shift every score)."""
+
+    class PositionRunner(FakeRunner):
+        """Scores each prompt position p with logprob -p (logits at p - 1 score the token at p)."""
+
+        def execute(self, out):
+            result = super().execute(out)
+            result.prompt_logprobs = {}
+            for req_id, n in out.num_scheduled_tokens.items():
+                req = self.scheduler.requests[req_id]
+                start = req.num_computed_tokens - n
+                positions = range(start + 1, min(start + n, req.num_prompt_tokens - 1) + 1)
+                if req.sampling_params.prompt_logprobs is not None and positions:
+                    result.prompt_logprobs[req_id] = [([req.prompt_token_ids[p]], [-p], [1]) for p in positions]
+            return result
+
+    sched = make_scheduler(num_blocks=6, budget=10, caching=False)  # 5 usable blocks of 4 tokens
+    sched.add_request(make_request("a", 8, max_tokens=12))
+    sched.add_request(make_request("b", 12, max_tokens=1, prompt_logprobs=0))
+    outputs = drain(sched, PositionRunner(sched))
+    assert sched.requests == {} and sched.num_preemptions_total >= 1
+    reported = [lp for o in outputs if o.req_id == "b" for _, lps, _ in o.new_prompt_logprobs or [] for lp in lps]
+    assert reported == [-p for p in range(1, 12)]
+
+
 # ---- aborts, finishing, prefix cache --------------------------------------------------------------------
 
 

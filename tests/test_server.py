@@ -328,6 +328,11 @@ def test_missing_or_wrong_api_key_is_401_but_probes_stay_open(served: Served) ->
         assert httpx.get(f"{url}{path}").status_code == 200, path
 
 
+def test_tokenizer_info_is_served_only_when_enabled(http: httpx.Client) -> None:
+    """vLLM registers /tokenizer_info only with --enable-tokenizer-info-endpoint (tests/test_scoring.py has it)."""
+    assert _error(http.get("/tokenizer_info"), 404)
+
+
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as exc:
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "a"}])
@@ -424,11 +429,12 @@ def test_serve_cli_takes_vllm_flag_names_and_documents_every_flag() -> None:
         assert undocumented == [], name
 
 
-@pytest.mark.parametrize("flags", [[], ["--disable-log-stats"]])
+@pytest.mark.parametrize("flags", [[], ["--disable-log-stats", "--enable-tokenizer-info-endpoint"]])
 def test_serve_gives_its_prometheus_logger_to_the_engine_and_serves_it_at_metrics(
         checkpoint: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> None:
-    """`vllm-jax serve` wires one logger into both the engine and /metrics (none with --disable-log-stats). The
-    launcher is driven in-process and stopped before it listens: nothing here needs a running engine."""
+    """`vllm-jax serve` wires one logger into both the engine and /metrics (none with --disable-log-stats), with
+    no `_created` series, as vLLM; /tokenizer_info exists only with its flag. The launcher is driven in-process
+    and stopped before it listens: nothing here needs a running engine."""
     from fastapi.testclient import TestClient
 
     import vllm_jax.engine.async_llm as async_llm
@@ -460,8 +466,11 @@ def test_serve_gives_its_prometheus_logger_to_the_engine_and_serves_it_at_metric
     assert list(engines[0]["stat_loggers"]) == ([metrics] if metrics is not None else [])
     with TestClient(app) as client:
         text = client.get("/metrics").text
+    routes = {getattr(route, "path", None) for route in app.routes}
+    assert ("/tokenizer_info" in routes) == ("--enable-tokenizer-info-endpoint" in flags)
     if flags:
         assert metrics is None and text == ""
     else:
         assert isinstance(metrics, PrometheusStatLogger)
         assert 'vllm:num_requests_waiting{engine="0",model_name="named"}' in text
+        assert "_created" not in text

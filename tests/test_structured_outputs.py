@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,3 +249,21 @@ def test_server_bad_constraints_are_400s_naming_the_field(server):
                 assert err["param"] == param, (body, err)
     ok = _post(server, "/v1/completions", {"prompt": "q", "max_tokens": 5, "structured_outputs": {"choice": ["ok"]}})
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "ok"
+
+
+def test_server_compiles_grammars_off_the_engine_thread(server, monkeypatch):
+    compiler = server.engine.grammar_compiler
+    threads: list[str] = []
+    compile_on = compiler.compile
+
+    def recording(params):
+        if params._grammar is None:  # a real compile (the engine thread only finds the grammar already set)
+            threads.append(threading.current_thread().name)
+        return compile_on(params)
+
+    monkeypatch.setattr(compiler, "compile", recording)
+    resp = _post(server, "/v1/completions", {"prompt": "q", "max_tokens": 8,
+                                             "structured_outputs": {"regex": "[0-9]{3}z"}})
+    assert resp.status_code == 200 and re.fullmatch("[0-9]{3}z", resp.json()["choices"][0]["text"])
+    engine_threads = {t.name for t in threading.enumerate() if "engine" in t.name}
+    assert threads and not set(threads) & engine_threads, (threads, engine_threads)

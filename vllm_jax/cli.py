@@ -187,6 +187,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                        help="do not collect or log engine statistics")
     group.add_argument("--enable-log-requests", action="store_true",
                        help="log each request's prompt and sampling parameters (off: prompts never reach the log)")
+    group.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                       help="serve /tokenizer_info (the tokenizer's configuration and chat template), as vLLM does")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='let tool_choice "auto" (the default when a request has tools) parse the model\'s '
                             "tool calls, with --tool-call-parser")

@@ -4,6 +4,8 @@ Each `PrometheusStatLogger` has its own `CollectorRegistry` (never the process-g
 tests can coexist. Counters are declared without `_total`; prometheus_client adds it in the exposition, which
 gives exactly vLLM's series names (`vllm:prompt_tokens_total`, `vllm:request_success_total`, ...). Every
 series carries vLLM's labels `model_name` and `engine` ("0": data-parallel replicas are summed into one engine).
+There are no `_created` series: vLLM turns them off (a switch of prometheus_client's that holds for the whole
+process), and so does the first logger created here.
 
 Engines call `record` (stat_logger.py): an iteration's stats become counter increments and histogram
 observations, then the gauges are set from the sum of every engine's latest snapshot, so a scrape never sees
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from vllm_jax.metrics.stats import EngineStats, IterationStats, combine_engine_stats
 
@@ -35,6 +37,7 @@ class PrometheusStatLogger:
     """vLLM's Prometheus series for one served model, fed by one engine or by every data-parallel replica."""
 
     def __init__(self, model_name: str):
+        disable_created_metrics()
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self._snapshots: dict[int, EngineStats] = {}  # engine index -> its latest snapshot

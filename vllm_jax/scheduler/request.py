@@ -70,6 +70,9 @@ class Request:
     # Output tokens the request had when it was last resumed after a preemption (None: never resumed). Until it
     # samples one more, the scheduler avoids preempting it again (see Scheduler._pick_victim).
     num_output_tokens_at_resume: int | None = field(default=None, init=False)
+    # Prompt positions scored so far (prompt_logprobs): a prefill recomputed after a preemption scores them again,
+    # and only the ones past this count are new.
+    num_prompt_logprobs_reported: int = field(default=0, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 

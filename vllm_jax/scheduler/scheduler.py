@@ -311,7 +311,8 @@ class Scheduler:
             if request is None or i is None:  # finished meanwhile (e.g. aborted), or the runner skipped it
                 continue
             sampled = runner_output.sampled_token_ids[i]
-            prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
+            prompt_logprobs = _new_prompt_logprobs(request, scheduler_output.num_scheduled_tokens[req_id],
+                                                   runner_output.prompt_logprobs.get(req_id))
             if not sampled and prompt_logprobs is None:
                 continue
             new_tokens: list[int] = []
@@ -364,3 +365,18 @@ def _grammar_stops(request: Request, token: int) -> bool:
         request.stop_reason = None
         return True
     return False
+
+
+_PromptLogprobs = list[tuple[list[int], list[float], list[int]]]  # per position: ids, logprobs, ranks
+
+
+def _new_prompt_logprobs(request: Request, num_scheduled: int, chunk: _PromptLogprobs | None
+                         ) -> _PromptLogprobs | None:
+    """The step's prompt logprobs for positions never reported before (None if none): the chunk scores the
+    positions after the step's first token, and a recompute after a preemption starts again from 0."""
+    if chunk is None:
+        return None
+    start = request.num_computed_tokens - num_scheduled  # progress advanced when the step was scheduled
+    new = chunk[max(0, request.num_prompt_logprobs_reported - start):]
+    request.num_prompt_logprobs_reported = max(request.num_prompt_logprobs_reported, start + len(chunk))
+    return new or None

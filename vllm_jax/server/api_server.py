@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP app: `build_app(engine, ...)` -> FastAPI.
 
 Routes: /v1/completions, /v1/chat/completions (serving_completions.py, serving_chat.py), /v1/models,
-/tokenize, /detokenize, /version, /health, /metrics. The app does not own the engine's lifecycle: whoever builds
-it starts the engine (and shuts it down) — `vllm-jax serve` does both around uvicorn (launcher.py). While the
-engine warms up the app already answers: /health and every generation route with 503.
+/tokenize, /detokenize, /version, /health, /metrics, and with `enable_tokenizer_info` (vLLM's
+--enable-tokenizer-info-endpoint, off by default since it shows the chat template) /tokenizer_info. The app
+does not own the engine's lifecycle: whoever builds it starts the engine (and shuts it down) — `vllm-jax serve`
+does both around uvicorn (launcher.py). While the engine warms up the app already answers: /health and every
+generation route with 503.
 
 Error bodies, the API key and the body-size limit are explained in errors.py and middleware.py.
 """
@@ -27,6 +29,7 @@ from vllm_jax.server.responses import (ChatCompletionResponse, CompletionRespons
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
+from vllm_jax.server.tokenizer_info import tokenizer_info
 from vllm_jax.server.tool_parsers import auto_tool_parser
 
 if TYPE_CHECKING:
@@ -39,8 +42,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str | None, chat_template: str | None,
               max_request_bytes: int | None = None, log_requests: bool = False,
-              metrics: PrometheusStatLogger | None = None, enable_auto_tool_choice: bool = False,
-              tool_call_parser: str | None = None) -> FastAPI:
+              metrics: PrometheusStatLogger | None = None, enable_tokenizer_info: bool = False,
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
     """The app serving `engine` (an AsyncLLM) under `served_model_names` (the first is the default name).
 
     `metrics`: the Prometheus logger the engine feeds, served at /metrics (None: an empty /metrics).
@@ -63,6 +66,8 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     _add_generation_routes(app, ctx)
     _add_info_routes(app, ctx, prometheus=metrics)
+    if enable_tokenizer_info:
+        _add_tokenizer_info_route(app, ctx)
     return app
 
 
@@ -141,3 +146,11 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, prometheus: PrometheusSt
         """Prometheus text exposition with vLLM's metric names (empty when stats are disabled)."""
         body = prometheus.render() if prometheus is not None else b""
         return Response(content=body, media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+def _add_tokenizer_info_route(app: FastAPI, ctx: ServingContext) -> None:
+    @app.get("/tokenizer_info", responses=_ERRORS)
+    async def get_tokenizer_info() -> dict[str, Any]:
+        """vLLM's /tokenizer_info: the tokenizer's configuration, its class and the chat template."""
+        ctx.require_ready()
+        return tokenizer_info(ctx.engine.tokenizer, ctx.chat_template)

@@ -201,5 +201,6 @@ def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAP
                         stat_loggers=[metrics] if metrics is not None else [])
     app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
                     max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics,
+                    enable_tokenizer_info=ns.enable_tokenizer_info_endpoint,
                     enable_auto_tool_choice=ns.enable_auto_tool_choice, tool_call_parser=ns.tool_call_parser)
     return engine, app

@@ -236,14 +236,23 @@ class _SamplingRequest(OpenAIRequestModel):
 
 
 class CompletionRequest(_SamplingRequest):
+    """`echo` prepends the prompt; with `logprobs` it scores the prompt too (vLLM's rule: `prompt_logprobs`
+    defaults to `logprobs`, so each prompt token after the first gets its logprob and top alternatives).
+    `max_tokens: 0` is allowed only with `echo` and returns the prompt alone: as in vLLM, the engine generates one
+    token (the prompt's scores need a step) and the response drops it."""
+
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(None, le=_INT32_MAX)
     logprobs: int | None = Field(None, ge=0, le=_INT32_MAX)
     echo: bool = False
     suffix: str | None = None
 
+    @property
+    def echo_without_generation(self) -> bool:
+        return self.echo and self.max_tokens == 0
+
     def _requested_max_tokens(self) -> int | None:
-        return self.max_tokens
+        return 1 if self.echo_without_generation else self.max_tokens
 
     def _default_max_tokens(self, max_model_len: int, prompt_len: int) -> int:
         return min(16, max_model_len - prompt_len)  # OpenAI's default of 16, within the context
@@ -258,8 +267,15 @@ class CompletionRequest(_SamplingRequest):
         super().check_unsupported()
         if self.suffix:
             raise ValueError("suffix is not supported.")
-        if self.echo and (self.logprobs is not None or self.prompt_logprobs is not None):
-            raise ValueError("echo together with logprobs is not supported; drop one of them.")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be >= 1, got 0 (0 is allowed only with echo=true, which returns the "
+                             "prompt, scored with logprobs).")
+
+    def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
+        params = super().to_sampling_params(max_model_len, prompt_len)
+        if self.echo and params.prompt_logprobs is None:
+            params.prompt_logprobs = params.logprobs  # already validated as a logprob count
+        return params
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompt field as a non-empty list of prompts (text or token ids)."""

@@ -1,7 +1,15 @@
 """/v1/completions: each prompt of the list is one engine request (n completions each), run concurrently.
 
 Choice indices follow OpenAI: prompt i, completion j -> index i * n + j. Usage counts each prompt's tokens once
-and every completion's tokens. `echo` prepends the prompt text (not combined with logprobs).
+and every completion's tokens.
+
+`echo` prepends the prompt to each choice: its text, and with `logprobs` its tokens scored by the engine's
+prompt logprobs (the first token null), then the completion's tokens, in one legacy logprobs list whose
+`text_offset`s index the choice's whole text. That is how lm-eval's `local-completions` scores a continuation.
+With `max_tokens: 0` the choice is the prompt alone (the one token generated for it is dropped; usage still
+counts it, as vLLM's does). A stream sends the echo with a choice's first chunk, holding that choice back until
+its prompt's scores are all in (with n > 1 another completion may have computed them); later chunks' offsets
+continue after the echo (vLLM's stream restarts them without it; its non-streamed offsets include it, as ours do).
 """
 
 from __future__ import annotations
@@ -9,11 +17,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from vllm_jax.outputs import CompletionOutput, RequestOutput
+from vllm_jax.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import completion_logprobs, prompt_logprobs
@@ -75,13 +84,44 @@ async def _collect(streams: RequestStreams, count: int) -> list[RequestOutput]:
     return finals  # type: ignore[return-value]
 
 
-def _choice(ctx: ServingContext, body: CompletionRequest, index: int, out: CompletionOutput, prefix: str,
+@dataclass
+class _Echo:
+    """What an echo prepends to a choice: the prompt's text and tokens, and their scores when logprobs are asked."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: PromptLogprobs
+
+    @classmethod
+    def of(cls, text: str, token_ids: list[int], scores: PromptLogprobs | None) -> _Echo:
+        """Positions the engine did not score (an aborted request's) get null logprobs."""
+        scores = list(scores or [])
+        return cls(text, token_ids, scores + [None] * (len(token_ids) - len(scores)))
+
+
+def _choice(ctx: ServingContext, body: CompletionRequest, index: int, out: CompletionOutput, echo: _Echo | None,
             offset: int) -> tuple[CompletionChoice, int]:
+    generated = not body.echo_without_generation
+    text = out.text if generated else ""
+    token_ids = list(out.token_ids) if generated else []
+    steps: PromptLogprobs = list(out.logprobs or [None] * len(token_ids)) if generated else []
+    if echo is not None:
+        text, token_ids, steps = echo.text + text, echo.token_ids + token_ids, echo.logprobs + steps
     logprobs = None
-    if body.logprobs is not None and out.logprobs is not None:
-        logprobs, offset = completion_logprobs(out.token_ids, out.logprobs, ctx.engine.tokenizer, offset)
-    return CompletionChoice(index=index, text=prefix + out.text, logprobs=logprobs,
+    if body.logprobs is not None:
+        logprobs, offset = completion_logprobs(token_ids, steps, body.logprobs, ctx.engine.tokenizer, offset)
+    return CompletionChoice(index=index, text=text, logprobs=logprobs,
                             finish_reason=out.finish_reason, stop_reason=out.stop_reason), offset
+
+
+def _merge(outs: list[CompletionOutput]) -> CompletionOutput:
+    """Consecutive deltas of one completion as one delta."""
+    last = outs[-1]
+    logprobs = None if all(o.logprobs is None for o in outs) else [lp for o in outs for lp in o.logprobs or []]
+    return CompletionOutput(index=last.index, text="".join(o.text for o in outs),
+                            token_ids=[t for o in outs for t in o.token_ids],
+                            cumulative_logprob=last.cumulative_logprob, logprobs=logprobs,
+                            finish_reason=last.finish_reason, stop_reason=last.stop_reason)
 
 
 def _response(ctx: ServingContext, body: CompletionRequest, finals: list[RequestOutput], request_id: str,
@@ -92,7 +132,8 @@ def _response(ctx: ServingContext, body: CompletionRequest, finals: list[Request
         usage.prompt_tokens += len(final.prompt_token_ids)
         for out in sorted(final.outputs, key=lambda o: o.index):
             usage.completion_tokens += len(out.token_ids)
-            choice = _choice(ctx, body, i * body.n + out.index, out, echoes[i], 0)[0]
+            echo = _Echo.of(echoes[i], final.prompt_token_ids, final.prompt_logprobs) if body.echo else None
+            choice = _choice(ctx, body, i * body.n + out.index, out, echo, 0)[0]
             choice.prompt_logprobs = prompt_logprobs(final.prompt_logprobs)
             choices.append(choice)
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
@@ -104,18 +145,29 @@ async def _stream(ctx: ServingContext, body: CompletionRequest, streams: Request
     created = int(time.time())
     num_choices = len(echoes) * body.n
     offsets = [0] * num_choices
-    echoed = [False] * num_choices
+    echoed = [not body.echo] * num_choices
+    scored = body.echo and body.logprobs is not None
+    scores: dict[int, PromptLogprobs] = {}  # prompt -> its prompt logprobs so far (they arrive in deltas)
+    held: dict[int, list[CompletionOutput]] = {}  # choice -> deltas not sent yet
     prompt_tokens: dict[int, int] = {}
     completion_tokens = 0
     try:
         async for i, output in streams:
             prompt_tokens[i] = len(output.prompt_token_ids)
+            scores.setdefault(i, []).extend(output.prompt_logprobs or [])
+            complete = not scored or len(scores[i]) >= len(output.prompt_token_ids)
             for out in output.outputs:
-                index = i * body.n + out.index
                 completion_tokens += len(out.token_ids)
-                prefix = "" if echoed[index] else echoes[i]
-                echoed[index] = True
-                choice, offsets[index] = _choice(ctx, body, index, out, prefix, offsets[index])
+                held.setdefault(i * body.n + out.index, []).append(out)
+            for index in [k for k in held if k // body.n == i]:
+                out = _merge(held[index])
+                if not (echoed[index] or complete or out.finished()):
+                    continue  # its echo waits for the prompt's scores
+                del held[index]
+                echo = None
+                if not echoed[index]:
+                    echo, echoed[index] = _Echo.of(echoes[i], output.prompt_token_ids, scores[i]), True
+                choice, offsets[index] = _choice(ctx, body, index, out, echo, offsets[index])
                 if not choice.text and choice.finish_reason is None and choice.logprobs is None:
                     continue
                 yield sse_event(CompletionChunk(id=request_id, created=created, model=model, choices=[choice]))
