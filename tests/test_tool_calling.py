@@ -260,6 +260,10 @@ BAD_REQUESTS = [
     ({"tools": []}, "tools", "must not be an empty list"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "cannot be combined with structured outputs"),
+    *(({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}], "tool_choice": choice},
+       "tools", words)  # a forced choice compiles the tools' schemas: their errors name `tools`
+      for choice, parameters, words in (("required", {"type": 5}, "invalid"), ("required", {"$defs": 3}, "$defs"),
+                                        ({"type": "function", "function": {"name": "f"}}, {"type": 5}, "invalid"))),
     ({"messages": [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
      "messages", "messages[0].tool_calls[0].function.arguments is not valid JSON"),
