@@ -267,3 +267,21 @@ def test_server_compiles_grammars_off_the_engine_thread(server, monkeypatch):
     assert resp.status_code == 200 and re.fullmatch("[0-9]{3}z", resp.json()["choices"][0]["text"])
     engine_threads = {t.name for t in threading.enumerate() if "engine" in t.name}
     assert threads and not set(threads) & engine_threads, (threads, engine_threads)
+
+
+def test_reasoning_parser_starts_the_constraint_after_the_end_tag(tmp_path):
+    """With --reasoning-parser the engine keeps a row free until `</think>` is sampled (logit_bias makes the random
+    model write it first), then constrains; a prompt that already closed its reasoning is constrained at once."""
+    path = tiny_checkpoint(tmp_path)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.save_pretrained(path)
+    think, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    llm = LLM(model=str(path), max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=8,
+              reasoning_parser="deepseek_r1")
+    assert llm.llm_engine.reasoning_tokens == ReasoningTokens(start_id=think, end_id=end)
+    params = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={end: 100.0},
+                            structured_outputs=StructuredOutputsParams(choice=["zz"]))
+    thinking, closed = llm.generate([[1, think, 259], [1, think, 259, end]], params, use_tqdm=False)
+    assert thinking.outputs[0].token_ids[:3] == [end, 284, 284], thinking.outputs[0].token_ids
+    assert closed.outputs[0].token_ids[:2] == [284, 284], closed.outputs[0].token_ids

@@ -23,6 +23,7 @@ from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.output import EngineCoreOutput, SchedulerOutput
 from vllm_jax.scheduler.request import Request, RequestStatus
+from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.scheduler.scheduler import Scheduler
 from vllm_jax.structured_output import GrammarCompiler, ReasoningTokens, RequestGrammar
 from vllm_jax.utils import bitmask_width
@@ -64,7 +65,7 @@ class LLMEngine:
                                                 {self.eos_token_id, *self.extra_stop_ids},
                                                 disable_any_whitespace=so.disable_any_whitespace,
                                                 disable_additional_properties=so.disable_additional_properties)
-        self.reasoning_tokens: ReasoningTokens | None = None
+        self.reasoning_tokens = reasoning_tokens(self.tokenizer, config.reasoning_parser)
         self._seed_rng = random.Random(mc.seed)
         self.last_step: StepRecord | None = None
         self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
@@ -194,3 +195,19 @@ class LLMEngine:
                 if ids and ids not in out:
                     out.append(ids)
         return out
+
+
+def reasoning_tokens(tokenizer: Any, parser_name: str | None) -> ReasoningTokens | None:
+    """The reasoning parser's tags as token ids, for the structured-output gate (docs/architecture.md,
+    "Structured outputs"). A tokenizer without a single-token end tag cannot gate: the constraint then starts at
+    the first token (the server still reads the reasoning only up to the end tag), and the log says so."""
+    if parser_name is None:
+        return None
+    parser = get_reasoning_parser(parser_name)
+    vocab = tokenizer.get_vocab()
+    end_id = vocab.get(parser.end_token)
+    if end_id is None:
+        logger.warning("--reasoning-parser %s: the tokenizer has no %r token, so structured outputs constrain "
+                       "from the first token rather than after the reasoning", parser_name, parser.end_token)
+        return None
+    return ReasoningTokens(start_id=vocab.get(parser.start_token), end_id=end_id)
