@@ -23,7 +23,7 @@ from tests.helpers.live_server import Served, serve, tiny_checkpoint, tiny_engin
 from vllm_jax.cli import build_parser
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.metrics.prometheus import PrometheusStatLogger
-from vllm_jax.server.protocol import ChatMessage, ContentPart, chat_conversation
+from vllm_jax.server.chat_messages import ChatMessage, ContentPart, chat_conversation
 
 API_KEY = "sk-test-key"
 MODEL, ALIAS = "tiny-llama", "tiny-alias"

@@ -11,7 +11,6 @@ import json
 import re
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import jsonschema

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_jax.server.protocol import ChatTool
+from vllm_jax.server.chat_messages import ChatTool
 from vllm_jax.server.tool_choice import (
     ToolChoiceError,
     forced_schema,

@@ -19,14 +19,16 @@ MAX_BAD_WORDS bad words of at most MAX_STOP_CHARS characters each.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field, StrictInt
 
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vllm_jax.scheduler.request import check_context_length
+from vllm_jax.server.chat_messages import ChatMessage, ChatTool
+from vllm_jax.server.openai_base import OpenAIRequestModel, is_valid_unicode
+from vllm_jax.server.response_format import ResponseFormat, StructuredOutputsRequest
 from vllm_jax.server.tool_choice import (
     ToolChoice,
     ToolChoiceError,
@@ -45,16 +47,6 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 TokenIds = list[StrictInt]
 
 
-class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class OpenAIRequestModel(OpenAIBaseModel):
-    """Request bodies: unknown fields ignored, known ones strictly typed (no "10" for 10, no 1 for true)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
 def _check_texts(name: str, values: list[str], *, max_count: int, max_chars: int) -> None:
     """At most `max_count` non-huge strings, each valid Unicode (JSON's \\ud800 escapes are not)."""
     if len(values) > max_count:
@@ -66,68 +58,10 @@ def _check_texts(name: str, values: list[str], *, max_count: int, max_chars: int
             raise ValueError(f"{name} is not valid Unicode text (it contains unpaired surrogates).")
 
 
-def is_valid_unicode(text: str) -> bool:
-    """False for strings with lone surrogates (JSON can spell them, UTF-8 cannot encode them)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 # ---- requests ----------------------------------------------------------------------------------------------
 
 class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False
-
-
-class StructuredOutputsRequest(OpenAIRequestModel):
-    """vLLM's `structured_outputs` request field: exactly one constraint, plus its JSON options."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-
-    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    structural_tag: str | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-
-    def to_params(self) -> StructuredOutputsParams:
-        return StructuredOutputsParams(
-            json=self.json_schema, regex=self.regex, choice=self.choice, grammar=self.grammar,
-            json_object=self.json_object, structural_tag=self.structural_tag,
-            disable_any_whitespace=self.disable_any_whitespace,
-            disable_additional_properties=self.disable_additional_properties,
-            whitespace_pattern=self.whitespace_pattern)
-
-
-class JsonSchemaFormat(OpenAIRequestModel):
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(OpenAIRequestModel):
-    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    def to_params(self) -> StructuredOutputsParams | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return StructuredOutputsParams(json_object=True)
-        if self.json_schema is None or self.json_schema.schema_ is None:
-            raise ValueError("response_format of type json_schema needs json_schema.schema (the JSON schema).")
-        return StructuredOutputsParams(json=self.json_schema.schema_)
 
 
 class _SamplingRequest(OpenAIRequestModel):
@@ -292,99 +226,6 @@ class CompletionRequest(_SamplingRequest):
         if any(isinstance(x, list) and not x for x in p):
             raise ValueError("prompt must not contain an empty list of token ids.")
         return list(p)  # type: ignore[return-value]
-
-
-class ContentPart(OpenAIRequestModel):
-    type: str
-    text: str | None = None
-
-
-class FunctionCallParam(OpenAIRequestModel):
-    name: str
-    arguments: str | dict[str, Any] | None = None  # OpenAI sends JSON text; some clients an object
-
-
-class ToolCallParam(OpenAIRequestModel):
-    """A call in an earlier assistant turn, as the client sends it back."""
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCallParam
-
-
-class ChatMessage(OpenAIRequestModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallParam] | None = None  # assistant turns
-    tool_call_id: str | None = None  # tool results: the call they answer
-    reasoning: str | None = None  # assistant turns: earlier thinking, for templates that show it
-
-    def text(self) -> str:
-        """The content as one string; only text parts are supported (joined with newlines, as vLLM does)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        texts = []
-        for part in self.content:
-            if part.type != "text":
-                raise ValueError(f"only text content parts are supported; got a {part.type!r} part.")
-            if part.text is None:
-                raise ValueError("a text content part needs a `text` field.")
-            texts.append(part.text)
-        return "\n".join(texts)
-
-
-def chat_conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the plain dicts a chat template reads, as vLLM passes them: role, content as text, the
-    author's `name`; an assistant turn's `tool_calls` with their arguments parsed into objects (what HF tool
-    templates iterate over) and its `reasoning` (also as `reasoning_content`, the name Qwen3's template reads);
-    a tool result's `tool_call_id`. Both /v1/chat/completions and /tokenize render through this."""
-    conversation = []
-    for i, m in enumerate(messages):
-        msg: dict[str, Any] = {"role": m.role, "content": m.text()}
-        if m.name is not None:
-            msg["name"] = m.name
-        if m.role == "assistant" and m.tool_calls:
-            msg["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
-                                 for j, call in enumerate(m.tool_calls)]
-        if m.role == "assistant" and m.reasoning is not None:
-            msg["reasoning"] = msg["reasoning_content"] = m.reasoning
-        if m.role == "tool" and m.tool_call_id is not None:
-            msg["tool_call_id"] = m.tool_call_id
-        conversation.append(msg)
-    return conversation
-
-
-def _template_tool_call(call: ToolCallParam, where: str) -> dict[str, Any]:
-    arguments = call.function.arguments
-    if isinstance(arguments, str) and arguments:
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"{where}.function.arguments is not valid JSON: {exc}") from None
-    entry: dict[str, Any] = {"type": "function",
-                             "function": {"name": call.function.name, "arguments": arguments or {}}}
-    if call.id is not None:
-        entry["id"] = call.id
-    return entry
-
-
-class FunctionDefinition(OpenAIRequestModel):
-    name: str = Field(..., min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
-    strict: bool | None = None
-
-
-class ChatTool(OpenAIRequestModel):
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-    def template_dict(self) -> dict[str, Any]:
-        """The tool as chat templates read it (transformers' `tools=`): OpenAI's shape, unset fields left out."""
-        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_serializer
 
-from vllm_jax.server.protocol import OpenAIBaseModel
+from vllm_jax.server.openai_base import OpenAIBaseModel
 
 
 class ErrorInfo(OpenAIBaseModel):

@@ -18,7 +18,8 @@ import anyio
 from vllm_jax.reasoning import ThinkTagParser
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.errors import APIError, bad_request, model_not_found, unavailable
-from vllm_jax.server.protocol import guess_param, is_valid_unicode
+from vllm_jax.server.openai_base import is_valid_unicode
+from vllm_jax.server.protocol import guess_param
 from vllm_jax.server.tool_parsers import ToolParser
 
 if TYPE_CHECKING:

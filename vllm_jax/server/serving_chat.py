@@ -21,7 +21,8 @@ from vllm_jax.server.chat_output import ChatOutputRules, ChoiceStreamer
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
-from vllm_jax.server.protocol import ChatCompletionRequest, chat_conversation
+from vllm_jax.server.chat_messages import chat_conversation
+from vllm_jax.server.protocol import ChatCompletionRequest
 from vllm_jax.server.responses import (ChatChoiceLogprobs, ChatCompletionChoice,
                                        ChatCompletionChunk, ChatCompletionResponse, ChatStreamChoice, DeltaMessage,
                                        UsageInfo)

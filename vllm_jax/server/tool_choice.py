@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from vllm_jax.server.protocol import ChatTool
+    from vllm_jax.server.chat_messages import ChatTool
 
 # vLLM's words, so that clients and docs written against it read the same error.
 AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
