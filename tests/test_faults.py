@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -215,8 +214,8 @@ def _free_port() -> int:
 def test_sigterm_drains_the_stream_in_flight_refuses_new_requests_and_exits_0(checkpoint: Path) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    exe = shutil.which("vllm-jax")
-    command = [exe] if exe else [sys.executable, "-m", "vllm_jax.cli"]
+    exe = Path(sys.executable).parent / "vllm-jax"  # this environment's entry point, not another one on PATH
+    command = [str(exe)] if exe.is_file() else [sys.executable, "-m", "vllm_jax.cli"]
     command += ["serve", str(checkpoint), "--port", str(port), "--shutdown-timeout", "5", "--max-model-len", "256",
                 "--block-size", "8", "--num-gpu-blocks-override", "40", "--max-num-seqs", "4",
                 "--max-num-batched-tokens", "32", "--uvicorn-log-level", "warning"]

@@ -113,3 +113,19 @@ def test_the_rules_catch_a_wrong_way_import(tmp_path):
     finally:
         PACKAGE = saved
     assert len(problems) == 2 and "must not import jax" in problems[0] and "imports vllm_jax.server" in problems[1]
+
+
+def test_every_module_imports():
+    """Parsing is not importing: a name moved to another module breaks its importers only when they run."""
+    import importlib
+    import pkgutil
+
+    import vllm_jax
+
+    failures = []
+    for info in pkgutil.walk_packages(vllm_jax.__path__, "vllm_jax."):
+        try:
+            importlib.import_module(info.name)
+        except Exception as exc:  # noqa: BLE001 - report every broken module at once
+            failures.append(f"{info.name}: {type(exc).__name__}: {exc}")
+    assert not failures, "\n".join(failures)

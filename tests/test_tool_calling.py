@@ -207,6 +207,15 @@ def test_scripted_langchain_bind_tools_round_trip_with_a_tool_message(served: Se
         ("get_weather", {"city": "Rome"})]
 
 
+def _calls_and_finish(response, stream: bool) -> tuple[list[tuple[str, str]], str | None]:
+    """(name, arguments) of each call and the finish reason, from a response or its whole stream."""
+    if stream:
+        got = _collect(response)
+        return [(c["name"], c["arguments"]) for c in got["calls"].values()], got["finish_reason"]
+    choice = response.choices[0]
+    return [(c.function.name, c.function.arguments) for c in choice.message.tool_calls], choice.finish_reason
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_model_named_function_is_forced_by_structured_outputs(client: openai.OpenAI, script: ScriptedOutputs,
                                                               stream: bool):
@@ -216,13 +225,7 @@ def test_model_named_function_is_forced_by_structured_outputs(client: openai.Ope
     response = _chat(client, tools=TOOLS, tool_choice=named, max_tokens=40, temperature=0, stream=stream)
     params = script.requests[-1][1]
     assert params.structured_outputs.json == WEATHER_TOOL["function"]["parameters"]
-    if stream:
-        got = _collect(response)
-        calls, finish = [(c["name"], c["arguments"]) for c in got["calls"].values()], got["finish_reason"]
-    else:
-        choice = response.choices[0]
-        calls, finish = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls], \
-            choice.finish_reason
+    calls, finish = _calls_and_finish(response, stream)
     assert finish == "stop"  # OpenAI's answer for a named function
     assert [(name, json.loads(arguments)) for name, arguments in calls] in (
         [("get_weather", {"city": "Paris"})], [("get_weather", {"city": "Rome"})])
@@ -238,13 +241,7 @@ def test_model_required_is_forced_by_structured_outputs(client: openai.OpenAI, s
     response = _chat(client, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0, stream=stream,
                      logit_bias=close_first)
     assert script.requests[-1][1].structured_outputs.json["type"] == "array"
-    if stream:
-        got = _collect(response)
-        calls, finish = [(c["name"], c["arguments"]) for c in got["calls"].values()], got["finish_reason"]
-    else:
-        choice = response.choices[0]
-        calls, finish = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls], \
-            choice.finish_reason
+    calls, finish = _calls_and_finish(response, stream)
     assert finish == "tool_calls" and len(calls) == 1
     name, arguments = calls[0]
     assert name in ("get_weather", "get_time") and isinstance(json.loads(arguments), dict)
