@@ -92,7 +92,9 @@ def _collect(chunks: Any) -> dict[str, Any]:
             delta = choice.delta
             out["roles"].append(delta.role)
             out["content"] += delta.content or ""
-            out["reasoning"] += (delta.model_extra or {}).get("reasoning") or ""
+            extra = delta.model_extra or {}
+            assert extra.get("reasoning_content") == extra.get("reasoning")  # both names, every delta
+            out["reasoning"] += extra.get("reasoning") or ""
             for piece in delta.tool_calls or []:
                 call = out["calls"].setdefault(piece.index, {"id": None, "name": "", "arguments": ""})
                 call["id"] = call["id"] or piece.id
@@ -109,6 +111,7 @@ def test_scripted_auto_calls_come_back_in_openais_shape_with_the_reasoning_apart
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Checking."
     assert choice.message.model_extra["reasoning"] == "I need the weather."
+    assert choice.message.model_extra["reasoning_content"] == "I need the weather."  # the earlier name too
     calls = choice.message.tool_calls
     assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("function", "get_weather", {"city": "Paris"}), ("function", "get_time", {})]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from vllm_jax.server.openai_base import OpenAIBaseModel
 
@@ -102,10 +102,23 @@ class ToolCall(OpenAIBaseModel):
     function: FunctionCall
 
 
-class AssistantMessage(OpenAIBaseModel):
+class _WithReasoning(OpenAIBaseModel):
+    """--reasoning-parser's thinking, apart from the answer: `reasoning` (current vLLM's field) and the same text
+    as `reasoning_content` (its earlier name, which DeepSeek's API and many clients still read)."""
+
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _both_names(self) -> _WithReasoning:
+        if self.reasoning_content is None:
+            self.reasoning_content = self.reasoning
+        return self
+
+
+class AssistantMessage(_WithReasoning):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning: str | None = None  # --reasoning-parser: the thinking, apart from the answer (vLLM's field)
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -149,10 +162,9 @@ class DeltaToolCall(_Delta):
     function: DeltaFunctionCall
 
 
-class DeltaMessage(_Delta):
+class DeltaMessage(_Delta, _WithReasoning):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
