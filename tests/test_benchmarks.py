@@ -5,6 +5,7 @@ it built, and steady-state steps that compile nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,18 @@ def test_the_aot_roofline_counts_what_a_decode_step_must_read(tmp_path):
     assert row["roofline_s"] == max(row["hbm_bytes"] / 50e9, row["flops"] / 1e12)  # the host's nominal figures
     assert row["tok_s"] == 2 / row["roofline_s"]
     assert "| cpu | 2 | 0k |" in proc.stdout
+
+
+def test_host_overhead_reports_each_stage_of_a_decode_step_and_profiles_one_size():
+    """benchmarks/host_overhead.py at a tiny size: one table row per request count, the stages add up to the step
+    (medians, so within rounding of the other column), and the cProfile run prints the engine's step."""
+    proc = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--num-requests", "2", "3",
+                           "--input-len", "2", "--output-len", "4", "--profile", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [int(r[0]) for r in rows] == [2, 3]
+    for r in rows:
+        step, *stages = (float(x) for x in r[1:7])
+        assert min(stages) >= 0 and step > 0 and r[7].strip().endswith("%")
+    assert re.search(r"cProfile over [1-9]\d* decode steps", proc.stdout) and "llm_engine.py" in proc.stdout
