@@ -91,6 +91,13 @@ def _needs_full(row: RowSamplingInput) -> bool:
     )
 
 
+def may_need_full(p: SamplingParams) -> bool:
+    """Whether some step of a request with these params may need the full variant (a grammar's bitmask aside):
+    a superset of `_needs_full`, fixed for the request's life, so a runner can check it once at arrival."""
+    return bool(_has_penalties(p) or p.logit_bias or p.allowed_token_ids is not None or p.bad_words_token_ids
+                or p.min_tokens > 0)
+
+
 def _has_penalties(p: SamplingParams) -> bool:
     return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
 

@@ -2,7 +2,8 @@
 
 Each row contributes the tokens it computes this step, which continue a sequence whose first
 `num_computed` tokens already have KV in its blocks. Padding tokens write to the null block 0 and padding rows
-have seq_len 0. Used by the ModelRunner and by research scripts that drive the step directly.
+have seq_len 0. Used by research scripts that drive the step directly, by warm-up (empty batches), and as the
+reference the ModelRunner's persistent input batch (worker/input_batch.py) is tested against.
 """
 
 from __future__ import annotations

@@ -39,15 +39,15 @@ from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
-from vllm_jax.sample.sampler import SamplerOutput
+from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.sharding import multihost
-from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import DeviceStep, StepResult
+from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
 from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
                                       min_kv_blocks, size_kv_cache)
@@ -64,8 +64,9 @@ class _PreparedStep:
     """One step's payload, and what turning its result into a ModelRunnerOutput needs."""
 
     req_ids: list[str]  # batch row order
-    num_tokens: list[int]  # per row: tokens computed this step
-    completes: list[bool]  # per row: its last logits sample a new token
+    slots: np.ndarray  # per row: its InputBatch slot
+    num_tokens: np.ndarray  # per row: tokens computed this step
+    completes: np.ndarray  # per row (bool): its last logits sample a new token
     prompt_spans: dict[str, tuple[int, int, int]]  # req_id -> (first scored row, rows, top-N) of prompt logprobs
     payload: StepPayload
 
@@ -113,6 +114,8 @@ class ModelRunner:
             self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
         self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir)
         self.requests: dict[str, CachedRequestState] = {}
+        # The same requests as numpy rows, from which each step's arrays are gathered.
+        self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
     def _load_model(self, model_entry: object, random_weights: bool) -> tuple[nnx.GraphDef, nnx.State]:
@@ -174,6 +177,7 @@ class ModelRunner:
     # --- engine entry point ---
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         update_request_states(self.requests, sched)
+        self.input_batch.update(sched)
         if not sched.num_scheduled_tokens:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         step = self._prepare(sched)
@@ -183,22 +187,34 @@ class ModelRunner:
     def _prepare(self, sched: SchedulerOutput) -> _PreparedStep:
         """The scheduled rows packed into the smallest bucket that holds them, with their sampling tensors."""
         req_ids = list(sched.num_scheduled_tokens)
-        states = [self.requests[req_id] for req_id in req_ids]
-        counts = [sched.num_scheduled_tokens[req_id] for req_id in req_ids]
+        batch = self.input_batch
+        slots = batch.slots(req_ids)
+        counts = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, len(req_ids))
         num_tokens = pick_bucket(self.token_buckets, sched.total_num_scheduled_tokens)
         num_seqs = self.seq_bucket(num_tokens)
-        inputs = pack_step_inputs([s.row_chunk(n) for s, n in zip(states, counts)], block_size=self.block_size,
-                                  max_blocks_per_seq=self.max_blocks_per_seq, num_tokens_padded=num_tokens,
-                                  num_seqs_padded=num_seqs)
-        rows = [s.sampling_input(n) for s, n in zip(states, counts)]
-        for req_id, row in zip(req_ids, rows):
-            row.token_bitmask = sched.grammar_bitmask.get(req_id)
-        tensors, asked = build_sampling_tensors(rows, num_seqs, self.vocab_size)
-        prompt_targets, spans = self._prompt_logprob_targets(states, inputs)
+        inputs = batch.pack(slots, counts, block_size=self.block_size, num_tokens_padded=num_tokens,
+                            num_seqs_padded=num_seqs)
+        # The common case reads only the rows; the per-request Python state only where some row needs it.
+        full = bool(sched.grammar_bitmask) or bool(batch.may_need_full[slots].any())
+        scores_prompt = bool(batch.wants_prompt_logprobs[slots].any())
+        states = [self.requests[req_id] for req_id in req_ids] if full or scores_prompt else []
+        if full:
+            tensors, asked = self._full_sampling_tensors(sched, states, counts.tolist(), num_seqs)
+        else:
+            tensors, asked = batch.sampling_tensors(slots, counts, num_seqs)
+        prompt_targets, spans = self._prompt_logprob_targets(states, inputs) if scores_prompt else (None, {})
         # One logprobs width for every step that asks for any, so the sampler compiles two variants, not one per K.
         num_logprobs = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
-        return _PreparedStep(req_ids, counts, [s.completes_after(n) for s, n in zip(states, counts)], spans,
+        return _PreparedStep(req_ids, slots, counts, batch.completes(slots, counts), spans,
                              StepPayload(inputs, tensors, num_logprobs, prompt_targets))
+
+    def _full_sampling_tensors(self, sched: SchedulerOutput, states: list[CachedRequestState], counts: list[int],
+                               num_seqs: int) -> tuple[SamplingTensors, int]:
+        """Every row's sampling input, for a step where some row may need the full variant (metadata decides)."""
+        rows = [s.sampling_input(n) for s, n in zip(states, counts)]
+        for state, row in zip(states, rows):
+            row.token_bitmask = sched.grammar_bitmask.get(state.req_id)
+        return build_sampling_tensors(rows, num_seqs, self.vocab_size)
 
     def _run(self, payload: StepPayload) -> StepResult:
         if self.broadcasts:
@@ -207,18 +223,20 @@ class ModelRunner:
 
     def _to_output(self, step: _PreparedStep, result: StepResult) -> ModelRunnerOutput:
         """Advance each request's state past this step and report its sampled token and logprobs."""
-        token_ids = result.sampled.token_ids.tolist()
+        token_ids = result.sampled.token_ids[:len(step.req_ids)]
+        self.input_batch.append_tokens(step.slots[step.completes], token_ids[step.completes])
         sampled: list[list[int]] = []
         logprobs: list[Logprobs | None] = []
-        for i, req_id in enumerate(step.req_ids):
+        rows = zip(step.req_ids, step.num_tokens.tolist(), step.completes.tolist(), token_ids.tolist())
+        for i, (req_id, num_tokens, completes, token_id) in enumerate(rows):
             state = self.requests[req_id]
-            state.num_computed_tokens += step.num_tokens[i]
-            if not step.completes[i]:  # a prompt chunk short of the prompt's end samples nothing
+            state.num_computed_tokens += num_tokens
+            if not completes:  # a prompt chunk short of the prompt's end samples nothing
                 sampled.append([])
                 logprobs.append(None)
                 continue
-            state.append_sampled(token_ids[i])
-            sampled.append([token_ids[i]])
+            state.append_sampled(token_id)
+            sampled.append([token_id])
             logprobs.append(_row_logprobs(result.sampled, i, state.sampling_params.logprobs))
         has_logprobs = any(lp is not None for lp in logprobs)
         return ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled,
