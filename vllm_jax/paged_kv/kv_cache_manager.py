@@ -115,19 +115,21 @@ class KVCacheManager:
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
             return None
+        num_full, num_cached = 0, 0  # full blocks after this step, and those already registered in the cache
+        if self.enable_caching:
+            num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
+            num_cached = self._num_cached_blocks.get(req_id, 0)
+        if num_needed <= 0 and not new_computed_blocks and num_full <= num_cached:
+            return []  # most decode steps: the tokens fit the last block and fill none, so nothing changes
 
         self.block_pool.touch(new_computed_blocks)
         req_blocks = self.req_to_blocks.setdefault(req_id, [])
         req_blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(max(num_needed, 0))
         req_blocks.extend(new_blocks)
-
-        if self.enable_caching:
-            num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
-            num_cached = self._num_cached_blocks.get(req_id, 0)
-            if num_full > num_cached:
-                self.block_pool.cache_full_blocks(req_blocks, self.block_hashes(request), num_cached, num_full)
-                self._num_cached_blocks[req_id] = num_full
+        if num_full > num_cached:
+            self.block_pool.cache_full_blocks(req_blocks, self.block_hashes(request), num_cached, num_full)
+            self._num_cached_blocks[req_id] = num_full
         return [b.block_id for b in new_blocks]
 
     def free(self, request: CacheRequest) -> None:
