@@ -72,6 +72,11 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs.whitespace_pattern must be a string (a regex).")
 
     @property
+    def is_compiled(self) -> bool:
+        """Whether the engine's grammar compiler already filled `_grammar` (then compiling again is a no-op)."""
+        return self._grammar is not None
+
+    @property
     def kind(self) -> str:
         """Which constraint this is: json, regex, choice, grammar or json_object."""
         return next(k for k in _CONSTRAINT_KINDS if getattr(self, k) is not None and getattr(self, k) is not False)

@@ -181,10 +181,10 @@ class AsyncLLM:
         Rejections (ValueError for bad input, QueueFullError, EngineDeadError) come from the first iteration,
         before any output. Leaving the iteration early (break + aclose, cancellation) aborts the request.
         """
-        compiler = self.grammar_compiler
-        if sampling_params.structured_outputs is not None and compiler is not None:
+        compiler, constraint = self.grammar_compiler, sampling_params.structured_outputs
+        if constraint is not None and not constraint.is_compiled and compiler is not None:
             # Compile (or find in the cache) off the engine thread, so a slow schema stalls no one else's step.
-            await asyncio.to_thread(compiler.compile, sampling_params.structured_outputs)
+            await asyncio.to_thread(compiler.compile, constraint)
         stream = self._submit(prompt, sampling_params, request_id, priority, cache_salt)
         done = False
         try:

@@ -46,7 +46,7 @@ class GrammarCompiler:
     def compile(self, params: StructuredOutputsParams) -> str:
         """The constraint's llguidance grammar (also stored on `params`); ValueError naming the constraint's
         field when the schema, regex or grammar is invalid."""
-        if params._grammar is not None:
+        if params.is_compiled:
             return params._grammar
         original, params = params, dataclasses.replace(
             params, disable_any_whitespace=params.disable_any_whitespace or self._defaults[0],

@@ -37,10 +37,6 @@ class RequestGrammar:
         self.reasoning_ended = reasoning is None or reasoning.ended(list(prompt_token_ids or []))
 
     @property
-    def is_error(self) -> bool:
-        return bool(self.matcher.is_error())
-
-    @property
     def is_terminated(self) -> bool:
         """The grammar is complete and admits nothing more (the matcher would force EOS)."""
         return self.reasoning_ended and bool(self.matcher.is_stopped())

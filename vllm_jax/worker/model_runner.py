@@ -65,7 +65,6 @@ class _PreparedStep:
 
     req_ids: list[str]  # batch row order
     slots: np.ndarray  # per row: its InputBatch slot
-    num_tokens: np.ndarray  # per row: tokens computed this step
     completes: np.ndarray  # per row (bool): its last logits sample a new token
     prompt_spans: dict[str, tuple[int, int, int]]  # req_id -> (first scored row, rows, top-N) of prompt logprobs
     payload: StepPayload
@@ -205,7 +204,7 @@ class ModelRunner:
         prompt_targets, spans = self._prompt_logprob_targets(states, inputs) if scores_prompt else (None, {})
         # One logprobs width for every step that asks for any, so the sampler compiles two variants, not one per K.
         num_logprobs = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
-        return _PreparedStep(req_ids, slots, counts, batch.completes(slots, counts), spans,
+        return _PreparedStep(req_ids, slots, batch.completes(slots, counts), spans,
                              StepPayload(inputs, tensors, num_logprobs, prompt_targets))
 
     def _full_sampling_tensors(self, sched: SchedulerOutput, states: list[CachedRequestState], counts: list[int],
@@ -227,10 +226,10 @@ class ModelRunner:
         self.input_batch.append_tokens(step.slots[step.completes], token_ids[step.completes])
         sampled: list[list[int]] = []
         logprobs: list[Logprobs | None] = []
-        rows = zip(step.req_ids, step.num_tokens.tolist(), step.completes.tolist(), token_ids.tolist())
-        for i, (req_id, num_tokens, completes, token_id) in enumerate(rows):
+        # The state's num_computed_tokens is not advanced here: the next SchedulerOutput sets it for every row.
+        rows = zip(step.req_ids, step.completes.tolist(), token_ids.tolist())
+        for i, (req_id, completes, token_id) in enumerate(rows):
             state = self.requests[req_id]
-            state.num_computed_tokens += num_tokens
             if not completes:  # a prompt chunk short of the prompt's end samples nothing
                 sampled.append([])
                 logprobs.append(None)
