@@ -1,19 +1,28 @@
-"""Host share of an engine step with many running requests, broken down by stage, against the device work.
+"""Host share of an engine step with many running requests, broken down by stage, sync and async scheduling.
 
     python benchmarks/host_overhead.py [--num-requests 64 256 1024] [--input-len 16] [--output-len 32]
-                                       [--profile 256]
+                                       [--modes sync async] [--profile 256] [--baseline PATH]
 
 Each decode step (every request running, one token each) is split into
   schedule  Scheduler.schedule
-  prepare   ModelRunner._prepare: packing the step's arrays and the sampling tensors
-  device    DeviceStep.run: transfer, the jitted forward and sampler, the result back to host numpy
+  prepare   ModelRunner._prepare: the step's arrays and sampling tensors from the persistent input batch
+  launch    DeviceStep.launch: handing the step's programs to jax (which runs them asynchronously)
+  wait      DeviceStep.fetch: the host blocked until the device's result is on the host
   output    ModelRunner._to_output + Scheduler.update_from_output + OutputProcessor.process_outputs
-  other     the rest of LLMEngine.step (the runner's request-state update, bookkeeping)
-The device waits for the host for everything but `device`: the share printed last. The model is a one-layer Llama
-with random weights built on the fly (hidden 64, vocab 32000 so vocabulary-sized host work shows), so device time
-is small and the host's cost stands out; `--model` runs another checkpoint instead (`default`: the engine's). `--profile N` runs cProfile
-over the decode steps of an extra N-request run and prints the top functions by own time and by cumulative time.
-Steps that compiled a program are left out (the engine is not warmed up, so only the buckets used compile).
+  other     the rest of LLMEngine.step
+Sync, the device works during launch + wait only, and waits for the host the rest of the step. Async
+(--async-scheduling), one step() dispatches step n + 1 before it waits for step n, so the host's work overlaps the
+device's; the device then waits only where the host's whole loop takes longer than a step of device work, which
+is estimated as 1 - (sync launch + wait) / (async step). Every row also gives the decode throughput (requests /
+step time), and each mode's end-to-end output tok/s over the whole run (prefill included).
+
+The model is a one-layer Llama with random weights built on the fly (hidden 64, vocab 32000 so vocabulary-sized
+host work shows), so device time is small and the host's cost stands out; `--model` runs another checkpoint
+instead (`default`: the engine's). `--profile N` runs cProfile over the decode steps of an extra N-request run
+(the first mode) and prints the top functions by own time and by cumulative time. `--baseline PATH` also times
+the end-to-end run with the vllm_jax package of another checkout (e.g. `git worktree add /tmp/base <commit>`),
+in a subprocess, in the same run, for a ratio. Steps that compiled a program are left out (no warm-up: only the
+buckets used compile).
 """
 
 from __future__ import annotations
@@ -21,7 +30,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
+import os
 import pstats
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -30,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-STAGES = ("schedule", "prepare", "device", "output", "other")
+STAGES = ("schedule", "prepare", "launch", "wait", "output", "other")
 TINY_VOCAB = 32000
 
 
@@ -70,31 +83,62 @@ class StageTimer:
         setattr(obj, method, timed)
 
 
-def measure(model: str | None, num_requests: int, input_len: int, output_len: int,
-            profile: cProfile.Profile | None = None) -> dict[str, float]:
-    """Median ms per decode step of each stage (and `step`, `steps`) with `num_requests` running requests."""
-    from vllm_jax import EngineArgs, SamplingParams
+def _engine(model: str, num_requests: int, input_len: int, output_len: int, async_scheduling: bool | None):
+    from vllm_jax import EngineArgs
     from vllm_jax.engine.llm_engine import LLMEngine
 
     # Buckets of exactly num_requests tokens (the decode steps, no padding) and 4x that (prompt chunks).
-    engine = LLMEngine.from_engine_args(EngineArgs(
+    extra = {} if async_scheduling is None else {"async_scheduling": async_scheduling}
+    return LLMEngine.from_engine_args(EngineArgs(
         model=model, dtype="float32", max_num_seqs=num_requests, max_num_batched_tokens=4 * num_requests,
         min_token_bucket=num_requests, min_seq_bucket=num_requests, bucket_growth=4,
-        max_model_len=input_len + output_len + 16), warmup=False, show_progress=False)
-    timer = StageTimer()
-    timer.wrap(engine.scheduler, "schedule", "schedule")
-    timer.wrap(engine.runner, "_prepare", "prepare")
-    timer.wrap(engine.runner.device, "run", "device")
-    for obj, method in ((engine.runner, "_to_output"), (engine.scheduler, "update_from_output"),
-                        (engine.output_processor, "process_outputs")):
-        timer.wrap(obj, method, "output")
+        max_model_len=input_len + output_len + 16, **extra), warmup=False, show_progress=False)
+
+
+def _add_requests(engine, num_requests: int, input_len: int, output_len: int, tag: str = "") -> None:
+    from vllm_jax import SamplingParams
+
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     for i in range(num_requests):
-        engine.add_request(str(i), rng.integers(3, engine.vocab_size, input_len).tolist(), params)
+        engine.add_request(f"{tag}{i}", rng.integers(3, engine.vocab_size, input_len).tolist(), params)
+
+
+def end_to_end(model: str, num_requests: int, input_len: int, output_len: int,
+               async_scheduling: bool | None) -> float:
+    """Output tok/s of `num_requests` greedy requests run to the end, after a first identical run that compiles.
+
+    Uses only the engine API every revision has (for --baseline)."""
+    engine = _engine(model, num_requests, input_len, output_len, async_scheduling)
+    busy = getattr(engine, "has_work", engine.has_unfinished_requests)
+    rates = []
+    for run in range(3):
+        _add_requests(engine, num_requests, input_len, output_len, tag=f"{run}-")
+        t0 = time.perf_counter()
+        tokens = 0
+        while busy():
+            tokens += sum(len(o.outputs[0].token_ids) for o in engine.step() if o.finished)
+        if run:  # the first run compiled the programs
+            rates.append(tokens / (time.perf_counter() - t0))
+    return float(max(rates))
+
+
+def measure(model: str, num_requests: int, input_len: int, output_len: int, async_scheduling: bool,
+            profile: cProfile.Profile | None = None) -> dict[str, float]:
+    """Median ms per decode step of each stage (and `step`, `steps`) with `num_requests` running requests."""
+    engine = _engine(model, num_requests, input_len, output_len, async_scheduling)
+    timer = StageTimer()
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    timer.wrap(engine.runner, "_prepare", "prepare")
+    timer.wrap(engine.runner.device, "launch", "launch")
+    timer.wrap(engine.runner.device, "fetch", "wait")
+    for obj, method in ((engine.runner, "_to_output"), (engine.scheduler, "update_from_output"),
+                        (engine.output_processor, "process_outputs")):
+        timer.wrap(obj, method, "output")
+    _add_requests(engine, num_requests, input_len, output_len)
     per_step: dict[str, list[float]] = defaultdict(list)
     profiled_steps = 0
-    while engine.has_unfinished_requests():
+    while engine.has_work():
         timer.seconds.clear()
         compiled = engine.runner.num_compilations
         # Profiled: decode steps after the first one that compiled nothing (the later ones reuse its program).
@@ -107,9 +151,10 @@ def measure(model: str | None, num_requests: int, input_len: int, output_len: in
         if profiled:
             profile.disable()
             profiled_steps += 1
-        batch = engine.last_step.scheduled.num_scheduled_tokens if engine.last_step else {}
-        if (len(batch) == num_requests and all(n == 1 for n in batch.values())
-                and engine.runner.num_compilations == compiled):
+        record = engine.last_step
+        decoding = record is not None and all(len(s.num_scheduled_tokens) == num_requests and
+                                              set(s.num_scheduled_tokens.values()) == {1} for s in record.scheduled)
+        if decoding and len(record.scheduled) == 1 and engine.runner.num_compilations == compiled:
             per_step["step"].append(step)
             for stage in STAGES[:-1]:
                 per_step[stage].append(timer.seconds[stage])
@@ -121,12 +166,20 @@ def measure(model: str | None, num_requests: int, input_len: int, output_len: in
         "steps": len(per_step["step"]), "profiled": profiled_steps}
 
 
-def print_table(rows: dict[int, dict[str, float]]) -> None:
-    print("| running requests | step ms | " + " | ".join(f"{s} ms" for s in STAGES) + " | device waits |")
-    print("|---:|---:|" + "---:|" * len(STAGES) + "---:|")
-    for n, r in rows.items():
-        waits = 1 - r["device"] / r["step"]
-        print(f"| {n} | {r['step']:.2f} | " + " | ".join(f"{r[s]:.2f}" for s in STAGES) + f" | {100 * waits:.0f}% |")
+def print_table(rows: dict[tuple[int, str], dict[str, float]]) -> None:
+    print("| running requests | scheduling | step ms | " + " | ".join(f"{s} ms" for s in STAGES)
+          + " | host busy ms | device waits | decode tok/s |")
+    print("|---:|---|---:|" + "---:|" * len(STAGES) + "---:|---:|---:|")
+    for (n, mode), r in rows.items():
+        sync = rows.get((n, "sync"))
+        if mode == "sync":
+            waits = f"{100 * (1 - (r['launch'] + r['wait']) / r['step']):.0f}%"
+        elif sync is not None:
+            waits = f"~{100 * max(0.0, 1 - (sync['launch'] + sync['wait']) / r['step']):.0f}%"
+        else:
+            waits = "-"
+        print(f"| {n} | {mode} | {r['step']:.2f} | " + " | ".join(f"{r[s]:.2f}" for s in STAGES)
+              + f" | {r['step'] - r['wait']:.2f} | {waits} | {1000 * n / r['step']:.0f} |")
 
 
 def print_profile(profile: cProfile.Profile, steps: int, top: int = 25) -> None:
@@ -137,6 +190,15 @@ def print_profile(profile: cProfile.Profile, steps: int, top: int = 25) -> None:
         print(out.getvalue().split("\n", 4)[-1].rstrip())  # drop pstats' header lines
 
 
+def baseline_tok_s(path: str, model: str, num_requests: int, input_len: int, output_len: int) -> float:
+    """`end_to_end` with another checkout's vllm_jax (its defaults), in a subprocess."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import host_overhead as h; "
+            f"print(h.end_to_end({model!r}, {num_requests}, {input_len}, {output_len}, None))")
+    env = os.environ | {"PYTHONPATH": str(Path(path).resolve())}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny",
@@ -144,25 +206,44 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--input-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--modes", nargs="+", choices=("sync", "async"), default=["sync", "async"])
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile a run of N requests")
     parser.add_argument("--profile-out", default=None, help="also save the profile's pstats here")
+    parser.add_argument("--baseline", default=None, metavar="PATH",
+                        help="a checkout of another revision: its end-to-end tok/s in the same run")
     ns = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = {"tiny": tmp, "default": None}.get(ns.model, ns.model)
         if ns.model == "tiny":
             build_tiny_llama(Path(tmp))
-        rows: dict[int, dict[str, float]] = {}
+        rows: dict[tuple[int, str], dict[str, float]] = {}
+        tok_s: dict[tuple[int, str], float] = {}
         for n in ns.num_requests:
-            rows[n] = measure(model, n, ns.input_len, ns.output_len)
-            print(f"{n} running requests: {rows[n]['steps']} decode steps, {rows[n]['step']:.2f} ms/step",
-                  flush=True)
+            if ns.baseline:
+                tok_s[n, "baseline"] = baseline_tok_s(ns.baseline, model, n, ns.input_len, ns.output_len)
+            for mode in ns.modes:
+                rows[n, mode] = measure(model, n, ns.input_len, ns.output_len, mode == "async")
+                tok_s[n, mode] = end_to_end(model, n, ns.input_len, ns.output_len, mode == "async")
+                print(f"{n} running requests, {mode}: {rows[n, mode]['steps']} decode steps, "
+                      f"{rows[n, mode]['step']:.2f} ms/step, end to end {tok_s[n, mode]:.0f} output tok/s",
+                      flush=True)
         if ns.profile is not None:  # a run of its own: the profiler's overhead stays out of the table
             profile = cProfile.Profile()
-            profiled = measure(model, ns.profile, ns.input_len, ns.output_len, profile)
+            profiled = measure(model, ns.profile, ns.input_len, ns.output_len, ns.modes[0] == "async", profile)
             print_profile(profile, int(profiled["profiled"]))
             if ns.profile_out:
                 profile.dump_stats(ns.profile_out)
     print_table(rows)
+    print()
+    print("| running requests | " + " | ".join(f"{label} tok/s" for label in ["baseline"] * bool(ns.baseline)
+                                               + ns.modes) + " |")
+    print("|---:|" + "---:|" * (len(ns.modes) + bool(ns.baseline)))
+    for n in ns.num_requests:
+        cells = [tok_s[n, label] for label in ["baseline"] * bool(ns.baseline) + ns.modes]
+        base = tok_s.get((n, "baseline"))
+        print(f"| {n} | " + " | ".join(f"{c:.0f}" + (f" ({c / base:.2f}x)" if base and i else "")
+                                       for i, c in enumerate(cells)) + " |")
+    print(json.dumps({f"{n}/{label}": round(v, 1) for (n, label), v in tok_s.items()}))
 
 
 if __name__ == "__main__":

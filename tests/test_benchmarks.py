@@ -64,15 +64,19 @@ def test_the_aot_roofline_counts_what_a_decode_step_must_read(tmp_path):
 
 
 def test_host_overhead_reports_each_stage_of_a_decode_step_and_profiles_one_size():
-    """benchmarks/host_overhead.py at a tiny size: one table row per request count, the stages add up to the step
-    (medians, so within rounding of the other column), and the cProfile run prints the engine's step."""
+    """benchmarks/host_overhead.py at a tiny size: one table row per request count and mode, the stages add up
+    to the step (medians, so within rounding of the other column), a tok/s table, and the cProfile run prints
+    the engine's step."""
     proc = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--num-requests", "2", "3",
                            "--input-len", "2", "--output-len", "4", "--profile", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "ms" not in line]
-    assert [int(r[0]) for r in rows] == [2, 3]
-    for r in rows:
-        step, *stages = (float(x) for x in r[1:7])
-        assert min(stages) >= 0 and step > 0 and r[7].strip().endswith("%")
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()
+            if line.startswith("| ") and "ms" not in line and "tok/s" not in line]
+    stage_rows = [r for r in rows if len(r) == 12]
+    assert [(int(r[0]), r[1].strip()) for r in stage_rows] == [(2, "sync"), (2, "async"), (3, "sync"), (3, "async")]
+    for r in stage_rows:
+        step, *stages = (float(x) for x in r[2:9])
+        assert min(stages) >= 0 and step > 0 and r[10].strip().endswith("%") and float(r[11]) > 0
+    assert [int(r[0]) for r in rows if len(r) == 3] == [2, 3]  # end-to-end tok/s, sync and async
     assert re.search(r"cProfile over [1-9]\d* decode steps", proc.stdout) and "llm_engine.py" in proc.stdout

@@ -78,6 +78,7 @@ def test_prefix_cache_hits_do_not_change_outputs(llm, checkpoint):
     pytest.param(dict(max_num_batched_tokens=16, max_num_seqs=8), id="forced-chunking"),
     pytest.param(dict(num_gpu_blocks_override=24), id="tiny-kv-cache-preempts"),
     pytest.param(dict(scan_layers=False), id="layers-unrolled-not-scanned"),
+    pytest.param(dict(async_scheduling=False, num_gpu_blocks_override=24), id="sync-scheduling-preempts"),
 ])
 def test_engine_configurations_keep_greedy_outputs(checkpoint, prompts, reference, overrides):
     llm = LLM(str(checkpoint[0]), **{**BASE_ARGS, **overrides})

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vllm_jax.sample.sampler import SamplingTensors, _candidate_threshold, apply_logits_processors, apply_top_k_top_p, \
-    compute_logprobs, sample
+    compute_logprobs, row_argmax, sample
 from vllm_jax.sample.metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors, seed_to_uint32
 from vllm_jax.sampling_params import SamplingParams
 
@@ -46,6 +46,19 @@ def _random_logits(rows, seed=0, scale=2.0):
 def test_greedy_rows_take_argmax_of_logits():
     logits = _random_logits(8)
     assert np.array_equal(_draw(logits, [SamplingParams(temperature=0.0)] * 8), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("chunk", [4, 8, 16])
+def test_row_argmax_equals_argmax_with_ties_padding_inf_and_nan(chunk):
+    rng = np.random.default_rng(chunk)
+    x = rng.integers(-3, 4, (12, 37)).astype(np.float32)  # small integers: many ties, across chunks too
+    x[1] = -np.inf  # a fully masked row
+    x[2, 30:] = 9.0  # the max only in the padded last chunk
+    x[3, [5, 20]] = np.nan  # NaN counts as the largest, the first one wins
+    x[4, :] = 1.0  # all tied: index 0
+    got = np.asarray(jax.jit(row_argmax, static_argnums=1)(jnp.asarray(x), chunk))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+    assert got.dtype == np.int32 and got[3] == 5 and got[2] == 30
 
 
 def test_temperature_sampling_matches_softmax_distribution():

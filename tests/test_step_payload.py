@@ -19,7 +19,10 @@ def _payload(params: SamplingParams, prompt_targets: np.ndarray | None) -> StepP
                               max_blocks_per_seq=4, num_tokens_padded=8, num_seqs_padded=4)
     rows = [RowSamplingInput(params, 2**40 + 3, [1, 5], [6], 5), RowSamplingInput(SamplingParams(), 7, [9], [], 1)]
     tensors, _ = build_sampling_tensors(rows, 4, 16)
-    return StepPayload(inputs, tensors, num_logprobs=3, prompt_targets=prompt_targets)
+    feedback = {} if prompt_targets is None else {  # the async-scheduling fields, in the second case only
+        "input_token_slots": np.array([-1, -1, 4, -1, -1, -1, -1, -1], np.int32),
+        "sample_slots": np.array([4, 0, 9, 9], np.int32)}
+    return StepPayload(inputs, tensors, num_logprobs=3, prompt_targets=prompt_targets, **feedback)
 
 
 def _assert_same(a, b) -> None:
@@ -41,7 +44,9 @@ def test_bytes_round_trip_gives_back_every_field(params, targets):
     assert back.num_logprobs == 3 and back.sampling.is_full == payload.sampling.is_full
     _assert_same(payload.inputs, back.inputs)
     _assert_same(payload.sampling, back.sampling)
-    assert (back.prompt_targets is None) == (targets is None)
-    if targets is not None:
-        assert np.array_equal(back.prompt_targets, targets)
+    for name in ("prompt_targets", "input_token_slots", "sample_slots"):
+        sent, got = getattr(payload, name), getattr(back, name)
+        assert (got is None) == (targets is None) == (sent is None), name
+        if sent is not None:
+            assert got.dtype == sent.dtype and np.array_equal(got, sent), name
 

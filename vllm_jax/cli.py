@@ -70,6 +70,8 @@ ENGINE_FLAG_HELP = {
                                  "'{\"disable_any_whitespace\": true}' (backend: guidance, i.e. llguidance)",
     "reasoning_parser": "split thinking models' reasoning from the answer: deepseek_r1 or qwen3 (the server "
                         "answers it in `reasoning`; default: none)",
+    "async_scheduling": "schedule and prepare step n + 1 while the device runs step n (default: on; "
+                        "--no-async-scheduling runs them one after the other)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
 

@@ -32,6 +32,8 @@ _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _CPU_MIN_BUCKET = 2
 _CPU_BUCKET_GROWTH = 4
 _ACCEL_MIN_TOKEN_BUCKET, _ACCEL_MIN_SEQ_BUCKET = 16, 8
+# Async scheduling per platform when --async-scheduling is not given (README, "Host overhead per step").
+ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
 
@@ -129,6 +131,8 @@ class EngineConfig:
     # `--reasoning-parser` (vllm_jax.reasoning): the server splits the reasoning from the answer with it, and a
     # request's structured outputs are meant to start after its end token.
     reasoning_parser: str | None = None
+    # Schedule step n + 1 while step n runs on the device (docs/architecture.md, "Async scheduling").
+    async_scheduling: bool = False
 
     @property
     def resolved_attention_backend(self) -> str:
@@ -186,6 +190,9 @@ class EngineArgs:
     structured_outputs_config: str | dict | None = None
     # Thinking models: deepseek_r1 or qwen3 (vllm_jax.reasoning); None leaves the output as it is.
     reasoning_parser: str | None = None
+    # vLLM's --async-scheduling: the host schedules and prepares step n + 1 while the device runs step n. None:
+    # the platform's default (ASYNC_SCHEDULING_DEFAULT).
+    async_scheduling: bool | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -221,6 +228,8 @@ class EngineArgs:
             scan_layers=self.scan_layers,
             structured_outputs_config=StructuredOutputsConfig.parse(self.structured_outputs_config),
             reasoning_parser=self.reasoning_parser,
+            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] if self.async_scheduling is None
+                              else self.async_scheduling),
         )
 
     def _check_values(self, platform: str) -> None:

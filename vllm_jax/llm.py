@@ -65,7 +65,7 @@ class LLM:
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
-                while engine.has_unfinished_requests():
+                while engine.has_work():  # until the step in flight, if any, is finished too
                     for out in engine.step():
                         if out.finished:
                             results[out.request_id] = out

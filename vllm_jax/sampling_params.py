@@ -213,6 +213,15 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < _GREEDY_TEMPERATURE
 
+    @property
+    def reads_output_tokens(self) -> bool:
+        """Whether sampling the next token depends on the tokens generated so far (penalties, bad words,
+        min_tokens; a grammar too, see `structured_outputs`): async scheduling keeps such a request's newest token
+        on the host before its next step (docs/architecture.md, "Async scheduling")."""
+        return bool(self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+                    or self.bad_words or self.bad_words_token_ids or self.min_tokens > 0
+                    or self.structured_outputs is not None)
+
     def clone(self) -> SamplingParams:
         """A deep copy, so the engine can fill per-request fields without touching the caller's object."""
         return copy.deepcopy(self)

@@ -159,7 +159,7 @@ class EngineLoop:
         counters.num_steps += 1
         self._time_step(engine.last_step, started, now, result)
         self._route_outputs(outputs, now, result)
-        stuck = result.stats.num_scheduled_tokens == 0 and not outputs and engine.has_unfinished_requests()
+        stuck = not engine.last_step.made_progress and not outputs and engine.has_unfinished_requests()
         if stuck:
             logger.warning("engine step scheduled nothing while %d requests are unfinished",
                            engine.get_num_unfinished_requests())
@@ -168,11 +168,12 @@ class EngineLoop:
     def _time_step(self, record: StepRecord, started: float, now: float, result: IterationResult) -> None:
         """Feed the request timers: first scheduling, and the tokens each request got from this step."""
         it = result.stats
-        it.num_scheduled_tokens += record.scheduled.total_num_scheduled_tokens
-        for new in record.scheduled.scheduled_new_reqs:
-            stream = self._by_child.get(new.req_id)
-            if stream is not None and stream.timer.on_scheduled(started):
-                result.scheduled.append(stream)
+        it.num_scheduled_tokens += record.num_scheduled_tokens
+        for scheduled in record.scheduled:
+            for new in scheduled.scheduled_new_reqs:
+                stream = self._by_child.get(new.req_id)
+                if stream is not None and stream.timer.on_scheduled(started):
+                    result.scheduled.append(stream)
         new_tokens: dict[RequestStream, int] = {}
         for core in record.core_outputs:
             stream = self._by_child.get(core.req_id)

@@ -1,4 +1,8 @@
-"""LLMEngine: the synchronous step loop (schedule -> run the jitted step -> update -> detokenize).
+"""LLMEngine: the step loop (schedule -> run the jitted step -> update -> detokenize).
+
+With async scheduling (`EngineConfig.async_scheduling`, vLLM's `--async-scheduling`) each step() schedules and
+dispatches step n + 1 before it waits for step n, so the host's scheduling, input preparation, stop checks and
+detokenization overlap the device's work (docs/architecture.md, "Async scheduling").
 
 It owns the tokenizer, the scheduler with its KV-cache manager, the model runner and the output processor.
 Prompt handling (text, token ids, chat), sampling-param checks that need the model (vocab, max_logprobs),
@@ -16,7 +20,7 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
-from vllm_jax.worker.model_runner import ModelRunner
+from vllm_jax.worker.model_runner import InFlightStep, ModelRunner
 from vllm_jax.model_loader.tokenizer import generation_eos_token_ids, load_tokenizer
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
@@ -35,10 +39,29 @@ PromptType = str | list[int] | dict
 
 @dataclass
 class StepRecord:
-    """What the latest step scheduled and produced per request (for stats; RequestOutputs lack it)."""
+    """What the latest step() call scheduled (the steps it dispatched) and produced per request (for stats;
+    RequestOutputs lack it). Under async scheduling the outputs are those of the step dispatched one call
+    earlier."""
+
+    scheduled: list[SchedulerOutput]
+    core_outputs: list[EngineCoreOutput]
+    num_finished_tokens: int = 0  # the tokens of the step whose result this call read
+
+    @property
+    def made_progress(self) -> bool:
+        return self.num_finished_tokens > 0 or self.num_scheduled_tokens > 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.total_num_scheduled_tokens for s in self.scheduled)
+
+
+@dataclass
+class _Dispatched:
+    """A step on the device: what was scheduled, and the runner's handle to its result."""
 
     scheduled: SchedulerOutput
-    core_outputs: list[EngineCoreOutput]
+    flight: InFlightStep | None
 
 
 class LLMEngine:
@@ -67,6 +90,8 @@ class LLMEngine:
                                                 disable_additional_properties=so.disable_additional_properties)
         self.reasoning_tokens = reasoning_tokens(self.tokenizer, config.reasoning_parser)
         self._seed_rng = random.Random(mc.seed)
+        self.async_scheduling = config.async_scheduling
+        self._in_flight: _Dispatched | None = None  # async scheduling: the step whose result is not read yet
         self.last_step: StepRecord | None = None
         self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
 
@@ -87,7 +112,8 @@ class LLMEngine:
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         requests = [Request(request_id=cid, prompt_token_ids=token_ids, sampling_params=params,
                             eos_token_id=self.eos_token_id, arrival_time=arrival, seed=base_seed + i,
-                            priority=priority, cache_salt=cache_salt, grammar=self._new_grammar(params, token_ids))
+                            priority=priority, cache_salt=cache_salt, grammar=self._new_grammar(params, token_ids),
+                            needs_host_tokens=params.reads_output_tokens)
                     for i, cid in enumerate(child_ids)]
         added: list[str] = []
         try:
@@ -117,23 +143,53 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
 
     def has_work(self) -> bool:
-        """Something for step() to do: unfinished requests, or finished ones whose ids the runner has not been
-        told yet (one more, empty step drops their state)."""
-        return self.has_unfinished_requests() or self.scheduler.has_finished_requests()
+        """Something for step() to do: unfinished requests, a step still in flight, or finished requests whose
+        ids the runner has not been told yet (one more, empty step drops their state)."""
+        return (self.has_unfinished_requests() or self._in_flight is not None
+                or self.scheduler.has_finished_requests())
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
 
     # --- the step ---
     def step(self) -> list[RequestOutput]:
+        """One step's outputs. Synchronous: schedule, run, update. Async: dispatch the next step (unless some
+        running request needs this step's tokens on the host first), then finish the one in flight."""
+        if not self.async_scheduling:
+            dispatched = self._dispatch()
+            return self._finish(dispatched, [dispatched.scheduled])
+        scheduled: list[SchedulerOutput] = []
+        if self._in_flight is None:
+            self._in_flight = self._dispatch()
+            scheduled.append(self._in_flight.scheduled)
+        ahead = None
+        if self._in_flight.flight is not None and not self._waits_for_host():
+            ahead = self._dispatch()
+            scheduled.append(ahead.scheduled)
+            if ahead.flight is None:  # nothing to run (the runner has taken the finished ids already)
+                ahead = None
+        current, self._in_flight = self._in_flight, ahead
+        return self._finish(current, scheduled)
+
+    def _dispatch(self) -> _Dispatched:
         sched_out = self.scheduler.schedule()
-        runner_out = self.runner.execute(sched_out)
-        core_outputs = self.scheduler.update_from_output(sched_out, runner_out)
-        self.last_step = StepRecord(sched_out, core_outputs)
+        return _Dispatched(sched_out, self.runner.dispatch(sched_out))
+
+    def _waits_for_host(self) -> bool:
+        """Whether the next step must wait for the one in flight: a running request's next inputs need its
+        newest token on the host (structured outputs, penalties, bad words, min_tokens), or nobody could be
+        scheduled anyway."""
+        running = self.scheduler.running
+        return not (running or self.scheduler.waiting) or any(r.needs_host_tokens for r in running)
+
+    def _finish(self, dispatched: _Dispatched, scheduled: list[SchedulerOutput]) -> list[RequestOutput]:
+        runner_out = self.runner.finish(dispatched.flight)
+        core_outputs = self.scheduler.update_from_output(dispatched.scheduled, runner_out)
+        self.last_step = StepRecord(scheduled, core_outputs, dispatched.scheduled.total_num_scheduled_tokens)
         processed = self.output_processor.process_outputs(core_outputs)
         if processed.reqs_to_abort:
             self.scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
-        if not self.scheduler.has_unfinished_requests():
+        if self._in_flight is None and not self.scheduler.has_unfinished_requests():
             # Idle from now on: an empty schedule hands the runner the finished ids so it drops their state.
             self.runner.execute(self.scheduler.schedule())
         return processed.request_outputs

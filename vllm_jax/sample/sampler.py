@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 GREEDY_TEMPERATURE = 1e-5  # rows below this are greedy (matches SamplingParams.is_greedy)
 TOP_CANDIDATES = 256  # top-k/top-p seek their cutoff among this many largest logits before bisecting the row
+ARGMAX_CHUNK = 128  # row_argmax's chunk width (a lane multiple on TPU)
 
 
 
@@ -88,7 +89,7 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
         logits = apply_token_bitmask(logits, t.token_bitmask)
     processed = apply_logits_processors(logits, t)
     greedy = t.temperature < GREEDY_TEMPERATURE
-    greedy_ids = jnp.argmax(processed, axis=-1).astype(jnp.int32)
+    greedy_ids = row_argmax(processed)
     random_ids = jax.lax.cond(
         jnp.all(greedy),
         lambda: greedy_ids,
@@ -99,6 +100,26 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
         return SamplerOutput(token_ids=token_ids)
     ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
     return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks)
+
+
+def row_argmax(x: jax.Array, chunk: int = ARGMAX_CHUNK) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` as int32 (first index among ties, NaN counts as largest), in two levels: each
+    chunk's max, the first chunk holding the row's max, then the first max inside it.
+
+    Why: XLA:CPU lowers argmax to a variadic (value, index) reduce that does not vectorize, 18 ms for
+    [256, 32000] on this project's CPU against 0.7 ms for a plain max; the two levels take ~1.5 ms. Accelerators
+    get the same result from the same reductions.
+    """
+    rows, vocab = x.shape
+    if vocab <= chunk:
+        return jnp.argmax(x, axis=-1).astype(jnp.int32)
+    pad = (-vocab) % chunk
+    if pad:
+        x = jnp.pad(x, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    chunks = x.reshape(rows, -1, chunk)
+    best_chunk = jnp.argmax(jnp.max(chunks, axis=-1), axis=-1).astype(jnp.int32)  # [S]
+    inside = jnp.take_along_axis(chunks, best_chunk[:, None, None], axis=1)[:, 0]  # [S, chunk]
+    return best_chunk * chunk + jnp.argmax(inside, axis=-1).astype(jnp.int32)
 
 
 def compute_logprobs(logits: jax.Array, token_ids: jax.Array, num_logprobs: int) -> tuple[jax.Array, jax.Array,
@@ -167,7 +188,7 @@ def _random_sample(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> 
     use_top = jnp.any((t.top_k > 0) | (t.top_p < 1.0))
     logits = jax.lax.cond(use_top, apply_top_k_top_p, lambda x, _k, _p: x, logits, t.top_k, t.top_p)
     noise = gumbel_noise(t.seeds, t.positions, logits.shape[-1])
-    return jnp.argmax(logits + noise, axis=-1).astype(jnp.int32)
+    return row_argmax(logits + noise)
 
 
 def _apply_min_p(logits: jax.Array, min_p: jax.Array) -> jax.Array:

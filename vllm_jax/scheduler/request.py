@@ -60,6 +60,9 @@ class Request:
     max_model_len: int | None = None
     # The structured-output matcher (sampling_params.structured_outputs), advanced with every sampled token.
     grammar: RequestGrammar | None = None
+    # Its next step's inputs need its latest token on the host (a grammar's bitmask, penalties' counts, bad words,
+    # min_tokens), so the scheduler never schedules it while a token of it is still being sampled.
+    needs_host_tokens: bool = False
 
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
@@ -73,6 +76,9 @@ class Request:
     # Prompt positions scored so far (prompt_logprobs): a prefill recomputed after a preemption scores them again,
     # and only the ones past this count are new.
     num_prompt_logprobs_reported: int = field(default=0, init=False)
+    # Tokens being sampled by a step in flight (async scheduling: 0 or 1), not in output_token_ids yet; the next
+    # step already computes them (docs/architecture.md, "Async scheduling").
+    num_output_placeholders: int = field(default=0, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 
@@ -121,6 +127,14 @@ class Request:
         recompute entirely (thrashing)."""
         return self.num_output_tokens_at_resume is not None and \
             self.num_output_tokens <= self.num_output_tokens_at_resume
+
+    @property
+    def reaches_its_end_in_flight(self) -> bool:
+        """Its token in flight will be its last by length (max_tokens or the context), so nothing follows it."""
+        placeholders = self.num_output_placeholders
+        context = self.max_model_len if self.max_model_len is not None else float("inf")
+        return placeholders > 0 and (self.num_output_tokens + placeholders >= self.max_tokens
+                                     or self.num_tokens + placeholders >= context)
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):

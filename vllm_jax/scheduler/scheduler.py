@@ -12,6 +12,12 @@ priority: the lowest priority, then the latest arrival) among the running reques
 Only when every running request awaits progress does the policy choose among all of them, so a step can always
 make room or give up its own request; such a forced choice is counted in `num_preemptions_without_progress`.
 (docs/architecture.md, "Scheduling")
+
+Async scheduling (vLLM's): the engine may call schedule() for step n + 1 before update_from_output() of step n.
+A request sampling in step n then holds a placeholder (`Request.num_output_placeholders`) that step n + 1
+computes as its next input token; one that step n ends by length, or whose inputs need that token on the host, sits
+step n + 1 out. update_from_output() drops the rows of requests that ended meanwhile, so a token sampled past a
+stop is never emitted (docs/architecture.md, "Async scheduling").
 """
 
 from __future__ import annotations
@@ -114,8 +120,9 @@ class Scheduler:
     def finish_requests(self, req_ids: str | Iterable[str], status: RequestStatus) -> list[str]:
         """End requests from outside (abort, stop string): blocks are freed now. Unknown ids are ignored.
 
-        Call between update_from_output() and the next schedule(), never between schedule() and
-        update_from_output() of the same step. Returns the ids actually finished.
+        Call between steps. Under async scheduling a dispatched step may still write the request's KV into the
+        freed blocks: harmless, because the device runs steps in order, so any later owner of a block writes it
+        after that step. Returns the ids actually finished.
         """
         if not status.is_finished:
             raise ValueError(f"{status} is not a finished status")
@@ -176,9 +183,12 @@ class Scheduler:
         output = self._build_output(plan)
         output.grammar_bitmask = _grammar_bitmasks(plan)
         self.finished_req_ids = set()
-        # vLLM v1: progress advances at scheduling time; the output above carries the values before it.
+        # vLLM v1: progress advances at scheduling time; the output above carries the values before it. A request
+        # scheduled up to its last token samples one more: a placeholder until update_from_output brings it.
         for request in plan.running + plan.new:
             request.num_computed_tokens += plan.num_scheduled[request.request_id]
+            if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
         return output
 
     def _schedule_running(self, plan: _StepPlan) -> None:
@@ -194,10 +204,12 @@ class Scheduler:
                 return
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            if request.num_output_placeholders and (request.needs_host_tokens or request.reaches_its_end_in_flight):
+                continue  # async scheduling: wait for the token in flight (see the module docstring)
             # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the budget
             # cap only chunks where chunking is on (or a resumed request longer than the budget).
-            num_new = min(request.num_tokens - request.num_computed_tokens, plan.budget,
-                          self.max_model_len - request.num_computed_tokens)
+            num_new = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens,
+                          plan.budget, self.max_model_len - request.num_computed_tokens)
             if num_new <= 0:
                 continue
             blocks = self._allocate_or_preempt(request, num_new, plan)
@@ -302,8 +314,12 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop checks, free finished requests' blocks at once."""
+        """Append sampled tokens, apply stop checks, free finished requests' blocks at once.
+
+        Under async scheduling the next step has been scheduled already: a request preempted by it still gets
+        its token (its recompute will include it), and one that finished meanwhile gets nothing."""
         row = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        starts = _step_starts(scheduler_output) if runner_output.prompt_logprobs else {}
         outputs: list[EngineCoreOutput] = []
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -311,10 +327,13 @@ class Scheduler:
             if request is None or i is None:  # finished meanwhile (e.g. aborted), or the runner skipped it
                 continue
             sampled = runner_output.sampled_token_ids[i]
-            prompt_logprobs = _new_prompt_logprobs(request, scheduler_output.num_scheduled_tokens[req_id],
-                                                   runner_output.prompt_logprobs.get(req_id))
+            if sampled:
+                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
+            chunk = runner_output.prompt_logprobs.get(req_id)
+            prompt_logprobs = _new_prompt_logprobs(request, starts[req_id], chunk) if chunk is not None else None
             if not sampled and prompt_logprobs is None:
                 continue
+            was_running = request.status == RequestStatus.RUNNING
             new_tokens: list[int] = []
             for token in sampled:
                 request.append_output_token_ids(token)
@@ -327,9 +346,15 @@ class Scheduler:
                 stop_reason=request.stop_reason, new_logprobs=[logprobs] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs, num_cached_tokens=max(request.num_cached_tokens, 0)))
             if request.is_finished:
-                self.running.remove(request)
+                (self.running if was_running else self.waiting).remove(request)
                 self._free_request(request)
         return outputs
+
+
+def _step_starts(sched: SchedulerOutput) -> dict[str, int]:
+    """Each scheduled request's progress before the step (where its scored prompt positions begin)."""
+    return ({new.req_id: new.num_computed_tokens for new in sched.scheduled_new_reqs}
+            | {c.req_id: c.num_computed_tokens for c in sched.scheduled_cached_reqs})
 
 
 def _grammar_bitmasks(plan: _StepPlan) -> dict[str, Any]:
@@ -370,13 +395,9 @@ def _grammar_stops(request: Request, token: int) -> bool:
 _PromptLogprobs = list[tuple[list[int], list[float], list[int]]]  # per position: ids, logprobs, ranks
 
 
-def _new_prompt_logprobs(request: Request, num_scheduled: int, chunk: _PromptLogprobs | None
-                         ) -> _PromptLogprobs | None:
+def _new_prompt_logprobs(request: Request, start: int, chunk: _PromptLogprobs) -> _PromptLogprobs | None:
     """The step's prompt logprobs for positions never reported before (None if none): the chunk scores the
-    positions after the step's first token, and a recompute after a preemption starts again from 0."""
-    if chunk is None:
-        return None
-    start = request.num_computed_tokens - num_scheduled  # progress advanced when the step was scheduled
+    positions after the step's first token (`start`), and a recompute after a preemption starts again from 0."""
     new = chunk[max(0, request.num_prompt_logprobs_reported - start):]
     request.num_prompt_logprobs_reported = max(request.num_prompt_logprobs_reported, start + len(chunk))
     return new or None

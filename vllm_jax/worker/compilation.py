@@ -49,6 +49,7 @@ class StepShapes:
     max_blocks_per_seq: int
     vocab_size: int
     max_logprobs: int
+    token_feedback: bool = False  # async scheduling: the device feeds its samples to the next step
 
 
 class CompilationManager:
@@ -63,8 +64,9 @@ class CompilationManager:
     def plan(self) -> WarmupPlan:
         """Every program a workload can need, one (label, make-it-ready) pair each, in a fixed order.
 
-        Each token bucket's forward, then per new sequence bucket the sampler variants (plain and with penalties,
-        without and with logprobs). Deterministic given the config, so every process of a multi-host run performs
+        Each token bucket's forward (with async scheduling its token-feed program), then per new sequence bucket
+        the sampler variants (plain and with penalties, without and with logprobs; with async scheduling the
+        token-record program). Deterministic given the config, so every process of a multi-host run performs
         the same calls."""
         plan: WarmupPlan = []
         logits_for: dict[int, jax.ShapeDtypeStruct] = {}  # sequence bucket -> the forward's logits (abstract)
@@ -72,9 +74,14 @@ class CompilationManager:
         for num_tokens, num_seqs in self.shapes.buckets:
             plan.append((f"forward T={num_tokens} S={num_seqs}",
                          functools.partial(self._forward, num_tokens, num_seqs, logits_for)))
+            if self.shapes.token_feedback:
+                plan.append((f"token feed T={num_tokens}", functools.partial(self.device.precompile_feed, num_tokens)))
             if num_seqs in sampled_buckets:
                 continue  # the sampler programs depend on the sequence bucket only
             sampled_buckets.add(num_seqs)
+            if self.shapes.token_feedback:
+                plan.append((f"token record S={num_seqs}",
+                             functools.partial(self.device.precompile_record, num_seqs)))
             for name, params in _SAMPLER_VARIANTS:
                 for k in (NO_LOGPROBS, self.shapes.max_logprobs):
                     plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",

@@ -4,6 +4,11 @@ Everything a step needs crosses in one `StepPayload` of numpy arrays, so a multi
 from process 0 and every process runs `DeviceStep.run` on identical inputs (jax's multi-controller model).
 Results come back replicated, so each process can read them from its own devices (docs/architecture.md, "Data
 flow of one step").
+
+`launch` only dispatches: jax runs the programs asynchronously and the result stays on the device until `fetch`,
+so the host can prepare the next step meanwhile (async scheduling). For that the device keeps the latest sampled
+token of every input-batch slot (`token_feedback`): a step records its samples there, and the next step's decode
+tokens that the host does not know yet are read from it (docs/architecture.md, "Async scheduling").
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -27,7 +33,7 @@ from vllm_jax.worker.step_payload import StepPayload
 
 @dataclass
 class StepResult:
-    sampled: SamplerOutput  # numpy
+    sampled: SamplerOutput  # numpy once fetched (device arrays from `launch`)
     prompt_logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, logprobs, ranks: [T, 1+K]
 
 
@@ -41,18 +47,24 @@ class DeviceStep:
     """
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, mesh: Mesh,
-                 max_logprobs: int, store: ProgramStore | None = None, on_trace: Callable[[], None] = lambda: None):
+                 max_logprobs: int, store: ProgramStore | None = None, on_trace: Callable[[], None] = lambda: None,
+                 num_slots: int = 0):
+        """`num_slots`: the input batch's rows (the runner's max_num_seqs); `token_feedback` holds one more, the
+        row padding rows write to."""
         self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
         self.max_logprobs = max_logprobs
         self.on_trace = on_trace
         self.store = store
         self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
         self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
-        replicated = NamedSharding(mesh, PartitionSpec())
+        replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
         self._to_device = _replicator(replicated)
         self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
         self._sample = jax.jit(self._sample_impl, static_argnums=(2,), out_shardings=replicated)
         self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,), out_shardings=replicated)
+        self._record = jax.jit(self._record_impl, donate_argnums=(0,), out_shardings=replicated)
+        self._feed = jax.jit(self._feed_impl, out_shardings=replicated)
+        self.token_feedback = jax.device_put(np.zeros(num_slots + 1, np.int32), replicated)
 
     # A trace happens once per new shape or variant: each one reports itself.
     def _forward_impl(self, params, kv_cache, inputs: StepInputs):
@@ -67,6 +79,14 @@ class DeviceStep:
         self.on_trace()
         return compute_logprobs(logits, targets, num_logprobs)
 
+    def _record_impl(self, feedback, slots, token_ids):
+        self.on_trace()
+        return feedback.at[slots].set(token_ids)
+
+    def _feed_impl(self, feedback, input_ids, token_slots):
+        self.on_trace()
+        return jnp.where(token_slots >= 0, feedback[jnp.maximum(token_slots, 0)], input_ids)
+
     def forward(self, inputs: StepInputs) -> jax.Array:
         """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits."""
         program = self._executables.get(("forward", _signature(inputs)), self._forward)
@@ -74,7 +94,14 @@ class DeviceStep:
         return logits
 
     def run(self, payload: StepPayload) -> StepResult:
+        return self.fetch(self.launch(payload))
+
+    def launch(self, payload: StepPayload) -> StepResult:
+        """Dispatch the step's programs; the result's arrays stay on the device (their copy to the host starts)."""
         inputs = payload.inputs
+        if payload.input_token_slots is not None:  # decode tokens the host has not seen: last step's samples
+            inputs = dataclasses.replace(inputs, input_ids=self.feed_tokens(inputs.input_ids,
+                                                                            payload.input_token_slots))
         prompt_lp = None
         if payload.prompt_targets is None:
             logits = self.forward(inputs)
@@ -83,15 +110,57 @@ class DeviceStep:
             all_rows = dataclasses.replace(inputs, logits_indices=np.arange(num_tokens, dtype=np.int32))
             all_logits = self.forward(all_rows)
             targets = self._to_device(payload.prompt_targets)
-            prompt_lp = _fetch(self._prompt_logprobs(all_logits, targets, self.max_logprobs))
+            prompt_lp = self._prompt_logprobs(all_logits, targets, self.max_logprobs)
             logits = all_logits[self._to_device(inputs.logits_indices)]
-        return StepResult(self.sample(logits, payload.sampling, payload.num_logprobs), prompt_lp)
+        sampled = self.sample(logits, payload.sampling, payload.num_logprobs)
+        if payload.sample_slots is not None:
+            self.record_tokens(payload.sample_slots, sampled.token_ids)
+        result = StepResult(sampled, prompt_lp)
+        for leaf in jax.tree.leaves((sampled, prompt_lp)):
+            if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+                leaf.copy_to_host_async()
+        return result
+
+    @staticmethod
+    def fetch(result: StepResult) -> StepResult:
+        """The launched step's result as host numpy (waits for the device)."""
+        return StepResult(_fetch(result.sampled), _fetch(result.prompt_logprobs))
 
     def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
+        """The sampler's output, on the device."""
         executable = self._executables.get(("sample", _signature(tensors), num_logprobs))
         tensors = self._to_device(tensors)
-        out = executable(logits, tensors) if executable is not None else self._sample(logits, tensors, num_logprobs)
-        return _fetch(out)
+        return executable(logits, tensors) if executable is not None else self._sample(logits, tensors, num_logprobs)
+
+    def feed_tokens(self, input_ids: np.ndarray, token_slots: np.ndarray) -> jax.Array:
+        """`input_ids` with each token whose slot `token_slots` names (>= 0) read from `token_feedback`."""
+        args = self._to_device((input_ids, token_slots))
+        program = self._executables.get(("feed", _signature(args)), self._feed)
+        return program(self.token_feedback, *args)
+
+    def record_tokens(self, slots: np.ndarray, token_ids: jax.Array) -> None:
+        """Write each row's sampled token to its slot of `token_feedback` (donated: updated in place)."""
+        slots = self._to_device(slots)
+        program = self._executables.get(("record", _signature((slots, token_ids))), self._record)
+        self.token_feedback = program(self.token_feedback, slots, token_ids)
+
+    def precompile_feed(self, num_tokens: int) -> None:
+        """Async scheduling's warm-up: the token-feed program of a token bucket."""
+        dynamic = self._to_device((np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32)))
+        key = ("feed", _signature(dynamic))
+        if key not in self._executables:
+            args = (self.token_feedback, *dynamic)
+            self._executables[key] = self._load_or_compile(key, self._feed, args, args, 0)
+
+    def precompile_record(self, num_seqs: int) -> None:
+        """Async scheduling's warm-up: the token-record program of a sequence bucket (the sampler's ids come
+        replicated, as here)."""
+        slots = self._to_device(np.zeros(num_seqs, np.int32))
+        token_ids = jax.device_put(np.zeros(num_seqs, np.int32), self._replicated)
+        key = ("record", _signature((slots, token_ids)))
+        if key not in self._executables:
+            args = (self.token_feedback, slots, token_ids)
+            self._executables[key] = self._load_or_compile(key, self._record, args, args, 0)
 
     @property
     def executables(self) -> list:

@@ -41,6 +41,7 @@ class InputBatch:
         # a row whose params may need the full sampler variant (penalties, bias, masks, min_tokens)
         self.may_need_full = np.zeros(max_num_reqs, np.bool_)
         self.wants_prompt_logprobs = np.zeros(max_num_reqs, np.bool_)
+        self.num_slots = max_num_reqs
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_num_reqs - 1, -1, -1))  # pop() hands out the lowest slot first
 
@@ -155,6 +156,23 @@ class InputBatch:
                                   top_k=rows(self.top_k, 0), min_p=rows(self.min_p, 0), seeds=rows(self.seeds, 0),
                                   positions=positions)
         return tensors, int(self.logprobs[slots].max(initial=NO_LOGPROBS))
+
+    def pending_token_slots(self, slots: np.ndarray, counts: np.ndarray, inputs: StepInputs) -> np.ndarray | None:
+        """[T]: for each token of `inputs` the host does not know yet, its row's slot, else -1; None if none.
+
+        Under async scheduling a decoding row's input token is the one its previous step is still sampling on the
+        device (docs/architecture.md, "Async scheduling"). Only a row's last token can be that one, and only one
+        step is ever in flight, so a row lacks at most one token."""
+        last = self.num_computed[slots] + counts - 1  # each row's last position this step
+        known = self.num_tokens[slots]
+        pending = last >= known
+        if not pending.any():
+            return None
+        if (last > known).any():
+            raise RuntimeError("a row is scheduled past the one token still being sampled for it")
+        out = np.full(inputs.input_ids.shape[0], -1, np.int32)
+        out[inputs.logits_indices[:len(slots)][pending]] = slots[pending]
+        return out
 
     def completes(self, slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Per row: whether this step computes every known token, so its last logits sample a new one."""

@@ -66,8 +66,17 @@ class _PreparedStep:
     req_ids: list[str]  # batch row order
     slots: np.ndarray  # per row: its InputBatch slot
     completes: np.ndarray  # per row (bool): its last logits sample a new token
+    num_logprobs: np.ndarray  # per row: the logprobs it asked for (NO_LOGPROBS: none)
     prompt_spans: dict[str, tuple[int, int, int]]  # req_id -> (first scored row, rows, top-N) of prompt logprobs
     payload: StepPayload
+
+
+@dataclass
+class InFlightStep:
+    """A dispatched step: its result is still on (or coming from) the device; `ModelRunner.finish` reads it."""
+
+    step: _PreparedStep
+    result: StepResult
 
 
 class ModelRunner:
@@ -91,8 +100,10 @@ class ModelRunner:
         self.token_buckets = geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth)
         self.seq_buckets = geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs,
                                              sc.bucket_growth)
+        # Async scheduling: the device records every step's samples per slot and feeds them to the next step.
+        self.feeds_tokens = config.async_scheduling
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
-                            self.max_blocks_per_seq, self.vocab_size, self.max_logprobs)
+                            self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens)
 
         kv_spec = kv_cache_partition_spec(self.spec, tp)
         kv_sharding = NamedSharding(self.mesh, kv_spec)
@@ -108,7 +119,7 @@ class ModelRunner:
         counter = TraceCounter()
         store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), (params, kv_cache))
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
-                                 on_trace=counter)
+                                 on_trace=counter, num_slots=sc.max_num_seqs)
         if probe is not None:
             self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
         self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir)
@@ -175,13 +186,24 @@ class ModelRunner:
 
     # --- engine entry point ---
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, start to finish."""
+        return self.finish(self.dispatch(sched))
+
+    def dispatch(self, sched: SchedulerOutput) -> InFlightStep | None:
+        """Apply the scheduler's changes and launch the step on the device without waiting for it (None: nothing
+        scheduled). Async scheduling dispatches step n + 1 before finishing step n."""
         update_request_states(self.requests, sched)
         self.input_batch.update(sched)
         if not sched.num_scheduled_tokens:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+            return None
         step = self._prepare(sched)
-        result = self._run(step.payload)
-        return self._to_output(step, result)
+        return InFlightStep(step, self._launch(step.payload))
+
+    def finish(self, flight: InFlightStep | None) -> ModelRunnerOutput:
+        """Wait for a dispatched step's result and report it."""
+        if flight is None:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        return self._to_output(flight.step, self.device.fetch(flight.result))
 
     def _prepare(self, sched: SchedulerOutput) -> _PreparedStep:
         """The scheduled rows packed into the smallest bucket that holds them, with their sampling tensors."""
@@ -204,8 +226,14 @@ class ModelRunner:
         prompt_targets, spans = self._prompt_logprob_targets(states, inputs) if scores_prompt else (None, {})
         # One logprobs width for every step that asks for any, so the sampler compiles two variants, not one per K.
         num_logprobs = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
-        return _PreparedStep(req_ids, slots, batch.completes(slots, counts), spans,
-                             StepPayload(inputs, tensors, num_logprobs, prompt_targets))
+        payload = StepPayload(inputs, tensors, num_logprobs, prompt_targets,
+                              input_token_slots=batch.pending_token_slots(slots, counts, inputs))
+        if self.feeds_tokens:
+            payload.sample_slots = np.full(num_seqs, batch.num_slots, np.int32)  # padding rows: the spare slot
+            payload.sample_slots[:len(slots)] = slots
+        elif payload.input_token_slots is not None:
+            raise RuntimeError("a step needs a token still being sampled, but async scheduling is off")
+        return _PreparedStep(req_ids, slots, batch.completes(slots, counts), batch.logprobs[slots], spans, payload)
 
     def _full_sampling_tensors(self, sched: SchedulerOutput, states: list[CachedRequestState], counts: list[int],
                                num_seqs: int) -> tuple[SamplingTensors, int]:
@@ -215,28 +243,38 @@ class ModelRunner:
             row.token_bitmask = sched.grammar_bitmask.get(state.req_id)
         return build_sampling_tensors(rows, num_seqs, self.vocab_size)
 
-    def _run(self, payload: StepPayload) -> StepResult:
+    def _launch(self, payload: StepPayload) -> StepResult:
         if self.broadcasts:
             multihost.broadcast_bytes(payload.to_bytes())
-        return self.device.run(payload)
+        return self.device.launch(payload)
 
     def _to_output(self, step: _PreparedStep, result: StepResult) -> ModelRunnerOutput:
-        """Advance each request's state past this step and report its sampled token and logprobs."""
+        """Report each row's sampled token and logprobs, and advance the state of the rows the runner still holds.
+
+        Under async scheduling the next step was dispatched first, so a row's request may have left meanwhile
+        (finished, aborted or preempted) and its slot may hold another request: such rows update nothing here,
+        but their tokens are still reported (a preempted request keeps the token; the scheduler drops the
+        others'). The state's num_computed_tokens is not advanced here: the next SchedulerOutput sets it."""
         token_ids = result.sampled.token_ids[:len(step.req_ids)]
-        self.input_batch.append_tokens(step.slots[step.completes], token_ids[step.completes])
+        slot_of = self.input_batch.slot_of
+        held = np.fromiter((slot_of.get(r, -1) == s for r, s in zip(step.req_ids, step.slots.tolist())), np.bool_,
+                           len(step.req_ids))
+        update = step.completes & held
+        self.input_batch.append_tokens(step.slots[update], token_ids[update])
         sampled: list[list[int]] = []
         logprobs: list[Logprobs | None] = []
-        # The state's num_computed_tokens is not advanced here: the next SchedulerOutput sets it for every row.
-        rows = zip(step.req_ids, step.completes.tolist(), token_ids.tolist())
-        for i, (req_id, completes, token_id) in enumerate(rows):
-            state = self.requests[req_id]
+        rows = zip(step.req_ids, step.completes.tolist(), update.tolist(), token_ids.tolist(),
+                   step.num_logprobs.tolist())
+        for i, (req_id, completes, updates, token_id, num_logprobs) in enumerate(rows):
             if not completes:  # a prompt chunk short of the prompt's end samples nothing
                 sampled.append([])
                 logprobs.append(None)
                 continue
-            state.append_sampled(token_id)
             sampled.append([token_id])
-            logprobs.append(_row_logprobs(result.sampled, i, state.sampling_params.logprobs))
+            if updates:
+                self.requests[req_id].append_sampled(token_id)
+            asked = None if num_logprobs == NO_LOGPROBS else num_logprobs
+            logprobs.append(_row_logprobs(result.sampled, i, asked))
         has_logprobs = any(lp is not None for lp in logprobs)
         return ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled,
                                  logprobs=logprobs if has_logprobs else None,

@@ -25,12 +25,19 @@ class StepPayload:
     sampling: SamplingTensors  # numpy, [S] rows (+ [S, V] in the full variant)
     num_logprobs: int  # static: -1 none, else the engine's max_logprobs
     prompt_targets: np.ndarray | None = None  # [T]: score these tokens (prompt logprobs); LM head on every row
+    # Async scheduling (docs/architecture.md, "Async scheduling"): [T] the input-batch slot whose latest sample
+    # is this token (the host has not seen it yet), -1 where `inputs.input_ids` holds it; None: no such token.
+    input_token_slots: np.ndarray | None = None
+    # [S] each row's input-batch slot, where the device records its sample for the next step (padding rows: the
+    # spare last slot); None when nothing is recorded (async scheduling off).
+    sample_slots: np.ndarray | None = None
 
     def to_bytes(self) -> bytes:
         arrays = {"num_logprobs": np.array(self.num_logprobs, np.int64)}
         arrays |= _flatten("inputs", self.inputs) | _flatten("sampling", self.sampling)
-        if self.prompt_targets is not None:
-            arrays["prompt_targets"] = np.asarray(self.prompt_targets)
+        for name in _OPTIONAL_ARRAYS:
+            if (value := getattr(self, name)) is not None:
+                arrays[name] = np.asarray(value)
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         return buffer.getvalue()
@@ -41,7 +48,11 @@ class StepPayload:
             arrays = {name: npz[name] for name in npz.files}
         return cls(inputs=StepInputs(**_unflatten("inputs", arrays)),
                    sampling=SamplingTensors(**_unflatten("sampling", arrays)),
-                   num_logprobs=int(arrays["num_logprobs"]), prompt_targets=arrays.get("prompt_targets"))
+                   num_logprobs=int(arrays["num_logprobs"]),
+                   **{name: arrays.get(name) for name in _OPTIONAL_ARRAYS})
+
+
+_OPTIONAL_ARRAYS = ("prompt_targets", "input_token_slots", "sample_slots")
 
 
 def _flatten(prefix: str, obj: Any) -> dict[str, np.ndarray]:
