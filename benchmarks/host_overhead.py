@@ -96,10 +96,13 @@ def _engine(model: str, num_requests: int, input_len: int, output_len: int, asyn
 
 
 def _add_requests(engine, num_requests: int, input_len: int, output_len: int, tag: str = "") -> None:
-    from vllm_jax import SamplingParams
+    """Greedy requests whose outputs come once, at the end, as `LLM.generate` and non-streaming server requests
+    ask for them (FINAL_ONLY)."""
+    from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
     for i in range(num_requests):
         engine.add_request(f"{tag}{i}", rng.integers(3, engine.vocab_size, input_len).tolist(), params)
 
@@ -191,11 +194,16 @@ def print_profile(profile: cProfile.Profile, steps: int, top: int = 25) -> None:
 
 
 def baseline_tok_s(path: str, model: str, num_requests: int, input_len: int, output_len: int) -> float:
-    """`end_to_end` with another checkout's vllm_jax (its defaults), in a subprocess."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import host_overhead as h; "
+    """`end_to_end` with another checkout's vllm_jax (its defaults), in a subprocess started in that checkout, so
+    that its package is the one imported (checked)."""
+    root = Path(path).resolve()
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import vllm_jax; "
+            f"assert vllm_jax.__file__.startswith({str(root)!r}), vllm_jax.__file__; import host_overhead as h; "
             f"print(h.end_to_end({model!r}, {num_requests}, {input_len}, {output_len}, None))")
-    env = os.environ | {"PYTHONPATH": str(Path(path).resolve())}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    env = os.environ | {"PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the baseline run failed: {proc.stderr[-2000:]}")
     return float(proc.stdout.strip().splitlines()[-1])
 
 

@@ -32,7 +32,7 @@ from vllm_jax.worker.kv_budget import KVBudget, kv_budget
 @dataclasses.dataclass
 class ProgramResult:
     label: str  # warm-up's label, e.g. "forward T=256 S=256"
-    kind: str  # "forward" or "sampler"
+    kind: str  # "forward", "sampler" or "token" (async scheduling's token feed / record)
     num_tokens: int | None  # the forward's token bucket
     num_seqs: int
     report: CompileReport
@@ -161,7 +161,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
 
 
 def compile_plan(engine: AbstractEngine, target: Target, num_blocks: int, buckets: list | None = None, *,
-                 kinds: tuple[str, ...] = ("forward", "sampler"), recorder: _Recorder | None = None,
+                 kinds: tuple[str, ...] = ("forward", "sampler", "token"), recorder: _Recorder | None = None,
                  compiler_options: dict[str, Any] | None = None) -> list[ProgramResult]:
     """Compile warm-up's plan (its `kinds` of programs; `buckets`: AbstractEngine.compilation's) for `target`
     over a `num_blocks` cache (with `compiler_options`, XLA flags, when no `recorder` is given). A shared

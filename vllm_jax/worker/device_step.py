@@ -1,7 +1,7 @@
 """The device side of one step: the jitted programs, the donated KV cache, and a numpy payload -> numpy result.
 
 Everything a step needs crosses in one `StepPayload` of numpy arrays, so a multi-host deployment can broadcast it
-from process 0 and every process runs `DeviceStep.run` on identical inputs (jax's multi-controller model).
+from process 0 and every process launches the same programs on identical inputs (jax's multi-controller model).
 Results come back replicated, so each process can read them from its own devices (docs/architecture.md, "Data
 flow of one step").
 
@@ -64,7 +64,10 @@ class DeviceStep:
         self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,), out_shardings=replicated)
         self._record = jax.jit(self._record_impl, donate_argnums=(0,), out_shardings=replicated)
         self._feed = jax.jit(self._feed_impl, out_shardings=replicated)
-        self.token_feedback = jax.device_put(np.zeros(num_slots + 1, np.int32), replicated)
+        if isinstance(kv_cache, jax.ShapeDtypeStruct):  # an ahead-of-time compile: nothing lives on a device
+            self.token_feedback = jax.ShapeDtypeStruct((num_slots + 1,), jnp.int32, sharding=replicated)
+        else:
+            self.token_feedback = jax.device_put(np.zeros(num_slots + 1, np.int32), replicated)
 
     # A trace happens once per new shape or variant: each one reports itself.
     def _forward_impl(self, params, kv_cache, inputs: StepInputs):
@@ -92,9 +95,6 @@ class DeviceStep:
         program = self._executables.get(("forward", _signature(inputs)), self._forward)
         self.kv_cache, logits = program(self.params, self.kv_cache, self._to_device(inputs))
         return logits
-
-    def run(self, payload: StepPayload) -> StepResult:
-        return self.fetch(self.launch(payload))
 
     def launch(self, payload: StepPayload) -> StepResult:
         """Dispatch the step's programs; the result's arrays stay on the device (their copy to the host starts)."""
@@ -156,7 +156,10 @@ class DeviceStep:
         """Async scheduling's warm-up: the token-record program of a sequence bucket (the sampler's ids come
         replicated, as here)."""
         slots = self._to_device(np.zeros(num_seqs, np.int32))
-        token_ids = jax.device_put(np.zeros(num_seqs, np.int32), self._replicated)
+        if isinstance(self.token_feedback, jax.ShapeDtypeStruct):  # an ahead-of-time compile
+            token_ids = jax.ShapeDtypeStruct((num_seqs,), jnp.int32, sharding=self._replicated)
+        else:
+            token_ids = jax.device_put(np.zeros(num_seqs, np.int32), self._replicated)
         key = ("record", _signature((slots, token_ids)))
         if key not in self._executables:
             args = (self.token_feedback, slots, token_ids)

@@ -299,7 +299,8 @@ class ModelRunner:
     def serve_worker(self) -> None:
         """Non-leader processes: run every step process 0 broadcasts, until it says stop."""
         while (data := multihost.broadcast_bytes(None)) is not None:
-            self.device.run(StepPayload.from_bytes(data))
+            # Launched, never read: waiting here would hold the next broadcast until this step is done.
+            self.device.launch(StepPayload.from_bytes(data))
 
     def stop_workers(self) -> None:
         if self.broadcasts:
