@@ -192,3 +192,23 @@ def test_abort_with_a_step_in_flight_frees_everything(engines):
         finals += [o for o in engine.step() if o.finished]
     assert [o.request_id for o in finals] == ["other"] and len(finals[0].outputs[0].token_ids) == 5
     _assert_drained(engines["async"])
+
+
+def test_an_id_reused_while_its_last_step_is_in_flight_gets_only_its_own_tokens(engines):
+    """A request stopped by a stop token is still in the step dispatched after it; a new request given the same
+    id before that step is read must not receive that step's token."""
+    engine = engines["async"].llm_engine
+    first, second = _prompts(2, seed=12)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in engines["sync"].generate([first, second], greedy, use_tqdm=False)]
+    engine.add_request("same", first, SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[want[0][2]]))
+    finished = []
+    while not finished:
+        finished = [o for o in engine.step() if o.finished]
+    assert engine._in_flight is not None  # the step after the stop was dispatched
+    engine.add_request("same", second, greedy)
+    outputs = []
+    while engine.has_work():
+        outputs += [o for o in engine.step() if o.finished]
+    assert [o.outputs[0].token_ids for o in outputs] == [want[1]]
+    _assert_drained(engines["async"])

@@ -52,6 +52,9 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # req_id -> [ceil(V / 32)] int32 numpy row: the allowed tokens of a constrained request that samples this step
     grammar_bitmask: dict[str, Any] = field(default_factory=dict)
+    # req_id -> the scheduler's Request object (the scheduler's own bookkeeping, not for the runner): under async
+    # scheduling a request may end and its id be reused before this step's output arrives.
+    scheduled_requests: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass

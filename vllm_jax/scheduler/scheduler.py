@@ -182,6 +182,7 @@ class Scheduler:
             self._schedule_waiting(plan)
         output = self._build_output(plan)
         output.grammar_bitmask = _grammar_bitmasks(plan)
+        output.scheduled_requests = {r.request_id: r for r in plan.running + plan.new}
         self.finished_req_ids = set()
         # vLLM v1: progress advances at scheduling time; the output above carries the values before it. A request
         # scheduled up to its last token samples one more: a placeholder until update_from_output brings it.
@@ -321,10 +322,13 @@ class Scheduler:
         row = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
         starts = _step_starts(scheduler_output) if runner_output.prompt_logprobs else {}
         outputs: list[EngineCoreOutput] = []
+        scheduled = scheduler_output.scheduled_requests
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
             i = row.get(req_id)
             if request is None or i is None:  # finished meanwhile (e.g. aborted), or the runner skipped it
+                continue
+            if scheduled and scheduled.get(req_id) is not request:  # ended, and its id taken by a new request
                 continue
             sampled = runner_output.sampled_token_ids[i]
             if sampled:

@@ -42,6 +42,11 @@ class InputBatch:
         self.may_need_full = np.zeros(max_num_reqs, np.bool_)
         self.wants_prompt_logprobs = np.zeros(max_num_reqs, np.bool_)
         self.num_slots = max_num_reqs
+        # Which request holds each slot: a number given at add, 0 when free. A step dispatched before a row's
+        # request left (async scheduling) tells by it that the row is no longer that request's, even when the slot
+        # went to a new request of the same id.
+        self.holder = np.zeros(max_num_reqs, np.int64)
+        self._holders = 0
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_num_reqs - 1, -1, -1))  # pop() hands out the lowest slot first
 
@@ -72,6 +77,8 @@ class InputBatch:
                                f"max_num_seqs")
         slot = self._free.pop()
         self.slot_of[req_id] = slot
+        self._holders += 1
+        self.holder[slot] = self._holders
         n = len(token_ids)
         self.token_ids[slot, :n] = token_ids
         self.num_tokens[slot] = n
@@ -93,6 +100,7 @@ class InputBatch:
         """Give a request's row back (unknown ids are ignored: a request may finish before it ever ran)."""
         slot = self.slot_of.pop(req_id, None)
         if slot is not None:
+            self.holder[slot] = 0
             self._free.append(slot)
 
     def append_blocks(self, slot: int, block_ids: Sequence[int]) -> None:

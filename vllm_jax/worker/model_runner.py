@@ -67,6 +67,7 @@ class _PreparedStep:
     slots: np.ndarray  # per row: its InputBatch slot
     completes: np.ndarray  # per row (bool): its last logits sample a new token
     num_logprobs: np.ndarray  # per row: the logprobs it asked for (NO_LOGPROBS: none)
+    holders: np.ndarray  # per row: InputBatch.holder of its slot when the step was prepared
     prompt_spans: dict[str, tuple[int, int, int]]  # req_id -> (first scored row, rows, top-N) of prompt logprobs
     payload: StepPayload
 
@@ -233,7 +234,8 @@ class ModelRunner:
             payload.sample_slots[:len(slots)] = slots
         elif payload.input_token_slots is not None:
             raise RuntimeError("a step needs a token still being sampled, but async scheduling is off")
-        return _PreparedStep(req_ids, slots, batch.completes(slots, counts), batch.logprobs[slots], spans, payload)
+        return _PreparedStep(req_ids, slots, batch.completes(slots, counts), batch.logprobs[slots],
+                             batch.holder[slots], spans, payload)
 
     def _full_sampling_tensors(self, sched: SchedulerOutput, states: list[CachedRequestState], counts: list[int],
                                num_seqs: int) -> tuple[SamplingTensors, int]:
@@ -256,10 +258,7 @@ class ModelRunner:
         but their tokens are still reported (a preempted request keeps the token; the scheduler drops the
         others'). The state's num_computed_tokens is not advanced here: the next SchedulerOutput sets it."""
         token_ids = result.sampled.token_ids[:len(step.req_ids)]
-        slot_of = self.input_batch.slot_of
-        held = np.fromiter((slot_of.get(r, -1) == s for r, s in zip(step.req_ids, step.slots.tolist())), np.bool_,
-                           len(step.req_ids))
-        update = step.completes & held
+        update = step.completes & (self.input_batch.holder[step.slots] == step.holders)
         self.input_batch.append_tokens(step.slots[update], token_ids[update])
         sampled: list[list[int]] = []
         logprobs: list[Logprobs | None] = []
