@@ -1,0 +1,2 @@
+"""Speculative decoding's proposers (pure numpy, no jax): the n-gram proposer so far; the engine does not use it
+yet (docs/architecture.md, "Layout")."""
