@@ -212,3 +212,27 @@ def test_an_id_reused_while_its_last_step_is_in_flight_gets_only_its_own_tokens(
         outputs += [o for o in engine.step() if o.finished]
     assert [o.outputs[0].token_ids for o in outputs] == [want[1]]
     _assert_drained(engines["async"])
+
+
+def test_structured_outputs_mixed_with_free_requests_are_identical_on_and_off(tmp_path_factory):
+    """Constrained rows make their steps synchronous while they run; free rows before and after run ahead. Both
+    modes give the same tokens, every constrained one valid."""
+    import re
+
+    from tests.helpers.live_server import tiny_checkpoint
+    from vllm_jax.sampling_params import StructuredOutputsParams
+
+    path = str(tiny_checkpoint(tmp_path_factory.mktemp("async_so")))
+    pattern = "[a-c]{2,6}-[0-9]{1,3}"
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 3 + [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=30,
+                       structured_outputs=StructuredOutputsParams(regex=pattern)) for s in range(3)]
+    prompts = ["hello", "a b c", "zz"] * 2
+    outputs = {}
+    for mode in (False, True):
+        llm = LLM(path, async_scheduling=mode, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=32,
+                  block_size=8)
+        outputs[mode] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        _assert_drained(llm)
+    assert [c.token_ids for c in outputs[True]] == [c.token_ids for c in outputs[False]]
+    assert all(re.fullmatch(pattern, c.text) for c in outputs[True][3:])
