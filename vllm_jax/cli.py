@@ -72,6 +72,9 @@ ENGINE_FLAG_HELP = {
                         "answers it in `reasoning`; default: none)",
     "async_scheduling": "schedule and prepare step n + 1 while the device runs step n (default: on; "
                         "--no-async-scheduling runs them one after the other)",
+    "speculative_config": "speculative decoding as JSON, vLLM's keys, e.g. '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' "
+                          "(default: off)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
 

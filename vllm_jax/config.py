@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_jax.reasoning import get_reasoning_parser
+from vllm_jax.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from vllm_jax.model_loader.source import ModelSource
@@ -133,6 +134,8 @@ class EngineConfig:
     reasoning_parser: str | None = None
     # Schedule step n + 1 while step n runs on the device (docs/architecture.md, "Async scheduling").
     async_scheduling: bool = False
+    # vLLM's speculative_config (spec_decode/config.py); None: no speculation.
+    speculative_config: SpeculativeConfig | None = None
 
     @property
     def resolved_attention_backend(self) -> str:
@@ -193,6 +196,8 @@ class EngineArgs:
     # vLLM's --async-scheduling: the host schedules and prepares step n + 1 while the device runs step n. None:
     # the platform's default (ASYNC_SCHEDULING_DEFAULT).
     async_scheduling: bool | None = None
+    # JSON text (the CLI) or a dict: vLLM's speculative_config keys (spec_decode/config.py).
+    speculative_config: str | dict | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -209,6 +214,8 @@ class EngineArgs:
         self._check_values(platform)
         on_cpu = platform == "cpu"
         model_config = self._model_config(platform)
+        scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)
+        speculative = self._speculative_config(scheduler_config)
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and on_cpu:
             kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
@@ -218,7 +225,7 @@ class EngineArgs:
                 block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
                 gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
                 num_gpu_blocks_override=self.num_gpu_blocks_override),
-            scheduler_config=self._scheduler_config(model_config.max_model_len, on_cpu),
+            scheduler_config=scheduler_config,
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel),
@@ -228,9 +235,22 @@ class EngineArgs:
             scan_layers=self.scan_layers,
             structured_outputs_config=StructuredOutputsConfig.parse(self.structured_outputs_config),
             reasoning_parser=self.reasoning_parser,
-            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] if self.async_scheduling is None
-                              else self.async_scheduling),
+            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None
+                              if self.async_scheduling is None else self.async_scheduling),
+            speculative_config=speculative,
         )
+
+    def _speculative_config(self, sched: SchedulerConfig) -> SpeculativeConfig | None:
+        """speculative_config, checked against the batch limits. Proposals need the host to know every accepted
+        token, so async scheduling is off with speculation (vLLM refuses n-gram with async scheduling too)."""
+        speculative = SpeculativeConfig.parse(self.speculative_config)
+        if speculative is None:
+            return None
+        speculative.check_fits(sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len)
+        if self.async_scheduling:
+            raise ValueError("async_scheduling cannot be combined with speculative_config: proposals are made "
+                             "from the tokens the previous step accepted (leave async_scheduling unset)")
+        return speculative
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""

@@ -81,3 +81,23 @@ class EngineCoreOutput:
     new_logprobs: list[tuple[list[int], list[float], list[int]]] | None = None
     new_prompt_logprobs: list[tuple[list[int], list[float], list[int]]] | None = None
     num_cached_tokens: int = 0
+
+
+@dataclass
+class SpecDecodeCounts:
+    """Cumulative speculative-decoding counts (vLLM's `vllm:spec_decode_*` metrics), kept by the scheduler."""
+
+    num_drafts: int = 0  # requests x steps that verified at least one proposed token
+    num_draft_tokens: int = 0  # proposed tokens verified
+    num_accepted_tokens: int = 0  # of those, accepted
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [k]: accepted at proposal position i
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """One request's verification: `num_accepted` of its `num_draft_tokens` proposals accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.num_accepted_tokens_per_pos) < num_draft_tokens:
+            self.num_accepted_tokens_per_pos.extend([0] * (num_draft_tokens - len(self.num_accepted_tokens_per_pos)))
+        for i in range(num_accepted):
+            self.num_accepted_tokens_per_pos[i] += 1
