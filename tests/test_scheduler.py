@@ -64,7 +64,7 @@ class FakeRunner:
             assert len(self.block_tables[req_id]) * BS >= req.num_computed_tokens  # already advanced
             done = req.num_computed_tokens >= req.num_tokens
             sampled.append([self.token_fn(req)] if done else [])
-            logprobs.append(([sampled[-1][0]], [-0.5], [1]) if done else None)
+            logprobs.append([([sampled[-1][0]], [-0.5], [1])] if done else None)
         prompt_lp = {r: [([1], [-1.0], [1])] for r in ids} if self.prompt_logprobs else {}
         return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=logprobs,
                                  prompt_logprobs=prompt_lp)

@@ -76,7 +76,10 @@ class LLMEngine:
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
                                                config.cache_config.enable_prefix_caching, mc.max_model_len)
-        self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, config.cache_config.block_size)
+        speculative = config.speculative_config
+        self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, config.cache_config.block_size,
+                                   num_spec_tokens=speculative.num_speculative_tokens if speculative else 0,
+                                   spec_disable_batch_size=speculative.disable_by_batch_size if speculative else None)
         self.output_processor = OutputProcessor(self.tokenizer)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = eos if eos is not None else getattr(mc.hf_config, "eos_token_id", None)

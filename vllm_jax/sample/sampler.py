@@ -48,6 +48,9 @@ class SamplingTensors:
     frequency_penalties: Any = None  # [S] f32
     repetition_penalties: Any = None  # [S] f32
     token_bitmask: Any = None  # [S, ceil(V / 32)] int32: bit t % 32 of word t // 32 allows token t; -1 = free row
+    # Speculative decoding (set on every step of an engine that speculates): [S] int32, the proposed token this
+    # row verifies, -1 where there is none (see verify_proposals)
+    draft_token_ids: Any = None
 
     @property
     def is_full(self) -> bool:
@@ -69,6 +72,7 @@ class SamplerOutput:
     logprob_token_ids: Any = None  # [S, 1+K] int32: sampled token first, then the top-K ids
     logprobs: Any = None  # [S, 1+K] f32
     ranks: Any = None  # [S, 1+K] int32, 1-based
+    accepted: Any = None  # [S] bool, speculative decoding: the row's proposal was accepted (token_ids holds it)
 
 
 jax.tree_util.register_dataclass(
@@ -90,16 +94,62 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
     processed = apply_logits_processors(logits, t)
     greedy = t.temperature < GREEDY_TEMPERATURE
     greedy_ids = row_argmax(processed)
-    random_ids = jax.lax.cond(
-        jnp.all(greedy),
-        lambda: greedy_ids,
-        lambda: _random_sample(processed, t, greedy),
-    )
-    token_ids = jnp.where(greedy, greedy_ids, random_ids)
+    accepted = None
+    if t.draft_token_ids is None:
+        random_ids = jax.lax.cond(
+            jnp.all(greedy),
+            lambda: greedy_ids,
+            lambda: _random_sample(processed, t, greedy),
+        )
+        token_ids = jnp.where(greedy, greedy_ids, random_ids)
+    else:
+        token_ids, accepted = verify_proposals(processed, t, greedy, greedy_ids)
     if num_logprobs is None or num_logprobs < 0:
-        return SamplerOutput(token_ids=token_ids)
+        return SamplerOutput(token_ids=token_ids, accepted=accepted)
     ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
-    return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks)
+    return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks, accepted=accepted)
+
+
+def verify_proposals(processed: jax.Array, t: SamplingTensors, greedy: jax.Array,
+                     greedy_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Speculative decoding's rejection sampling, per logits row: -> (token, accepted), both [S].
+
+    A row whose proposal x (`t.draft_token_ids`, -1: none) is accepted yields x; otherwise it yields its own
+    sample, which for a rejected row comes from the residual distribution. Greedy rows accept x when it is the
+    argmax (their token is the argmax either way). Sampled rows accept x with probability min(1, p(x) / q(x)),
+    and the proposers so far propose deterministically (q(x) = 1), so with probability p(x); the residual
+    (p - q)+ normalized is then p with x removed, which Gumbel-max samples by masking x. Either way the token has
+    exactly the target's distribution p (docs/architecture.md, "Speculative decoding"). The uniform draw and the
+    Gumbel noise come from the row's (seed, position) counter like any sample, on separate streams.
+    """
+    draft = t.draft_token_ids
+    has_draft = draft >= 0
+
+    def sampled_rows() -> tuple[jax.Array, jax.Array]:
+        filtered = _filtered_logits(processed, t, greedy)
+        log_p = jax.nn.log_softmax(filtered, axis=-1)
+        log_p_draft = jnp.take_along_axis(log_p, jnp.maximum(draft, 0)[:, None], axis=-1)[:, 0]
+        accept = has_draft & (jnp.log(_acceptance_uniforms(t.seeds, t.positions)) < log_p_draft)
+        column = jnp.arange(filtered.shape[-1], dtype=jnp.int32)[None, :]
+        residual = jnp.where(has_draft[:, None] & (column == draft[:, None]), -jnp.inf, filtered)
+        noise = gumbel_noise(t.seeds, t.positions, filtered.shape[-1])
+        return row_argmax(residual + noise), accept
+
+    random_ids, random_accept = jax.lax.cond(jnp.all(greedy), lambda: (greedy_ids, jnp.zeros_like(has_draft)),
+                                             sampled_rows)
+    accepted = has_draft & jnp.where(greedy, draft == greedy_ids, random_accept)
+    token_ids = jnp.where(accepted, draft, jnp.where(greedy, greedy_ids, random_ids))
+    return token_ids, accepted
+
+
+def _acceptance_uniforms(seeds: jax.Array, positions: jax.Array) -> jax.Array:
+    """[S] uniforms in (0, 1) for the acceptance test, independent of the same row's Gumbel noise."""
+
+    def row(seed: jax.Array, position: jax.Array) -> jax.Array:
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), position), 1)
+        return jax.random.uniform(key, (), jnp.float32, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
+
+    return jax.vmap(row)(seeds.astype(jnp.uint32), positions.astype(jnp.int32))
 
 
 def row_argmax(x: jax.Array, chunk: int = ARGMAX_CHUNK) -> jax.Array:
@@ -182,13 +232,18 @@ def gumbel_noise(seeds: jax.Array, positions: jax.Array, vocab_size: int) -> jax
 
 def _random_sample(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.Array:
     """Temperature, min_p, top-k/top-p, then Gumbel-max. Greedy rows pass through harmlessly (T treated as 1)."""
+    logits = _filtered_logits(logits, t, greedy)
+    noise = gumbel_noise(t.seeds, t.positions, logits.shape[-1])
+    return row_argmax(logits + noise)
+
+
+def _filtered_logits(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.Array:
+    """The sampling distribution's logits: divided by temperature, then min_p, then top-k/top-p (-inf outside)."""
     temperature = jnp.where(greedy, 1.0, t.temperature)
     logits = logits / temperature[:, None]
     logits = jax.lax.cond(jnp.any(t.min_p > 0), _apply_min_p, lambda x, _: x, logits, t.min_p)
     use_top = jnp.any((t.top_k > 0) | (t.top_p < 1.0))
-    logits = jax.lax.cond(use_top, apply_top_k_top_p, lambda x, _k, _p: x, logits, t.top_k, t.top_p)
-    noise = gumbel_noise(t.seeds, t.positions, logits.shape[-1])
-    return row_argmax(logits + noise)
+    return jax.lax.cond(use_top, apply_top_k_top_p, lambda x, _k, _p: x, logits, t.top_k, t.top_p)
 
 
 def _apply_min_p(logits: jax.Array, min_p: jax.Array) -> jax.Array:

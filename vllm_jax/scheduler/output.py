@@ -55,6 +55,9 @@ class SchedulerOutput:
     # req_id -> the scheduler's Request object (the scheduler's own bookkeeping, not for the runner): under async
     # scheduling a request may end and its id be reused before this step's output arrives.
     scheduled_requests: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Speculative decoding: req_id -> the proposed tokens this step verifies (the last ones of its scheduled
+    # tokens; requests without proposals are absent)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,12 +65,15 @@ class ModelRunnerOutput:
     """Per scheduled request, in `num_scheduled_tokens` order."""
 
     req_ids: list[str]
-    # the sampled token, or [] for a request whose prompt is not complete yet (partial prefill chunk)
+    # the sampled token, or [] for a request whose prompt is not complete yet (partial prefill chunk); with
+    # speculative decoding, the accepted proposals then the token sampled after them
     sampled_token_ids: list[list[int]]
-    # per request: (token_ids, logprobs, ranks) for the sampled token then the top-N, or None
-    logprobs: list[tuple[list[int], list[float], list[int]] | None] | None = None
+    # per request: one (token_ids, logprobs, ranks) per sampled token (that token then the top-N), or None
+    logprobs: list[list[tuple[list[int], list[float], list[int]]] | None] | None = None
     # req_id -> list of per-position (token_ids, logprobs, ranks) for prompt positions computed this step
     prompt_logprobs: dict[str, list[tuple[list[int], list[float], list[int]]]] = field(default_factory=dict)
+    # speculative decoding: req_id -> the tokens proposed for its next step
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -79,6 +79,9 @@ class Request:
     # Tokens being sampled by a step in flight (async scheduling: 0 or 1), not in output_token_ids yet; the next
     # step already computes them (docs/architecture.md, "Async scheduling").
     num_output_placeholders: int = field(default=0, init=False)
+    # Speculative decoding: the tokens proposed for its next step (the runner's last proposal), verified there
+    # together with its next token (docs/architecture.md, "Speculative decoding").
+    spec_token_ids: list[int] = field(default_factory=list, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
 

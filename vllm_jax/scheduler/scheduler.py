@@ -18,6 +18,12 @@ A request sampling in step n then holds a placeholder (`Request.num_output_place
 computes as its next input token; one that step n ends by length, or whose inputs need that token on the host, sits
 step n + 1 out. update_from_output() drops the rows of requests that ended meanwhile, so a token sampled past a
 stop is never emitted (docs/architecture.md, "Async scheduling").
+
+Speculative decoding (vLLM's): a decoding request with proposals (`Request.spec_token_ids`) schedules them after
+its next token; they count against the token budget, and each verified position is a logits row, so the step's
+rows (requests plus proposals) stay within max_num_seqs. Proposals are dropped before anybody is preempted for
+them, and update_from_output rolls `num_computed_tokens` back past the rejected ones (docs/architecture.md,
+"Speculative decoding").
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 from vllm_jax.config import SchedulerConfig
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
-                                       SchedulerOutput)
+                                       SchedulerOutput, SpecDecodeCounts)
 from vllm_jax.scheduler.request import Request, RequestStatus, check_context_length, check_stop
 
 logger = logging.getLogger(__name__)
@@ -52,10 +58,16 @@ class _StepPlan:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # for `running` only
     new: list[Request] = field(default_factory=list)  # admitted from the waiting queue
     preempted: list[Request] = field(default_factory=list)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the proposals each request verifies
+    num_logit_rows: int = 0  # one per scheduled request, plus one per proposal
 
-    def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int]) -> None:
+    def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int],
+                    spec_tokens: list[int] | None = None) -> None:
         self.running.append(request)
         self.new_block_ids[request.request_id] = new_block_ids
+        if spec_tokens:
+            self.spec_tokens[request.request_id] = spec_tokens
+            self.num_logit_rows += len(spec_tokens)
         self._take(request, num_tokens)
 
     def add_new(self, request: Request, num_tokens: int) -> None:
@@ -69,17 +81,22 @@ class _StepPlan:
             return
         self.running.remove(request)
         del self.new_block_ids[request.request_id]
+        self.num_logit_rows -= 1 + len(self.spec_tokens.pop(request.request_id, []))
         self.budget += num_tokens
 
     def _take(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled[request.request_id] = num_tokens
+        self.num_logit_rows += 1
         self.budget -= num_tokens
 
 
 class Scheduler:
     """`scheduler_config` arrives validated (EngineArgs.create_config): its policy is "fcfs" or "priority"."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager, block_size: int) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager, block_size: int,
+                 num_spec_tokens: int = 0, spec_disable_batch_size: int | None = None) -> None:
+        """`num_spec_tokens`: speculative decoding's k (0: off); `spec_disable_batch_size`: no proposals are
+        scheduled while more requests than this run."""
         self.config = scheduler_config
         self.kv_cache_manager = kv_cache_manager
         self.block_size = block_size
@@ -90,6 +107,9 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # since the last schedule()
         self.num_preemptions_total = 0
         self.num_preemptions_without_progress = 0  # victims that had not progressed since resuming (forced)
+        self.num_spec_tokens = num_spec_tokens
+        self.spec_disable_batch_size = spec_disable_batch_size
+        self.spec_decode_counts = SpecDecodeCounts(num_accepted_tokens_per_pos=[0] * num_spec_tokens)
 
     # ---- admission and bookkeeping ------------------------------------------------------------------
 
@@ -200,7 +220,10 @@ class Scheduler:
         then those not reached yet; a victim leaves it wherever it sits, so the snapshot below skips victims
         that were not reached yet by their status.
         """
-        for request in list(self.running):
+        speculates = self.num_spec_tokens > 0 and (self.spec_disable_batch_size is None
+                                                   or len(self.running) <= self.spec_disable_batch_size)
+        snapshot = list(self.running)
+        for index, request in enumerate(snapshot):
             if plan.budget <= 0:
                 return
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
@@ -213,17 +236,39 @@ class Scheduler:
                           plan.budget, self.max_model_len - request.num_computed_tokens)
             if num_new <= 0:
                 continue
-            blocks = self._allocate_or_preempt(request, num_new, plan)
-            if blocks is not None:  # else it gave way itself; those after it may still fit
-                plan.add_running(request, num_new, blocks)
+            spec = []
+            if speculates and request.spec_token_ids:  # rows stay for those after it: one logits row each
+                spec = self._spec_tokens(request, num_new, plan, len(snapshot) - index)
+            request.spec_token_ids = []  # consumed: the runner proposes afresh after this step
+            allocated = self._allocate_or_preempt(request, num_new, plan, spec)
+            if allocated is not None:  # else it gave way itself; those after it may still fit
+                blocks, spec = allocated
+                plan.add_running(request, num_new + len(spec), blocks, spec)
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[int] | None:
-        """The new block ids for `request`'s next `num_new` tokens, preempting the policy's victims one at a
-        time until they fit; None when `request` itself was the victim.
+    def _spec_tokens(self, request: Request, num_new: int, plan: _StepPlan, rows_needed: int) -> list[int]:
+        """The proposals a decoding request verifies this step: as many as the budget, the step's logits rows
+        (`rows_needed` kept for it and the running requests after it), the context and the request's remaining
+        max_tokens leave room for."""
+        if num_new != 1 or request.num_computed_tokens + 1 != request.num_tokens:
+            return []  # not decoding (a prompt chunk, a recompute): proposals are stale
+        room = min(plan.budget - num_new, self.config.max_num_seqs - plan.num_logit_rows - rows_needed,
+                   self.max_model_len - request.num_tokens - 1,
+                   request.max_tokens - request.num_output_tokens - 1)
+        return request.spec_token_ids[:max(room, 0)]
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan,
+                             spec: list[int] | None = None) -> tuple[list[int], list[int]] | None:
+        """The new block ids for `request`'s next `num_new` tokens and its proposals `spec`, and the proposals
+        kept: they are dropped rather than preempting anybody for them. Otherwise the policy's victims are
+        preempted one at a time until the tokens fit; None when `request` itself was the victim.
 
         Terminates: every failed try removes one request from `self.running`, and `request` is in it until
         it is chosen.
         """
+        if spec:
+            blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(spec))
+            if blocks is not None:
+                return blocks, spec
         while (blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
             victim = self._pick_victim()
             self.running.remove(victim)
@@ -232,12 +277,13 @@ class Scheduler:
             plan.preempted.append(victim)
             if victim is request:
                 return None
-        return blocks
+        return blocks, []
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         """Admit waiting requests in policy order while the budget, max_num_seqs and the KV cache allow; the
         first that cannot be admitted ends admission (nobody skips the queue)."""
-        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs
+               and plan.num_logit_rows < self.config.max_num_seqs):
             if not self._admit(self._peek_waiting(), plan):
                 return
 
@@ -285,6 +331,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in plan.preempted},
+            scheduled_spec_decode_tokens=plan.spec_tokens,
         )
 
     def _pick_victim(self) -> Request:
@@ -307,6 +354,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)  # before resetting num_computed_tokens (see free())
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.waiting.appendleft(request)
@@ -333,6 +381,9 @@ class Scheduler:
             sampled = runner_output.sampled_token_ids[i]
             if sampled:
                 request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
+            spec = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if spec and sampled:
+                self._roll_back_rejected(request, len(spec), len(sampled) - 1)
             chunk = runner_output.prompt_logprobs.get(req_id)
             prompt_logprobs = _new_prompt_logprobs(request, starts[req_id], chunk) if chunk is not None else None
             if not sampled and prompt_logprobs is None:
@@ -345,14 +396,25 @@ class Scheduler:
                 if check_stop(request, self.max_model_len) or _grammar_stops(request, token):
                     break
             logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
+            if not request.is_finished:
+                request.spec_token_ids = runner_output.draft_token_ids.get(req_id, [])
             outputs.append(EngineCoreOutput(
                 req_id=req_id, new_token_ids=new_tokens, finish_reason=request.status.finish_reason,
-                stop_reason=request.stop_reason, new_logprobs=[logprobs] if logprobs is not None else None,
+                stop_reason=request.stop_reason,
+                new_logprobs=logprobs[:len(new_tokens)] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs, num_cached_tokens=max(request.num_cached_tokens, 0)))
             if request.is_finished:
                 (self.running if was_running else self.waiting).remove(request)
                 self._free_request(request)
         return outputs
+
+
+    def _roll_back_rejected(self, request: Request, num_spec: int, num_accepted: int) -> None:
+        """Verified proposals: the rejected ones' positions were computed but hold the wrong tokens, so progress
+        returns to the last accepted one (their KV slots stay allocated: the next step's tokens reuse them)."""
+        self.spec_decode_counts.record(num_spec, num_accepted)
+        if request.status == RequestStatus.RUNNING:
+            request.num_computed_tokens -= num_spec - num_accepted
 
 
 def _step_starts(sched: SchedulerOutput) -> dict[str, int]:

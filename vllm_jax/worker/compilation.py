@@ -7,6 +7,7 @@ counted, so tests can assert that no workload compiles once warm-up is done.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
@@ -50,6 +52,7 @@ class StepShapes:
     vocab_size: int
     max_logprobs: int
     token_feedback: bool = False  # async scheduling: the device feeds its samples to the next step
+    speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
 
 
 class CompilationManager:
@@ -98,6 +101,8 @@ class CompilationManager:
                  logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         tensors, _ = build_sampling_tensors([RowSamplingInput(params, 0, [0], [], 1)], num_seqs,
                                             self.shapes.vocab_size)
+        if self.shapes.speculative:
+            tensors = dataclasses.replace(tensors, draft_token_ids=np.full(num_seqs, -1, np.int32))
         self.device.precompile_sample(logits_for[num_seqs], tensors, num_logprobs)
 
     def warmup(self, show_progress: bool = True) -> float:

@@ -188,7 +188,8 @@ class DeviceStep:
         key = ("sample", _signature(tensors), num_logprobs)
         if key not in self._executables:
             tensors = self._to_device(tensors)
-            outputs = SamplerOutput(0) if num_logprobs < 0 else SamplerOutput(0, 0, 0, 0)  # see sampler.sample
+            accepted = None if tensors.draft_token_ids is None else 0  # see sampler.sample
+            outputs = SamplerOutput(0, accepted=accepted) if num_logprobs < 0 else SamplerOutput(0, 0, 0, 0, accepted)
             self._executables[key] = self._load_or_compile(key, self._sample, (logits, tensors, num_logprobs),
                                                            (logits, tensors), outputs)
 

@@ -41,6 +41,8 @@ class InputBatch:
         # a row whose params may need the full sampler variant (penalties, bias, masks, min_tokens)
         self.may_need_full = np.zeros(max_num_reqs, np.bool_)
         self.wants_prompt_logprobs = np.zeros(max_num_reqs, np.bool_)
+        # sampling reads the request's own outputs (penalties, bad words, min_tokens, a grammar): no proposals
+        self.reads_outputs = np.zeros(max_num_reqs, np.bool_)
         self.num_slots = max_num_reqs
         # Which request holds each slot: a number given at add, 0 when free. A step dispatched before a row's
         # request left (async scheduling) tells by it that the row is no longer that request's, even when the slot
@@ -94,6 +96,7 @@ class InputBatch:
         self.logprobs[slot] = NO_LOGPROBS if params.logprobs is None else params.logprobs
         self.may_need_full[slot] = may_need_full(params)
         self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
+        self.reads_outputs[slot] = params.reads_output_tokens
         return slot
 
     def remove(self, req_id: str) -> None:
@@ -113,14 +116,31 @@ class InputBatch:
         self.token_ids[slots, self.num_tokens[slots]] = token_ids
         self.num_tokens[slots] += 1
 
+    def append_token_run(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Several tokens for one slot (accepted proposals and the token after them)."""
+        n = int(self.num_tokens[slot])
+        self.token_ids[slot, n:n + len(token_ids)] = token_ids
+        self.num_tokens[slot] = n + len(token_ids)
+
+    def write_drafts(self, slots: np.ndarray, drafts: Sequence[Sequence[int]]) -> None:
+        """Proposed tokens after each slot's known ones, where `pack` reads a step's inputs; not known tokens
+        (`num_tokens` stays): the step's accepted tokens overwrite them."""
+        for slot, draft in zip(slots.tolist(), drafts):
+            if len(draft):
+                n = int(self.num_tokens[slot])
+                self.token_ids[slot, n:n + len(draft)] = draft
+
     def slots(self, req_ids: Sequence[str]) -> np.ndarray:
         return np.fromiter((self.slot_of[r] for r in req_ids), np.int64, len(req_ids))
 
     # --- one step ---
     def pack(self, slots: np.ndarray, counts: np.ndarray, *, block_size: int, num_tokens_padded: int,
-             num_seqs_padded: int) -> StepInputs:
+             num_seqs_padded: int, num_drafts: np.ndarray | None = None) -> StepInputs:
         """The step's padded arrays (docs/architecture.md, "The step's arrays") for `counts[i]` tokens of the
-        request in `slots[i]`, after those already computed; the same arrays `batch.pack_step_inputs` builds."""
+        request in `slots[i]`, after those already computed; the same arrays `batch.pack_step_inputs` builds.
+
+        `num_drafts[i]` of a row's tokens are proposals to verify: that row's last 1 + num_drafts[i] positions
+        each get a logits row (`logits_indices`), in row order (docs/architecture.md, "Speculative decoding")."""
         num_seqs, total = len(slots), int(counts.sum())
         if total > num_tokens_padded or num_seqs > num_seqs_padded:
             raise ValueError(f"batch of {total} tokens / {num_seqs} rows exceeds bucket "
@@ -142,15 +162,30 @@ class InputBatch:
         seq_lens = np.zeros(num_seqs_padded, np.int32)
         seq_lens[:num_seqs] = starts + counts
         logits_indices = np.zeros(num_seqs_padded, np.int32)
-        logits_indices[:num_seqs] = query_start_loc[1:num_seqs + 1] - 1
+        ends = query_start_loc[1:num_seqs + 1]
+        if num_drafts is None:
+            logits_indices[:num_seqs] = ends - 1
+        else:
+            rows = counts_to_rows(num_drafts + 1)
+            if len(rows) > num_seqs_padded:
+                raise ValueError(f"{len(rows)} logits rows exceed the sequence bucket {num_seqs_padded}")
+            logits_indices[:len(rows)] = np.repeat(ends - 1 - num_drafts, num_drafts + 1) + rows
         return StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                           block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
                           num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices)
 
-    def sampling_tensors(self, slots: np.ndarray, counts: np.ndarray,
-                         num_seqs_padded: int) -> tuple[SamplingTensors, int]:
+    def sampling_tensors(self, slots: np.ndarray, counts: np.ndarray, num_seqs_padded: int,
+                         num_drafts: np.ndarray | None = None) -> tuple[SamplingTensors, int]:
         """The basic sampler variant's arrays and the widest logprobs asked, as `build_sampling_tensors` gives
-        them for rows that need no full variant (the caller checks `may_need_full` and grammar rows)."""
+        them for rows that need no full variant (the caller checks `may_need_full` and grammar rows).
+
+        With `num_drafts`, one row per logits row (`pack`): a request's params repeated over its verified
+        positions, each with its own position (the RNG counter)."""
+        positions_of = self.num_computed[slots] + counts  # the RNG counter: the sampled token's position
+        if num_drafts is not None:
+            repeats = num_drafts + 1
+            positions_of = np.repeat(positions_of - num_drafts, repeats) + counts_to_rows(repeats)
+            slots = np.repeat(slots, repeats)
         n = len(slots)
 
         def rows(values: np.ndarray, pad: float | int) -> np.ndarray:
@@ -159,19 +194,22 @@ class InputBatch:
             return out
 
         positions = np.zeros(num_seqs_padded, np.int32)
-        positions[:n] = self.num_computed[slots] + counts  # the RNG counter: the sampled token's position
+        positions[:n] = positions_of
         tensors = SamplingTensors(temperature=rows(self.temperature, 0), top_p=rows(self.top_p, 1),
                                   top_k=rows(self.top_k, 0), min_p=rows(self.min_p, 0), seeds=rows(self.seeds, 0),
                                   positions=positions)
         return tensors, int(self.logprobs[slots].max(initial=NO_LOGPROBS))
 
-    def pending_token_slots(self, slots: np.ndarray, counts: np.ndarray, inputs: StepInputs) -> np.ndarray | None:
+    def pending_token_slots(self, slots: np.ndarray, counts: np.ndarray, inputs: StepInputs,
+                            num_drafts: np.ndarray | None = None) -> np.ndarray | None:
         """[T]: for each token of `inputs` the host does not know yet, its row's slot, else -1; None if none.
 
         Under async scheduling a decoding row's input token is the one its previous step is still sampling on the
         device (docs/architecture.md, "Async scheduling"). Only a row's last token can be that one, and only one
         step is ever in flight, so a row lacks at most one token."""
-        last = self.num_computed[slots] + counts - 1  # each row's last position this step
+        last = self.num_computed[slots] + counts - 1  # each row's last position this step, proposals aside
+        if num_drafts is not None:
+            last = last - num_drafts
         known = self.num_tokens[slots]
         pending = last >= known
         if not pending.any():
@@ -179,10 +217,20 @@ class InputBatch:
         if (last > known).any():
             raise RuntimeError("a row is scheduled past the one token still being sampled for it")
         out = np.full(inputs.input_ids.shape[0], -1, np.int32)
-        out[inputs.logits_indices[:len(slots)][pending]] = slots[pending]
+        last_index = inputs.query_start_loc[1:len(slots) + 1] - 1  # where each row's last known token sits
+        if num_drafts is not None:
+            last_index = last_index - num_drafts
+        out[last_index[pending]] = slots[pending]
         return out
 
     def completes(self, slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Per row: whether this step computes every known token, so its last logits sample a new one."""
         return self.num_computed[slots] + counts >= self.num_tokens[slots]
 
+
+
+def counts_to_rows(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., counts[0] - 1, 0, 1, ..., counts[1] - 1, ...: each element's index inside its group."""
+    total = int(counts.sum())
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(total, dtype=np.int32) - starts.astype(np.int32)

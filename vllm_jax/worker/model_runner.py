@@ -43,6 +43,7 @@ from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.sharding import multihost
+from vllm_jax.spec_decode.ngram import NgramProposer
 from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.compilation_cache import use_compilation_cache
@@ -70,6 +71,7 @@ class _PreparedStep:
     holders: np.ndarray  # per row: InputBatch.holder of its slot when the step was prepared
     prompt_spans: dict[str, tuple[int, int, int]]  # req_id -> (first scored row, rows, top-N) of prompt logprobs
     payload: StepPayload
+    num_drafts: np.ndarray | None = None  # per row: the proposals it verifies (speculative decoding), else None
 
 
 @dataclass
@@ -103,8 +105,16 @@ class ModelRunner:
                                              sc.bucket_growth)
         # Async scheduling: the device records every step's samples per slot and feeds them to the next step.
         self.feeds_tokens = config.async_scheduling
+        # Speculative decoding: every step's sampler verifies proposals (docs/architecture.md, "Speculative
+        # decoding"); the n-gram proposer reads the input batch's tokens after each step.
+        speculative = config.speculative_config
+        self.speculates = speculative is not None
+        self.proposer = (NgramProposer(speculative.num_speculative_tokens, speculative.prompt_lookup_max,
+                                       speculative.prompt_lookup_min) if self.speculates else None)
+        self.spec_disable_batch_size = speculative.disable_by_batch_size if self.speculates else None
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
-                            self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens)
+                            self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
+                            self.speculates)
 
         kv_spec = kv_cache_partition_spec(self.spec, tp)
         kv_sharding = NamedSharding(self.mesh, kv_spec)
@@ -214,35 +224,50 @@ class ModelRunner:
         counts = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, len(req_ids))
         num_tokens = pick_bucket(self.token_buckets, sched.total_num_scheduled_tokens)
         num_seqs = self.seq_bucket(num_tokens)
+        num_drafts, drafts = None, sched.scheduled_spec_decode_tokens
+        if self.speculates:
+            num_drafts = np.fromiter((len(drafts.get(r, ())) for r in req_ids), np.int32, len(req_ids))
+            if drafts:
+                batch.write_drafts(slots, [drafts.get(r, ()) for r in req_ids])
         inputs = batch.pack(slots, counts, block_size=self.block_size, num_tokens_padded=num_tokens,
-                            num_seqs_padded=num_seqs)
+                            num_seqs_padded=num_seqs, num_drafts=num_drafts)
         # The common case reads only the rows; the per-request Python state only where some row needs it.
         full = bool(sched.grammar_bitmask) or bool(batch.may_need_full[slots].any())
         scores_prompt = bool(batch.wants_prompt_logprobs[slots].any())
         states = [self.requests[req_id] for req_id in req_ids] if full or scores_prompt else []
         if full:
-            tensors, asked = self._full_sampling_tensors(sched, states, counts.tolist(), num_seqs)
+            tensors, asked = self._full_sampling_tensors(sched, states, counts.tolist(), num_seqs, num_drafts)
         else:
-            tensors, asked = batch.sampling_tensors(slots, counts, num_seqs)
+            tensors, asked = batch.sampling_tensors(slots, counts, num_seqs, num_drafts)
+        if num_drafts is not None:
+            tensors = dataclasses.replace(tensors, draft_token_ids=_draft_rows(req_ids, drafts, num_drafts,
+                                                                               num_seqs))
         prompt_targets, spans = self._prompt_logprob_targets(states, inputs) if scores_prompt else (None, {})
         # One logprobs width for every step that asks for any, so the sampler compiles two variants, not one per K.
         num_logprobs = NO_LOGPROBS if asked == NO_LOGPROBS else self.max_logprobs
         payload = StepPayload(inputs, tensors, num_logprobs, prompt_targets,
-                              input_token_slots=batch.pending_token_slots(slots, counts, inputs))
+                              input_token_slots=batch.pending_token_slots(slots, counts, inputs, num_drafts))
         if self.feeds_tokens:
             payload.sample_slots = np.full(num_seqs, batch.num_slots, np.int32)  # padding rows: the spare slot
             payload.sample_slots[:len(slots)] = slots
         elif payload.input_token_slots is not None:
             raise RuntimeError("a step needs a token still being sampled, but async scheduling is off")
         return _PreparedStep(req_ids, slots, batch.completes(slots, counts), batch.logprobs[slots],
-                             batch.holder[slots], spans, payload)
+                             batch.holder[slots], spans, payload,
+                             num_drafts if num_drafts is not None and num_drafts.any() else None)
 
     def _full_sampling_tensors(self, sched: SchedulerOutput, states: list[CachedRequestState], counts: list[int],
-                               num_seqs: int) -> tuple[SamplingTensors, int]:
-        """Every row's sampling input, for a step where some row may need the full variant (metadata decides)."""
-        rows = [s.sampling_input(n) for s, n in zip(states, counts)]
-        for state, row in zip(states, rows):
-            row.token_bitmask = sched.grammar_bitmask.get(state.req_id)
+                               num_seqs: int, num_drafts: np.ndarray | None) -> tuple[SamplingTensors, int]:
+        """Every logits row's sampling input, for a step where some row may need the full variant (metadata
+        decides). A row verifying proposals repeats its request's params at each position; such requests read
+        no outputs (no proposals for them), so the repeated params are exact."""
+        rows = []
+        for i, (state, n) in enumerate(zip(states, counts)):
+            num_draft = 0 if num_drafts is None else int(num_drafts[i])
+            for j in range(num_draft + 1):
+                row = state.sampling_input(n - num_draft + j)
+                row.token_bitmask = sched.grammar_bitmask.get(state.req_id)
+                rows.append(row)
         return build_sampling_tensors(rows, num_seqs, self.vocab_size)
 
     def _launch(self, payload: StepPayload) -> StepResult:
@@ -251,17 +276,32 @@ class ModelRunner:
         return self.device.launch(payload)
 
     def _to_output(self, step: _PreparedStep, result: StepResult) -> ModelRunnerOutput:
-        """Report each row's sampled token and logprobs, and advance the state of the rows the runner still holds.
+        """Report each row's sampled tokens and logprobs, and advance the state of the rows the runner still holds.
 
         Under async scheduling the next step was dispatched first, so a row's request may have left meanwhile
         (finished, aborted or preempted) and its slot may hold another request: such rows update nothing here,
         but their tokens are still reported (a preempted request keeps the token; the scheduler drops the
         others'). The state's num_computed_tokens is not advanced here: the next SchedulerOutput sets it."""
-        token_ids = result.sampled.token_ids[:len(step.req_ids)]
         update = step.completes & (self.input_batch.holder[step.slots] == step.holders)
+        if step.num_drafts is None:
+            sampled, logprobs = self._single_tokens(step, result, update)
+        else:
+            sampled, logprobs = self._verified_tokens(step, result, update)
+        has_logprobs = any(lp is not None for lp in logprobs)
+        out = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled,
+                                logprobs=logprobs if has_logprobs else None,
+                                prompt_logprobs=_prompt_logprobs(result.prompt_logprobs, step.prompt_spans))
+        if self.proposer is not None:
+            out.draft_token_ids = self._propose(step, update)
+        return out
+
+    def _single_tokens(self, step: _PreparedStep, result: StepResult,
+                       update: np.ndarray) -> tuple[list[list[int]], list[list[Logprobs] | None]]:
+        """One token per row (logits row i is batch row i): the common step."""
+        token_ids = result.sampled.token_ids[:len(step.req_ids)]
         self.input_batch.append_tokens(step.slots[update], token_ids[update])
         sampled: list[list[int]] = []
-        logprobs: list[Logprobs | None] = []
+        logprobs: list[list[Logprobs] | None] = []
         rows = zip(step.req_ids, step.completes.tolist(), update.tolist(), token_ids.tolist(),
                    step.num_logprobs.tolist())
         for i, (req_id, completes, updates, token_id, num_logprobs) in enumerate(rows):
@@ -272,12 +312,53 @@ class ModelRunner:
             sampled.append([token_id])
             if updates:
                 self.requests[req_id].append_sampled(token_id)
+            row = _row_logprobs(result.sampled, i, None if num_logprobs == NO_LOGPROBS else num_logprobs)
+            logprobs.append(None if row is None else [row])
+        return sampled, logprobs
+
+    def _verified_tokens(self, step: _PreparedStep, result: StepResult,
+                         update: np.ndarray) -> tuple[list[list[int]], list[list[Logprobs] | None]]:
+        """Speculative decoding: a row verifying d proposals owns d + 1 logits rows; it yields its accepted
+        proposals (the leading accepted rows) and the token of the first row after them."""
+        num_rows = step.num_drafts + 1
+        starts = (np.cumsum(num_rows) - num_rows).tolist()
+        token_ids = result.sampled.token_ids.tolist()
+        accepted = result.sampled.accepted.tolist()
+        sampled: list[list[int]] = []
+        logprobs: list[list[Logprobs] | None] = []
+        rows = zip(step.req_ids, step.slots.tolist(), step.completes.tolist(), update.tolist(), starts,
+                   step.num_drafts.tolist(), step.num_logprobs.tolist())
+        for req_id, slot, completes, updates, start, num_draft, num_logprobs in rows:
+            if not completes:
+                sampled.append([])
+                logprobs.append(None)
+                continue
+            num_accepted = 0
+            while num_accepted < num_draft and accepted[start + num_accepted]:
+                num_accepted += 1
+            run = token_ids[start:start + num_accepted + 1]
+            sampled.append(run)
+            if updates:
+                self.input_batch.append_token_run(slot, run)
+                state = self.requests[req_id]
+                for token_id in run:
+                    state.append_sampled(token_id)
             asked = None if num_logprobs == NO_LOGPROBS else num_logprobs
-            logprobs.append(_row_logprobs(result.sampled, i, asked))
-        has_logprobs = any(lp is not None for lp in logprobs)
-        return ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled,
-                                 logprobs=logprobs if has_logprobs else None,
-                                 prompt_logprobs=_prompt_logprobs(result.prompt_logprobs, step.prompt_spans))
+            rows_lp = [_row_logprobs(result.sampled, start + j, asked) for j in range(len(run))]
+            logprobs.append(None if asked is None or result.sampled.logprobs is None else rows_lp)
+        return sampled, logprobs
+
+    def _propose(self, step: _PreparedStep, update: np.ndarray) -> dict[str, list[int]]:
+        """N-gram proposals for the next step of each decoding row whose sampling reads no outputs, from the
+        input batch's tokens (none while more rows run than disable_by_batch_size allows)."""
+        limit = self.spec_disable_batch_size
+        if limit is not None and len(step.req_ids) > limit:
+            return {}
+        batch = self.input_batch
+        rows = np.flatnonzero(update & ~batch.reads_outputs[step.slots])
+        slots = step.slots[rows]
+        proposals = self.proposer.propose_rows(batch.token_ids[slots], batch.num_tokens[slots])
+        return {step.req_ids[i]: p.tolist() for i, p in zip(rows.tolist(), proposals) if len(p)}
 
     def _prompt_logprob_targets(self, states: list[CachedRequestState], inputs: StepInputs):
         """For rows still in their prompt that asked for prompt_logprobs: the next prompt token at each position
@@ -312,6 +393,18 @@ class ModelRunner:
     def warmup(self, show_progress: bool = True) -> float:
         """Make every program a workload can need ready; returns the seconds it took."""
         return self.compilation.warmup(show_progress)
+
+
+def _draft_rows(req_ids: list[str], drafts: dict[str, list[int]], num_drafts: np.ndarray,
+                num_rows_padded: int) -> np.ndarray:
+    """[S] int32 per logits row: the proposal it verifies, -1 for a row's last logits row and for padding."""
+    out = np.full(num_rows_padded, -1, np.int32)
+    start = 0
+    for req_id, num_draft in zip(req_ids, num_drafts.tolist()):
+        if num_draft:
+            out[start:start + num_draft] = drafts[req_id]
+        start += num_draft + 1
+    return out
 
 
 def _row_logprobs(out: SamplerOutput, row: int, num_logprobs: int | None) -> Logprobs | None:
