@@ -1,0 +1,220 @@
+"""Speculative decoding with n-gram proposals (vLLM's speculative_config): greedy output identical to no
+speculation over batching, chunked prefill, prefix caching and preemption, every block freed, no compilation after
+warm-up; sampled output exact in distribution; the bookkeeping (rollback, metrics counts, logprobs) right; bad
+configurations refused naming the key."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
+from vllm_jax import LLM, EngineArgs, SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
+            max_num_batched_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama_spec")
+    make_tiny_checkpoint("llama", path, seed=5)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint):
+    return {"off": LLM(checkpoint, **ARGS), "on": LLM(checkpoint, speculative_config=NGRAM, **ARGS)}
+
+
+def _repetitive_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts that repeat a short phrase, so the n-gram proposer finds matches (and the tiny random model's
+    greedy loops make many proposals right)."""
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for i in range(n):
+        phrase = rng.integers(3, VOCAB_SIZE, int(rng.integers(3, 7))).tolist()
+        prompts.append((phrase * 12)[:int(rng.integers(8, 40))])
+    return prompts
+
+
+def _token_ids(llm: LLM, prompts, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _check_idle(llm: LLM) -> None:
+    engine = llm.llm_engine
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks
+    assert not engine.scheduler.requests and not engine.runner.requests
+
+
+def test_greedy_output_is_identical_and_proposals_are_accepted(engines):
+    prompts = _repetitive_prompts(12)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    on = engines["on"]
+    compiled = on.llm_engine.runner.num_compilations
+    before = on.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens
+    assert _token_ids(on, prompts, params) == _token_ids(engines["off"], prompts, params)
+    counts = on.llm_engine.scheduler.spec_decode_counts
+    assert counts.num_accepted_tokens - before > 20, "the workload must exercise accepted proposals"
+    assert counts.num_accepted_tokens < counts.num_draft_tokens  # and rejected ones
+    per_pos = counts.num_accepted_tokens_per_pos
+    assert len(per_pos) == 3 and sum(per_pos) == counts.num_accepted_tokens
+    assert per_pos[0] >= per_pos[1] >= per_pos[2]  # position i is accepted only after position i - 1
+    assert on.llm_engine.runner.num_compilations == compiled
+    _check_idle(on)
+
+
+@pytest.mark.parametrize("case", ["chunked", "no_prefix_caching", "preempting", "one_seq"])
+def test_greedy_output_is_identical_across_engine_configurations(checkpoint, engines, case):
+    args = dict(ARGS)
+    if case == "chunked":
+        args.update(max_num_batched_tokens=8)  # prompts arrive in chunks; proposals compete with them
+    elif case == "no_prefix_caching":
+        args.update(enable_prefix_caching=False)
+    elif case == "preempting":
+        args.update(num_gpu_blocks_override=24)  # 23 blocks of 8 for 8 requests of up to 64 tokens
+    else:
+        args.update(max_num_seqs=4, max_num_batched_tokens=8)  # logits rows run short: proposals are trimmed
+    llm = LLM(checkpoint, speculative_config=NGRAM, **args)
+    prompts = _repetitive_prompts(10, seed=1)
+    prompts += [prompts[0] + [5, 6], prompts[0] + [7]]  # prefix-cache hits
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    compiled = llm.llm_engine.runner.num_compilations
+    assert _token_ids(llm, prompts, params) == _token_ids(engines["off"], prompts, params)
+    assert llm.llm_engine.runner.num_compilations == compiled
+    assert llm.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens > 0
+    if case == "preempting":
+        assert llm.llm_engine.scheduler.num_preemptions_total > 0
+    _check_idle(llm)
+
+
+def test_stops_logprobs_and_output_reading_requests_match_without_speculation(engines):
+    """Stop tokens and strings landing inside an accepted run, logprobs of every accepted token, and requests
+    that get no proposals (penalties, min_tokens, structured outputs) or that verify them under the full sampler
+    variant (logit_bias) all give what they give without speculation."""
+    prompts = _repetitive_prompts(8, seed=2)
+    off = engines["off"]
+    probe = _token_ids(off, prompts[:2], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    stop_text = off.generate([prompts[1]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+                             use_tqdm=False)[0].outputs[0].text[6:8]
+    assert stop_text
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[probe[0][9]]),
+        SamplingParams(temperature=0.0, max_tokens=20, stop=[stop_text]),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3),
+        SamplingParams(temperature=0.0, max_tokens=16, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=16, min_tokens=8),
+        SamplingParams(temperature=0.0, max_tokens=16, logit_bias={7: 3.0, 9: -100.0}, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=12, prompt_logprobs=2, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+    ]
+    results = {mode: engines[mode].generate(prompts, params, use_tqdm=False) for mode in ("off", "on")}
+    for a, b in zip(results["off"], results["on"]):
+        ca, cb = a.outputs[0], b.outputs[0]
+        assert (ca.token_ids, ca.text, ca.finish_reason, ca.stop_reason) == \
+            (cb.token_ids, cb.text, cb.finish_reason, cb.stop_reason)
+        if ca.logprobs is not None:
+            assert len(cb.logprobs) == len(cb.token_ids)
+            for la, lb in zip(ca.logprobs, cb.logprobs):
+                assert list(la) == list(lb)
+                np.testing.assert_allclose([x.logprob for x in la.values()], [x.logprob for x in lb.values()],
+                                           rtol=1e-4, atol=1e-4)
+            assert cb.cumulative_logprob == pytest.approx(ca.cumulative_logprob, rel=1e-4, abs=1e-4)
+        if a.prompt_logprobs is not None:
+            assert [list(p or {}) for p in a.prompt_logprobs] == [list(p or {}) for p in b.prompt_logprobs]
+    _check_idle(engines["on"])
+
+
+def test_structured_output_requests_run_unspeculated_and_stay_valid(engines):
+    import json
+
+    from vllm_jax.sampling_params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema))
+    prompts = _repetitive_prompts(3, seed=3)
+    outs = {mode: engines[mode].generate(prompts, params, use_tqdm=False) for mode in ("off", "on")}
+    for a, b in zip(outs["off"], outs["on"]):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        if b.outputs[0].finish_reason == "stop":
+            json.loads(b.outputs[0].text)
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(engines):
+    on = engines["on"]
+    prompts = _repetitive_prompts(6, seed=4)
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=20, ignore_eos=True)
+    alone = _token_ids(on, [prompts[0]], params)[0]
+    batched = _token_ids(on, prompts, params)
+    assert batched[0] == alone
+    assert _token_ids(on, prompts, params) == batched
+    assert on.llm_engine.scheduler.spec_decode_counts.num_drafts > 0
+    _check_idle(on)
+
+
+def test_sampled_output_matches_the_targets_distribution(checkpoint):
+    """Exactness in distribution, end to end: requests restricted to 4 tokens (allowed_token_ids, so the full
+    sampler variant verifies) continue a prompt made of those tokens, so proposals are plausible and often
+    accepted. The empirical distributions of every output position with and without speculation agree
+    (two-sample chi-square; the sampler-level tests show a biased rule would fail it)."""
+    from scipy import stats as scipy_stats  # jax depends on scipy
+
+    args = dict(ARGS, max_num_seqs=32, max_num_batched_tokens=128, num_gpu_blocks_override=400)
+    allowed = [11, 57, 130, 201]
+    prompt = np.random.default_rng(6).choice(allowed, 40).tolist()
+    llms = {"off": LLM(checkpoint, **args), "on": LLM(checkpoint, speculative_config=NGRAM, **args)}
+    num = 1200
+    seeds = {"off": 1000, "on": 50_000}  # independent samples: the same seeds would share their noise
+    samples = {mode: np.array(_token_ids(llm, [prompt] * num, [
+        SamplingParams(temperature=1.0, allowed_token_ids=allowed, seed=seeds[mode] + i, max_tokens=4,
+                       ignore_eos=True) for i in range(num)])) for mode, llm in llms.items()}
+    counts = llms["on"].llm_engine.scheduler.spec_decode_counts
+    assert counts.num_drafts >= num and counts.num_accepted_tokens > num // 4  # verified, often accepted
+    assert counts.num_accepted_tokens < counts.num_draft_tokens
+    for position in range(4):
+        table = np.array([[np.sum(samples[mode][:, position] == t) for t in allowed] for mode in ("off", "on")])
+        p_value = scipy_stats.chi2_contingency(table)[1]
+        assert p_value > 1e-3, (position, table)
+
+
+def test_batch_size_limit_switches_proposals_off(checkpoint):
+    llm = LLM(checkpoint, speculative_config={**NGRAM, "disable_by_batch_size": 2}, **ARGS)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    _token_ids(llm, _repetitive_prompts(6, seed=7), params)  # 6 running: no proposals while more than 2 run
+    counts = llm.llm_engine.scheduler.spec_decode_counts
+    crowded = counts.num_drafts
+    _token_ids(llm, _repetitive_prompts(1, seed=7), params)
+    assert counts.num_drafts > crowded  # alone, it speculates
+    assert crowded == 0
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "medusa", "num_speculative_tokens": 2}, "speculative_config.method"),
+    ({"num_speculative_tokens": 2}, "speculative_config.method"),
+    ({"method": "ngram"}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 40}, "num_speculative_tokens"),  # 41 > max_num_seqs 8
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+     "prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown keys ['lookahead']"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "speculative_config.model"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "model": "/nonexistent/head"}, "no such directory"),
+    ('{"method": "ngram", ', "must be a JSON object"),
+])
+def test_bad_speculative_configs_are_refused_naming_the_key(checkpoint, config, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        EngineArgs(model=checkpoint, speculative_config=config, **ARGS).create_config()
+
+
+def test_draft_model_without_weights_and_async_scheduling_are_refused(checkpoint, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no weights"):
+        EngineArgs(model=checkpoint, speculative_config={"method": "eagle3", "num_speculative_tokens": 2,
+                                                         "model": str(tmp_path)}, **ARGS).create_config()
+    with pytest.raises(ValueError, match="async_scheduling cannot be combined"):
+        EngineArgs(model=checkpoint, speculative_config=NGRAM, async_scheduling=True, **ARGS).create_config()
+    config = EngineArgs(model=checkpoint, speculative_config=NGRAM, **ARGS).create_config()
+    assert not config.async_scheduling and config.speculative_config.num_speculative_tokens == 3
