@@ -28,66 +28,19 @@ them, and update_from_output rolls `num_computed_tokens` back past the rejected 
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
 from vllm_jax.config import SchedulerConfig
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput, SpecDecodeCounts)
 from vllm_jax.scheduler.request import Request, RequestStatus, check_context_length, check_stop
-
-logger = logging.getLogger(__name__)
-
+from vllm_jax.scheduler.step_plan import StepPlan
+from vllm_jax.scheduler.request_outputs import grammar_bitmasks, grammar_stops, new_prompt_logprobs, step_starts
 
 def _priority_key(request: Request) -> tuple[int, float]:
     return (request.priority, request.arrival_time)
-
-
-@dataclass
-class _StepPlan:
-    """What one schedule() call has decided so far. `num_scheduled`'s order is the batch's row order: running
-    requests first, in order, then newcomers."""
-
-    budget: int  # tokens still free this step
-    num_scheduled: dict[str, int] = field(default_factory=dict)
-    running: list[Request] = field(default_factory=list)  # scheduled requests that were already running
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # for `running` only
-    new: list[Request] = field(default_factory=list)  # admitted from the waiting queue
-    preempted: list[Request] = field(default_factory=list)
-    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the proposals each request verifies
-    num_logit_rows: int = 0  # one per scheduled request, plus one per proposal
-
-    def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int],
-                    spec_tokens: list[int] | None = None) -> None:
-        self.running.append(request)
-        self.new_block_ids[request.request_id] = new_block_ids
-        if spec_tokens:
-            self.spec_tokens[request.request_id] = spec_tokens
-            self.num_logit_rows += len(spec_tokens)
-        self._take(request, num_tokens)
-
-    def add_new(self, request: Request, num_tokens: int) -> None:
-        self.new.append(request)
-        self._take(request, num_tokens)
-
-    def unschedule(self, request: Request) -> None:
-        """Drop a running request planned earlier (now a victim) and give its tokens back; no-op otherwise."""
-        num_tokens = self.num_scheduled.pop(request.request_id, None)
-        if num_tokens is None:
-            return
-        self.running.remove(request)
-        del self.new_block_ids[request.request_id]
-        self.num_logit_rows -= 1 + len(self.spec_tokens.pop(request.request_id, []))
-        self.budget += num_tokens
-
-    def _take(self, request: Request, num_tokens: int) -> None:
-        self.num_scheduled[request.request_id] = num_tokens
-        self.num_logit_rows += 1
-        self.budget -= num_tokens
 
 
 class Scheduler:
@@ -196,12 +149,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Decide this step's batch (docs/architecture.md, "Scheduling"): running requests first, then, only in a
         step that preempted nobody, waiting ones."""
-        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        plan = StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
         output = self._build_output(plan)
-        output.grammar_bitmask = _grammar_bitmasks(plan)
+        output.grammar_bitmask = grammar_bitmasks(plan.running + plan.new, plan.num_scheduled)
         output.scheduled_requests = {r.request_id: r for r in plan.running + plan.new}
         self.finished_req_ids = set()
         # vLLM v1: progress advances at scheduling time; the output above carries the values before it. A request
@@ -212,7 +165,7 @@ class Scheduler:
                 request.num_output_placeholders += 1
         return output
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _schedule_running(self, plan: StepPlan) -> None:
         """Give each running request, in order, the tokens it lacks (capped by the budget), preempting victims
         when its blocks cannot be had.
 
@@ -245,7 +198,7 @@ class Scheduler:
                 blocks, spec = allocated
                 plan.add_running(request, num_new + len(spec), blocks, spec)
 
-    def _spec_tokens(self, request: Request, num_new: int, plan: _StepPlan, rows_needed: int) -> list[int]:
+    def _spec_tokens(self, request: Request, num_new: int, plan: StepPlan, rows_needed: int) -> list[int]:
         """The proposals a decoding request verifies this step: as many as the budget, the step's logits rows
         (`rows_needed` kept for it and the running requests after it), the context and the request's remaining
         max_tokens leave room for."""
@@ -256,7 +209,7 @@ class Scheduler:
                    request.max_tokens - request.num_output_tokens - 1)
         return request.spec_token_ids[:max(room, 0)]
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan,
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan,
                              spec: list[int] | None = None) -> tuple[list[int], list[int]] | None:
         """The new block ids for `request`'s next `num_new` tokens and its proposals `spec`, and the proposals
         kept: they are dropped rather than preempting anybody for them. Otherwise the policy's victims are
@@ -279,7 +232,7 @@ class Scheduler:
                 return None
         return blocks, []
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
+    def _schedule_waiting(self, plan: StepPlan) -> None:
         """Admit waiting requests in policy order while the budget, max_num_seqs and the KV cache allow; the
         first that cannot be admitted ends admission (nobody skips the queue)."""
         while (self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs
@@ -287,7 +240,7 @@ class Scheduler:
             if not self._admit(self._peek_waiting(), plan):
                 return
 
-    def _admit(self, request: Request, plan: _StepPlan) -> bool:
+    def _admit(self, request: Request, plan: StepPlan) -> bool:
         """Move one waiting request to running with its prefix-cache hit and this step's tokens, if they fit."""
         hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
         num_new = self._admission_chunk(request.num_tokens - num_hit, plan.budget)
@@ -316,7 +269,7 @@ class Scheduler:
             return None
         return budget
 
-    def _build_output(self, plan: _StepPlan) -> SchedulerOutput:
+    def _build_output(self, plan: StepPlan) -> SchedulerOutput:
         """The step's message to the runner; `num_computed_tokens` are the values before this step's tokens."""
         return SchedulerOutput(
             scheduled_new_reqs=[NewRequestData(
@@ -368,7 +321,7 @@ class Scheduler:
         Under async scheduling the next step has been scheduled already: a request preempted by it still gets
         its token (its recompute will include it), and one that finished meanwhile gets nothing."""
         row = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
-        starts = _step_starts(scheduler_output) if runner_output.prompt_logprobs else {}
+        starts = step_starts(scheduler_output) if runner_output.prompt_logprobs else {}
         outputs: list[EngineCoreOutput] = []
         scheduled = scheduler_output.scheduled_requests
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -385,7 +338,7 @@ class Scheduler:
             if spec and sampled:
                 self._roll_back_rejected(request, len(spec), len(sampled) - 1)
             chunk = runner_output.prompt_logprobs.get(req_id)
-            prompt_logprobs = _new_prompt_logprobs(request, starts[req_id], chunk) if chunk is not None else None
+            prompt_logprobs = new_prompt_logprobs(request, starts[req_id], chunk) if chunk is not None else None
             if not sampled and prompt_logprobs is None:
                 continue
             was_running = request.status == RequestStatus.RUNNING
@@ -393,7 +346,7 @@ class Scheduler:
             for token in sampled:
                 request.append_output_token_ids(token)
                 new_tokens.append(token)
-                if check_stop(request, self.max_model_len) or _grammar_stops(request, token):
+                if check_stop(request, self.max_model_len) or grammar_stops(request, token):
                     break
             logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
             if not request.is_finished:
@@ -415,55 +368,3 @@ class Scheduler:
         self.spec_decode_counts.record(num_spec, num_accepted)
         if request.status == RequestStatus.RUNNING:
             request.num_computed_tokens -= num_spec - num_accepted
-
-
-def _step_starts(sched: SchedulerOutput) -> dict[str, int]:
-    """Each scheduled request's progress before the step (where its scored prompt positions begin)."""
-    return ({new.req_id: new.num_computed_tokens for new in sched.scheduled_new_reqs}
-            | {c.req_id: c.num_computed_tokens for c in sched.scheduled_cached_reqs})
-
-
-def _grammar_bitmasks(plan: _StepPlan) -> dict[str, Any]:
-    """The bitmask row of each constrained request whose last scheduled token samples (a prompt chunk short of
-    the prompt's end samples nothing, so it needs none). Read before progress advances."""
-    masks: dict[str, Any] = {}
-    for request in plan.running + plan.new:
-        if request.grammar is None:
-            continue
-        if request.num_computed_tokens + plan.num_scheduled[request.request_id] < request.num_tokens:
-            continue
-        row = request.grammar.next_token_bitmask()
-        if row is not None:
-            masks[request.request_id] = row
-    return masks
-
-
-def _grammar_stops(request: Request, token: int) -> bool:
-    """Advance a constrained request's grammar past `token` (called when the ordinary stop checks did not stop
-    it). A complete grammar allows only EOS, which ends the request as in vLLM; with ignore_eos that EOS ends it
-    here. A token the grammar rejects cannot come from a masked row: that request is aborted with an error
-    logged, never continued unconstrained."""
-    grammar = request.grammar
-    if grammar is None:
-        return False
-    if not grammar.accept(token):
-        logger.error("request %s: sampled token %d is not allowed by its structured-output grammar (%s); "
-                     "aborting it", request.request_id, token, grammar.matcher.get_error())
-        request.status = RequestStatus.FINISHED_ABORTED
-        return True
-    if grammar.is_terminated and token in grammar.stop_token_ids:
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = None
-        return True
-    return False
-
-
-_PromptLogprobs = list[tuple[list[int], list[float], list[int]]]  # per position: ids, logprobs, ranks
-
-
-def _new_prompt_logprobs(request: Request, start: int, chunk: _PromptLogprobs) -> _PromptLogprobs | None:
-    """The step's prompt logprobs for positions never reported before (None if none): the chunk scores the
-    positions after the step's first token (`start`), and a recompute after a preemption starts again from 0."""
-    new = chunk[max(0, request.num_prompt_logprobs_reported - start):]
-    request.num_prompt_logprobs_reported = max(request.num_prompt_logprobs_reported, start + len(chunk))
-    return new or None

@@ -1,0 +1,50 @@
+"""What one Scheduler.schedule() call has decided so far (the scheduler's working state within a step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm_jax.scheduler.request import Request
+
+
+@dataclass
+class StepPlan:
+    """What one schedule() call has decided so far. `num_scheduled`'s order is the batch's row order: running
+    requests first, in order, then newcomers."""
+
+    budget: int  # tokens still free this step
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    running: list[Request] = field(default_factory=list)  # scheduled requests that were already running
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # for `running` only
+    new: list[Request] = field(default_factory=list)  # admitted from the waiting queue
+    preempted: list[Request] = field(default_factory=list)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the proposals each request verifies
+    num_logit_rows: int = 0  # one per scheduled request, plus one per proposal
+
+    def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int],
+                    spec_tokens: list[int] | None = None) -> None:
+        self.running.append(request)
+        self.new_block_ids[request.request_id] = new_block_ids
+        if spec_tokens:
+            self.spec_tokens[request.request_id] = spec_tokens
+            self.num_logit_rows += len(spec_tokens)
+        self._take(request, num_tokens)
+
+    def add_new(self, request: Request, num_tokens: int) -> None:
+        self.new.append(request)
+        self._take(request, num_tokens)
+
+    def unschedule(self, request: Request) -> None:
+        """Drop a running request planned earlier (now a victim) and give its tokens back; no-op otherwise."""
+        num_tokens = self.num_scheduled.pop(request.request_id, None)
+        if num_tokens is None:
+            return
+        self.running.remove(request)
+        del self.new_block_ids[request.request_id]
+        self.num_logit_rows -= 1 + len(self.spec_tokens.pop(request.request_id, []))
+        self.budget += num_tokens
+
+    def _take(self, request: Request, num_tokens: int) -> None:
+        self.num_scheduled[request.request_id] = num_tokens
+        self.num_logit_rows += 1
+        self.budget -= num_tokens
