@@ -26,3 +26,14 @@ def test_convert_writes_an_orbax_checkpoint_that_loads_as_a_model(tmp_path, caps
     assert resolve_model_source(str(tmp_path / "out")).kind == "orbax"
     with pytest.raises(FileExistsError, match="not empty"):
         main(["convert", str(tmp_path / "hf"), str(tmp_path / "out")])
+
+
+def test_speculative_config_flag_reaches_the_engine_and_a_bad_one_is_one_error_line(tmp_path, capsys):
+    make_tiny_checkpoint("llama", tmp_path / "hf")
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    ns = build_parser().parse_args(["generate", str(tmp_path / "hf"), "--speculative-config", spec])
+    config = engine_args_from_namespace(ns, ns.model).create_config()
+    assert config.speculative_config.num_speculative_tokens == 3 and not config.async_scheduling
+    bad = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}'
+    assert main(["generate", str(tmp_path / "hf"), "--speculative-config", bad]) == 2
+    assert "ERROR: speculative_config.prompt_lookup_min must be a positive integer" in capsys.readouterr().err

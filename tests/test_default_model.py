@@ -84,3 +84,20 @@ def test_default_model_langchain_with_structured_output(served):
                       max_tokens=48)
     city = chat.with_structured_output(city_model).invoke(QUESTION)
     assert isinstance(city, city_model) and city.name.strip()
+
+
+def test_default_model_answers_the_readme_examples_the_same_with_ngram_speculation(llm):
+    """The Quick start's example prompts (`vllm-jax generate`'s defaults) and the README's chat examples, greedy:
+    n-gram speculation changes how many steps they take, never the text."""
+    from vllm_jax import LLM, SamplingParams
+    from vllm_jax.cli import DEFAULT_PROMPTS
+
+    speculative = LLM(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                          "prompt_lookup_min": 2})
+    questions = [*DEFAULT_PROMPTS, "What is the capital of France?", "Is 91 prime?"]
+    conversations = [[{"role": "user", "content": q}] for q in questions]
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    plain = [o.outputs[0].text for o in llm.chat(conversations, params, use_tqdm=False)]
+    assert [o.outputs[0].text for o in speculative.chat(conversations, params, use_tqdm=False)] == plain
+    assert speculative.llm_engine.scheduler.spec_decode_counts.num_drafts > 0

@@ -118,6 +118,11 @@ def _generate(ns: argparse.Namespace) -> int:
 
     args = engine_args_from_namespace(ns, ns.model)
     t0 = time.perf_counter()
+    try:
+        args.create_config()  # a bad flag or model is one line naming it, not a traceback
+    except ValueError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
     llm = LLM(**dataclasses.asdict(args))
     ready = time.perf_counter() - t0
     prompts = ns.prompt or DEFAULT_PROMPTS

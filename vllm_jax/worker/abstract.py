@@ -102,7 +102,8 @@ class AbstractEngine:
         step = device_step(self.graphdef, self.params, self.kv_cache(num_blocks), self.mesh, mc.max_logprobs,
                            on_trace=counter, num_slots=self.config.scheduler_config.max_num_seqs)
         shapes = StepShapes(buckets or self.buckets(), self.config.cache_config.block_size, self.max_blocks_per_seq,
-                            self.spec.vocab_size, mc.max_logprobs, self.config.async_scheduling)
+                            self.spec.vocab_size, mc.max_logprobs, self.config.async_scheduling,
+                            self.config.speculative_config is not None)
         return CompilationManager(step, counter, shapes, None)
 
 
