@@ -432,7 +432,8 @@ def test_serve_cli_takes_vllm_flag_names_and_documents_every_flag() -> None:
 @pytest.mark.parametrize("flags", [[], ["--disable-log-stats", "--enable-tokenizer-info-endpoint"]])
 def test_serve_gives_its_prometheus_logger_to_the_engine_and_serves_it_at_metrics(
         checkpoint: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]) -> None:
-    """`vllm-jax serve` wires one logger into both the engine and /metrics (none with --disable-log-stats), with
+    """`vllm-jax serve` wires one Prometheus logger into both the engine and /metrics, next to the log-line logger
+    (neither with --disable-log-stats), with
     no `_created` series, as vLLM; /tokenizer_info exists only with its flag. The launcher is driven in-process
     and stopped before it listens: nothing here needs a running engine."""
     from fastapi.testclient import TestClient
@@ -463,7 +464,11 @@ def test_serve_gives_its_prometheus_logger_to_the_engine_and_serves_it_at_metric
     monkeypatch.setattr(launcher, "bind_socket", no_socket)
     assert main(["serve", str(checkpoint), "--served-model-name", "named", *flags]) == 1
     (app, metrics), = apps
-    assert list(engines[0]["stat_loggers"]) == ([metrics] if metrics is not None else [])
+    loggers = list(engines[0]["stat_loggers"])
+    if metrics is None:
+        assert loggers == []
+    else:  # and vLLM's periodic log line (metrics/logging_stats.py)
+        assert loggers[0] is metrics and [type(x).__name__ for x in loggers[1:]] == ["LoggingStatLogger"]
     with TestClient(app) as client:
         text = client.get("/metrics").text
     routes = {getattr(route, "path", None) for route in app.routes}

@@ -7,6 +7,11 @@ series carries vLLM's labels `model_name` and `engine` ("0": data-parallel repli
 There are no `_created` series: vLLM turns them off (a switch of prometheus_client's that holds for the whole
 process), and so does the first logger created here.
 
+With speculative decoding on (`num_speculative_tokens` given), vLLM's `vllm:spec_decode_*` counters are
+registered too, `..._per_pos` with one child per proposal position (label `position`, "0" .. k-1) from the start;
+with it off they do not exist, as in vLLM. The acceptance rate is then rate(accepted) / rate(draft_tokens), the
+mean acceptance length 1 + rate(accepted) / rate(drafts).
+
 Engines call `record` (stat_logger.py): an iteration's stats become counter increments and histogram
 observations, then the gauges are set from the sum of every engine's latest snapshot, so a scrape never sees
 "idle" ahead of the counts. The launcher creates the logger and gives it to the engine; the server serves
@@ -36,7 +41,8 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 class PrometheusStatLogger:
     """vLLM's Prometheus series for one served model, fed by one engine or by every data-parallel replica."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, num_speculative_tokens: int | None = None):
+        """`num_speculative_tokens`: k with speculative decoding on; None: no spec-decode series."""
         disable_created_metrics()
         self.model_name = model_name
         self.registry = CollectorRegistry()
@@ -80,6 +86,19 @@ class PrometheusStatLogger:
                                             REQUEST_LATENCY_BUCKETS)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.spec_decode_num_drafts: Counter | None = None
+        self.spec_decode_num_draft_tokens: Counter | None = None
+        self.spec_decode_num_accepted_tokens: Counter | None = None
+        self.spec_decode_num_accepted_tokens_per_pos: list[Counter] = []
+        if num_speculative_tokens is not None:
+            self.spec_decode_num_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self.spec_decode_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+            self.spec_decode_num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens",
+                                                           "Number of accepted tokens.")
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              names + ["position"], registry=reg)
+            self.spec_decode_num_accepted_tokens_per_pos = [per_pos.labels(*values, str(pos))
+                                                            for pos in range(num_speculative_tokens)]
 
     def record(self, engine_stats: EngineStats, iteration_stats: IterationStats | None = None,
                engine_index: int = 0) -> None:
@@ -106,6 +125,13 @@ class PrometheusStatLogger:
             self.time_to_first_token.observe(ttft)
         for itl in it.inter_token_latencies_s:
             self.inter_token_latency.observe(itl)
+        spec = it.spec_decoding
+        if spec is not None and self.spec_decode_num_drafts is not None:
+            self.spec_decode_num_drafts.inc(spec.num_drafts)
+            self.spec_decode_num_draft_tokens.inc(spec.num_draft_tokens)
+            self.spec_decode_num_accepted_tokens.inc(spec.num_accepted_tokens)
+            for child, accepted in zip(self.spec_decode_num_accepted_tokens_per_pos, spec.num_accepted_tokens_per_pos):
+                child.inc(accepted)
         for done in it.finished_requests:
             for reason in done.finish_reasons:
                 self.request_success(reason).inc()

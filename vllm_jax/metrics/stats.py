@@ -4,7 +4,8 @@ Three kinds of data, all produced on the engine thread and handed to the engine'
 - `EngineStats`: a frozen snapshot (queue lengths, KV usage, cumulative prefix-cache and preemption counts),
   replaced after every loop iteration.
 - `IterationStats`: what one engine step did (tokens scheduled, prompt / generation tokens, TTFTs, inter-token
-  latencies, finished requests). A logger turns it into counter increments and histogram observations.
+  latencies, finished requests and, with speculative decoding on, its `SpecDecodingStats`). A logger turns it
+  into counter increments and histogram observations.
 - `RequestTimer`: one request's timestamps (arrival, first scheduled, first / last token, finish).
 
 Definitions, close to vLLM v1's: prompt tokens are counted once per request when its first token arrives (the
@@ -55,6 +56,25 @@ class FinishedRequestStats:
 
 
 @dataclass
+class SpecDecodingStats:
+    """What speculative decoding did in one iteration, as vLLM's: drafts verified, their tokens, those accepted.
+
+    A draft is one request's proposals verified in one step; `num_accepted_tokens_per_pos[i]` counts the drafts
+    whose proposal i was accepted (so it never grows along i), for i < `num_spec_tokens` (k).
+    """
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    @classmethod
+    def zeros(cls, num_spec_tokens: int) -> SpecDecodingStats:
+        return cls(num_spec_tokens, num_accepted_tokens_per_pos=[0] * num_spec_tokens)
+
+
+@dataclass
 class IterationStats:
     """One loop iteration of the engine thread: the step plus the adds / aborts applied before it."""
 
@@ -67,6 +87,7 @@ class IterationStats:
     time_to_first_tokens_s: list[float] = field(default_factory=list)
     inter_token_latencies_s: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    spec_decoding: SpecDecodingStats | None = None  # None while speculation is off
 
 
 class RequestTimer:

@@ -185,9 +185,11 @@ def _checked_config(args: Any, ns: Any) -> tuple[Any, list[str]]:
 
 
 def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAPI]:
-    """The engine (N replicas with --data-parallel-size N) and the app serving it. The server owns the Prometheus
-    logger: the engine feeds it, /metrics serves it (empty with --disable-log-stats)."""
+    """The engine (N replicas with --data-parallel-size N) and the app serving it. The server owns the stat
+    loggers: the engine feeds the Prometheus one, which /metrics serves, and vLLM's periodic log line (both off,
+    /metrics empty, with --disable-log-stats). The spec-decode series exist only with a speculative_config."""
     from vllm_jax.engine.async_llm import AsyncLLM
+    from vllm_jax.metrics.logging_stats import LoggingStatLogger
     from vllm_jax.metrics.prometheus import PrometheusStatLogger
     from vllm_jax.server.api_server import build_app
 
@@ -196,9 +198,13 @@ def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAP
         from vllm_jax.engine.data_parallel import DataParallelAsyncLLM
 
         engine_cls = DataParallelAsyncLLM  # N replicas behind the same interface
-    metrics = None if ns.disable_log_stats else PrometheusStatLogger(config.model_config.served_model_name)
-    engine = engine_cls(config, max_num_queued_requests=ns.max_num_queued_requests,
-                        stat_loggers=[metrics] if metrics is not None else [])
+    metrics, stat_loggers = None, []
+    if not ns.disable_log_stats:
+        spec = config.speculative_config
+        metrics = PrometheusStatLogger(config.model_config.served_model_name,
+                                       num_speculative_tokens=None if spec is None else spec.num_speculative_tokens)
+        stat_loggers = [metrics, LoggingStatLogger()]
+    engine = engine_cls(config, max_num_queued_requests=ns.max_num_queued_requests, stat_loggers=stat_loggers)
     app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
                     max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics,
                     enable_tokenizer_info=ns.enable_tokenizer_info_endpoint,
