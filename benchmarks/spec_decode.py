@@ -7,7 +7,10 @@ not have spare. Reports output tok/s off and on (and the speed-up), the acceptan
 tokens), the mean accepted length (tokens per verifying step: 1 + accepted / drafts, vLLM's definition) and
 whether the greedy outputs agree (they must).
 
-    python benchmarks/spec_decode.py [--model PATH] [--k 4] [--max-tokens 128] [--batch 32] [--json out.json]
+    python benchmarks/spec_decode.py [--model PATH] [--k 4] [--max-tokens 128] [--batch 8 32] [--json out.json]
+
+Proposals need logits rows (requests plus proposals stay within max_num_seqs), so max_num_seqs defaults to the
+largest batch x (1 + k): at max_num_seqs = batch a full batch has no room for proposals and runs unspeculated.
 """
 
 from __future__ import annotations
@@ -80,11 +83,15 @@ def main() -> None:
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=32, help="the large batch's size (0: skip it)")
+    parser.add_argument("--batch", type=int, nargs="*", default=[32], help="larger batch sizes to run (none: skip)")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="default: the largest batch x (1 + k), so proposals always have logits rows")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-    engine_args = dict(max_model_len=1024, max_num_seqs=max(args.batch, 1),
-                       max_num_batched_tokens=max(512, args.batch * (args.k + 1)))
+    largest = max(args.batch, default=1)
+    max_num_seqs = args.max_num_seqs or largest * (args.k + 1)
+    engine_args = dict(max_model_len=1024, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max(512, max_num_seqs))
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.prompt_lookup_max,
             "prompt_lookup_min": args.prompt_lookup_min}
     llms = {"off": LLM(args.model, **engine_args), "on": LLM(args.model, speculative_config=spec, **engine_args)}
@@ -92,12 +99,11 @@ def main() -> None:
     for llm in llms.values():  # every program compiled, caches warm
         _generate(llm, GROUNDED[:1], SamplingParams(temperature=0.0, max_tokens=8))
     runs = [("grounded", GROUNDED, 1), ("free", FREE, 1)]
-    if args.batch:
-        runs += [("grounded", (GROUNDED * args.batch)[:args.batch], args.batch),
-                 ("free", (FREE * args.batch)[:args.batch], args.batch)]
+    for batch in args.batch:
+        runs += [("grounded", (GROUNDED * batch)[:batch], batch), ("free", (FREE * batch)[:batch], batch)]
     rows = []
     print(f"n-gram k={args.k}, prompt_lookup {args.prompt_lookup_min}..{args.prompt_lookup_max}, "
-          f"max_tokens={args.max_tokens}")
+          f"max_tokens={args.max_tokens}, max_num_seqs={max_num_seqs}")
     print(f"{'workload':<10} {'batch':>5} {'off tok/s':>10} {'on tok/s':>10} {'speed-up':>9} {'accept':>7} "
           f"{'mean len':>9} {'same':>5}")
     for name, prompts, batch in runs:
@@ -112,7 +118,8 @@ def main() -> None:
               f"{row['acceptance_rate']:>7.2f} {row['mean_accepted_length']:>9.2f} {str(row['same_tokens']):>5}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"k": args.k, "max_tokens": args.max_tokens, "rows": rows}, f, indent=2)
+            json.dump({"k": args.k, "max_tokens": args.max_tokens, "max_num_seqs": max_num_seqs, "rows": rows}, f,
+                      indent=2)
 
 
 if __name__ == "__main__":

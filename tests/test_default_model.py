@@ -94,7 +94,7 @@ def test_default_model_answers_the_readme_examples_the_same_with_ngram_speculati
 
     speculative = LLM(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32,
                       speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                                          "prompt_lookup_min": 2})
+                                          "prompt_lookup_min": 2, "disable_by_batch_size": 8})
     questions = [*DEFAULT_PROMPTS, "What is the capital of France?", "Is 91 prime?"]
     conversations = [[{"role": "user", "content": q}] for q in questions]
     params = SamplingParams(temperature=0.0, max_tokens=48)

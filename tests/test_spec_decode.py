@@ -11,7 +11,9 @@ import pytest
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, SamplingParams
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# disable_by_batch_size: the CPU default (4) would switch proposals off in these batches
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
+         "disable_by_batch_size": 64}
 ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
             max_num_batched_tokens=32)
 
@@ -218,3 +220,7 @@ def test_draft_model_without_weights_and_async_scheduling_are_refused(checkpoint
         EngineArgs(model=checkpoint, speculative_config=NGRAM, async_scheduling=True, **ARGS).create_config()
     config = EngineArgs(model=checkpoint, speculative_config=NGRAM, **ARGS).create_config()
     assert not config.async_scheduling and config.speculative_config.num_speculative_tokens == 3
+    default = {k: v for k, v in NGRAM.items() if k != "disable_by_batch_size"}
+    for platform, limit in (("cpu", 4), ("gpu", None)):
+        config = EngineArgs(model=checkpoint, speculative_config=default, **ARGS).create_config(platform)
+        assert config.speculative_config.disable_by_batch_size == limit

@@ -35,6 +35,9 @@ _CPU_BUCKET_GROWTH = 4
 _ACCEL_MIN_TOKEN_BUCKET, _ACCEL_MIN_SEQ_BUCKET = 16, 8
 # Async scheduling per platform when --async-scheduling is not given (README, "Host overhead per step").
 ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
+# Speculative decoding's disable_by_batch_size when not given: on CPU verifying k more tokens per request costs
+# compute it does not have spare beyond a few requests (README, "Speculative decoding"); TPU/GPU: vLLM's (none).
+SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = {"cpu": 4, "tpu": None, "gpu": None}
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
 
@@ -215,7 +218,7 @@ class EngineArgs:
         on_cpu = platform == "cpu"
         model_config = self._model_config(platform)
         scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)
-        speculative = self._speculative_config(scheduler_config)
+        speculative = self._speculative_config(scheduler_config, platform)
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and on_cpu:
             kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
@@ -240,12 +243,16 @@ class EngineArgs:
             speculative_config=speculative,
         )
 
-    def _speculative_config(self, sched: SchedulerConfig) -> SpeculativeConfig | None:
-        """speculative_config, checked against the batch limits. Proposals need the host to know every accepted
-        token, so async scheduling is off with speculation (vLLM refuses n-gram with async scheduling too)."""
+    def _speculative_config(self, sched: SchedulerConfig, platform: str) -> SpeculativeConfig | None:
+        """speculative_config, checked against the batch limits, with the platform's disable_by_batch_size unless
+        given. Proposals need the host to know every accepted token, so async scheduling is off with speculation
+        (vLLM refuses n-gram with async scheduling too)."""
         speculative = SpeculativeConfig.parse(self.speculative_config)
         if speculative is None:
             return None
+        if speculative.disable_by_batch_size is None:
+            speculative = dataclasses.replace(
+                speculative, disable_by_batch_size=SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT[platform])
         speculative.check_fits(sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len)
         if self.async_scheduling:
             raise ValueError("async_scheduling cannot be combined with speculative_config: proposals are made "

@@ -27,7 +27,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP
     prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
     model: str | None = None
-    # Proposals stop while more than this many requests run (None: never); README, "Speculative decoding".
+    # Proposals stop while more than this many requests run (None: never). Not given: the platform's default
+    # (config.SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT; README, "Speculative decoding").
     disable_by_batch_size: int | None = None
 
     @classmethod
