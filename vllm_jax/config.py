@@ -9,13 +9,13 @@ effects: joining a multi-host run is `initialize_distributed(args)`, which the e
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
+from vllm_jax.utils import json_object_flag
 
 if TYPE_CHECKING:
     from vllm_jax.model_loader.source import ModelSource
@@ -99,17 +99,7 @@ class StructuredOutputsConfig:
         """From the flag's JSON text or a dict; a ValueError naming the flag and the bad key."""
         if value is None:
             return cls()
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"structured_outputs_config must be a JSON object; got {value!r} ({exc})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"structured_outputs_config must be a JSON object; got {value!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"structured_outputs_config: unknown keys {unknown}; known: {sorted(known)}")
+        value = json_object_flag("structured_outputs_config", value, {f.name for f in dataclasses.fields(cls)})
         backend = value.get("backend", "guidance")
         if backend not in ("auto", "guidance"):
             raise ValueError(f"structured_outputs_config.backend {backend!r} is not available: this engine compiles "

@@ -8,9 +8,10 @@ Keys as vLLM spells them: `method` ("ngram", "draft_model", "eagle3"), `num_spec
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
+
+from vllm_jax.utils import json_object_flag
 
 METHODS = ("ngram", "draft_model", "eagle3")
 IMPLEMENTED_METHODS = ("ngram",)
@@ -36,16 +37,7 @@ class SpeculativeConfig:
         """From the flag's JSON text or a dict (None: speculation off)."""
         if value is None:
             return None
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"speculative_config must be a JSON object; got {value!r} ({exc})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a JSON object; got {value!r}")
-        unknown = sorted(set(value) - set(_KEYS))
-        if unknown:
-            raise ValueError(f"speculative_config: unknown keys {unknown}; known: {sorted(_KEYS)}")
+        value = json_object_flag("speculative_config", value, _KEYS)
         method = value.get("method")
         if method is None:
             raise ValueError(f"speculative_config.method is required: one of {', '.join(METHODS)}")
