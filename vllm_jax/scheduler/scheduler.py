@@ -36,8 +36,9 @@ from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput, SpecDecodeCounts)
 from vllm_jax.scheduler.request import Request, RequestStatus, check_context_length, check_stop
-from vllm_jax.scheduler.step_plan import StepPlan
 from vllm_jax.scheduler.request_outputs import grammar_bitmasks, grammar_stops, new_prompt_logprobs, step_starts
+from vllm_jax.scheduler.step_plan import StepPlan
+
 
 def _priority_key(request: Request) -> tuple[int, float]:
     return (request.priority, request.arrival_time)
