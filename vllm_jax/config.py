@@ -129,6 +129,8 @@ class EngineConfig:
     async_scheduling: bool = False
     # vLLM's speculative_config (spec_decode/config.py); None: no speculation.
     speculative_config: SpeculativeConfig | None = None
+    # method draft_model: the draft's own resolved config (the target's dtypes and context length).
+    draft_model_config: ModelConfig | None = None
 
     @property
     def resolved_attention_backend(self) -> str:
@@ -231,6 +233,7 @@ class EngineArgs:
             async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None
                               if self.async_scheduling is None else self.async_scheduling),
             speculative_config=speculative,
+            draft_model_config=self._draft_model_config(speculative, model_config),
         )
 
     def _speculative_config(self, sched: SchedulerConfig, platform: str) -> SpeculativeConfig | None:
@@ -248,6 +251,28 @@ class EngineArgs:
             raise ValueError("async_scheduling cannot be combined with speculative_config: proposals are made "
                              "from the tokens the previous step accepted (leave async_scheduling unset)")
         return speculative
+
+    @staticmethod
+    def _draft_model_config(speculative: SpeculativeConfig | None, target: ModelConfig) -> ModelConfig | None:
+        """The draft model's config for method draft_model. Its proposals are token ids the target verifies, so
+        its vocabulary must be the target's; it runs at the target's dtypes over the same context."""
+        if speculative is None or speculative.method != "draft_model":
+            return None
+        from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+
+        source = resolve_model_source(speculative.model)
+        hf_config = load_hf_config(source)
+        vocab, target_vocab = getattr(hf_config, "vocab_size", None), getattr(target.hf_config, "vocab_size", None)
+        if vocab != target_vocab:
+            raise ValueError(f"speculative_config.model {speculative.model!r} has another vocabulary than the "
+                             f"target (vocab_size {vocab} vs {target_vocab}): a draft model must share the "
+                             "target's tokenizer")
+        max_pos = getattr(hf_config, "max_position_embeddings", None) or target.max_model_len
+        if max_pos < target.max_model_len:
+            raise ValueError(f"speculative_config.model {speculative.model!r} covers {max_pos} positions "
+                             f"(max_position_embeddings), fewer than max_model_len ({target.max_model_len})")
+        return dataclasses.replace(target, model=speculative.model, source=source, hf_config=hf_config,
+                                   served_model_name=source.default_name, tokenizer=None)
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""

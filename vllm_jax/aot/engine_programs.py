@@ -116,7 +116,7 @@ class RecordingDeviceStep(DeviceStep):
         super().__init__(*args, **kwargs)
         self.recorder = recorder
 
-    def _load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
+    def load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
         return self.recorder.compile(key, jitted, args)
 
 
@@ -161,7 +161,8 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
 
 
 def compile_plan(engine: AbstractEngine, target: Target, num_blocks: int, buckets: list | None = None, *,
-                 kinds: tuple[str, ...] = ("forward", "sampler", "token"), recorder: _Recorder | None = None,
+                 kinds: tuple[str, ...] = ("forward", "sampler", "token", "draft"),
+                 recorder: _Recorder | None = None,
                  compiler_options: dict[str, Any] | None = None) -> list[ProgramResult]:
     """Compile warm-up's plan (its `kinds` of programs; `buckets`: AbstractEngine.compilation's) for `target`
     over a `num_blocks` cache (with `compiler_options`, XLA flags, when no `recorder` is given). A shared

@@ -79,7 +79,8 @@ class LLMEngine:
         speculative = config.speculative_config
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, config.cache_config.block_size,
                                    num_spec_tokens=speculative.num_speculative_tokens if speculative else 0,
-                                   spec_disable_batch_size=speculative.disable_by_batch_size if speculative else None)
+                                   spec_disable_batch_size=speculative.disable_by_batch_size if speculative else None,
+                                   num_lookahead_tokens=self.runner.num_lookahead_tokens)
         self.output_processor = OutputProcessor(self.tokenizer)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = eos if eos is not None else getattr(mc.hf_config, "eos_token_id", None)

@@ -75,14 +75,20 @@ class DecoderLM(nnx.Module):
     def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row."""
         spec = self.spec
-        hidden = self.embed_tokens[...][inputs.input_ids]
-        cos, sin = rotary_tables(spec, inputs.positions)
-        ctx = LayerContext(cos, sin, inputs, self.kernels)
-        hidden, kv_cache = self._run_layers(ctx, hidden, kv_cache)
+        kv_cache, hidden = self.hidden_states(kv_cache, inputs)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
         head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
         return kv_cache, logits
+
+    def hidden_states(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """-> (updated kv_cache, the last layer's output [T, hidden]): the forward without the LM head (a draft
+        model's catch-up writes its KV cache only)."""
+        hidden = self.embed_tokens[...][inputs.input_ids]
+        cos, sin = rotary_tables(self.spec, inputs.positions)
+        ctx = LayerContext(cos, sin, inputs, self.kernels)
+        hidden, kv_cache = self._run_layers(ctx, hidden, kv_cache)
+        return kv_cache, hidden
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
         """All layers: a scan over the stacked params; over per-layer arrays (`unstack_layers`), a scan whose

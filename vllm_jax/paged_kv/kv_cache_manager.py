@@ -95,8 +95,10 @@ class KVCacheManager:
         return hit, num_hit_tokens
 
     def allocate_slots(self, request: CacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVBlock] | None = None) -> list[int] | None:
-        """Give the request slots for `num_new_tokens` more tokens after its computed (and hit) tokens.
+                       new_computed_blocks: list[KVBlock] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[int] | None:
+        """Give the request slots for `num_new_tokens` more tokens after its computed (and hit) tokens, and for
+        `num_lookahead_tokens` beyond them (a draft model writes its proposals' KV there after the step).
 
         Returns the ids of the newly allocated blocks (prefix-hit blocks not included), or None when the
         pool cannot supply them (cached-but-free blocks count as free); on None nothing changed.
@@ -109,7 +111,7 @@ class KVCacheManager:
         if new_computed_blocks and req_blocks:
             raise ValueError(f"request {req_id} already holds blocks; prefix hits apply to fresh requests only")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_slots = min(num_computed + num_new_tokens, self.max_model_len)
+        num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         num_needed = self.num_blocks_for(num_slots) - len(req_blocks) - len(new_computed_blocks)
         # Hit blocks sitting in the free queue stop being free once touched.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

@@ -48,9 +48,11 @@ class Scheduler:
     """`scheduler_config` arrives validated (EngineArgs.create_config): its policy is "fcfs" or "priority"."""
 
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager, block_size: int,
-                 num_spec_tokens: int = 0, spec_disable_batch_size: int | None = None) -> None:
+                 num_spec_tokens: int = 0, spec_disable_batch_size: int | None = None,
+                 num_lookahead_tokens: int = 0) -> None:
         """`num_spec_tokens`: speculative decoding's k (0: off); `spec_disable_batch_size`: no proposals are
-        scheduled while more requests than this run."""
+        scheduled while more requests than this run; `num_lookahead_tokens`: slots a request gets beyond each
+        step's tokens when they are free (a draft model's proposals write KV there; never a preemption)."""
         self.config = scheduler_config
         self.kv_cache_manager = kv_cache_manager
         self.block_size = block_size
@@ -63,6 +65,7 @@ class Scheduler:
         self.num_preemptions_without_progress = 0  # victims that had not progressed since resuming (forced)
         self.num_spec_tokens = num_spec_tokens
         self.spec_disable_batch_size = spec_disable_batch_size
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.spec_decode_counts = SpecDecodeCounts(num_accepted_tokens_per_pos=[0] * num_spec_tokens)
 
     # ---- admission and bookkeeping ------------------------------------------------------------------
@@ -220,10 +223,10 @@ class Scheduler:
         it is chosen.
         """
         if spec:
-            blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(spec))
+            blocks = self._allocate(request, num_new + len(spec))
             if blocks is not None:
                 return blocks, spec
-        while (blocks := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
+        while (blocks := self._allocate(request, num_new)) is None:
             victim = self._pick_victim()
             self.running.remove(victim)
             plan.unschedule(victim)  # a victim planned earlier this step gives its tokens back
@@ -232,6 +235,16 @@ class Scheduler:
             if victim is request:
                 return None
         return blocks, []
+
+    def _allocate(self, request: Request, num_new: int, num_hit: int = 0,
+                  hit_blocks: list | None = None) -> list[int] | None:
+        """New block ids for the tokens, with the lookahead slots when the pool has them (else without)."""
+        manager = self.kv_cache_manager
+        if self.num_lookahead_tokens:
+            blocks = manager.allocate_slots(request, num_new, num_hit, hit_blocks, self.num_lookahead_tokens)
+            if blocks is not None:
+                return blocks
+        return manager.allocate_slots(request, num_new, num_hit, hit_blocks)
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         """Admit waiting requests in policy order while the budget, max_num_seqs and the KV cache allow; the
@@ -247,7 +260,7 @@ class Scheduler:
         num_new = self._admission_chunk(request.num_tokens - num_hit, plan.budget)
         if num_new is None:
             return False
-        if self.kv_cache_manager.allocate_slots(request, num_new, num_hit, hit_blocks) is None:
+        if self._allocate(request, num_new, num_hit, hit_blocks) is None:
             return False
         self.waiting.remove(request)
         if request.status == RequestStatus.PREEMPTED:

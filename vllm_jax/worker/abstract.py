@@ -11,6 +11,7 @@ warm-up").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_s
 from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
 from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.draft_chain import chain_buckets
+from vllm_jax.worker.draft_step import DraftStep, draft_cache_layout
 from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block, cache_shape, min_kv_blocks
 
 DeviceStepFactory = Callable[..., DeviceStep]
@@ -44,6 +47,7 @@ class AbstractEngine:
     max_blocks_per_seq: int
     token_buckets: list[int]
     seq_buckets: list[int]
+    draft: tuple[nnx.GraphDef, nnx.State, DecoderSpec] | None = None  # method draft_model: the draft, abstract
 
     @classmethod
     def build(cls, config: EngineConfig, devices: list | tuple) -> AbstractEngine:
@@ -54,11 +58,17 @@ class AbstractEngine:
         backend = config.resolved_attention_backend
         check_tensor_parallel_layout(spec, tp, backend)
         graphdef, params = _abstract_model(config, entry, spec, backend, mesh)
+        draft = None
+        if config.draft_model_config is not None:
+            draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)
+            check_tensor_parallel_layout(draft_spec, tp, backend)
+            draft = (*_abstract_model(config, draft_entry, draft_spec, backend, mesh), draft_spec)
         width = block_table_width(blocks_per_sequence(mc.max_model_len, config.cache_config.block_size), backend,
                                   config.platform)
         return cls(config, spec, mesh, backend, graphdef, params, width,
                    geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
-                   geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth))
+                   geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth),
+                   draft)
 
     @property
     def kv_spec(self) -> PartitionSpec:
@@ -73,8 +83,9 @@ class AbstractEngine:
     def kv_bytes_per_block(self) -> int:
         """One block's bytes on one device (the engine's budget is per device: kv_cache.size_kv_cache)."""
         s, mc = self.spec, self.config.model_config
+        draft = draft_cache_layout(self.config, self.draft[2], self.mesh).bytes_per_block if self.draft else 0
         return bytes_per_block(s.num_layers, self.config.cache_config.block_size, s.num_kv_heads, s.head_dim,
-                               mc.kv_cache_dtype) // self.kv_shards
+                               mc.kv_cache_dtype) // self.kv_shards + draft
 
     @property
     def weight_bytes(self) -> int:
@@ -104,7 +115,19 @@ class AbstractEngine:
         shapes = StepShapes(buckets or self.buckets(), self.config.cache_config.block_size, self.max_blocks_per_seq,
                             self.spec.vocab_size, mc.max_logprobs, self.config.async_scheduling,
                             self.config.speculative_config is not None)
-        return CompilationManager(step, counter, shapes, None)
+        drafter, chains = None, None
+        if self.draft is not None:
+            graphdef, params, spec = self.draft
+            layout = draft_cache_layout(self.config, spec, self.mesh)
+            kv_cache = dataclasses.replace(layout.shape, num_blocks=num_blocks).abstract(layout.sharding)
+            drafter = DraftStep(graphdef, params, kv_cache, self.config.speculative_config.num_speculative_tokens,
+                                step.load_or_compile, on_trace=counter)
+            max_num_seqs = self.config.scheduler_config.max_num_seqs
+            chains = chain_buckets(self.token_buckets, lambda t: seq_bucket_for(t, self.seq_buckets, max_num_seqs),
+                                   max_num_seqs)
+            if buckets is not None:  # narrowed: the chains of those token buckets only
+                chains = [pair for pair in chains if pair in buckets]
+        return CompilationManager(step, counter, shapes, None, drafter=drafter, chain_buckets=chains)
 
 
 def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str,

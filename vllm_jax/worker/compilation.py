@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -24,6 +25,10 @@ from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
 from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.draft_chain import pack_chain
+
+if TYPE_CHECKING:
+    from vllm_jax.worker.draft_step import DraftStep
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +61,12 @@ class StepShapes:
 
 
 class CompilationManager:
-    def __init__(self, device: DeviceStep, counter: TraceCounter, shapes: StepShapes, cache_dir: str | None):
+    def __init__(self, device: DeviceStep, counter: TraceCounter, shapes: StepShapes, cache_dir: str | None,
+                 drafter: DraftStep | None = None, chain_buckets: list[tuple[int, int]] | None = None):
+        """`drafter` (draft_model speculation): its catch-up program per token bucket and its chain program per
+        `chain_buckets` pair join the plan."""
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
+        self.drafter, self.chain_buckets = drafter, chain_buckets or []
 
     @property
     def num_compilations(self) -> int:
@@ -79,6 +88,9 @@ class CompilationManager:
                          functools.partial(self._forward, num_tokens, num_seqs, logits_for)))
             if self.shapes.token_feedback:
                 plan.append((f"token feed T={num_tokens}", functools.partial(self.device.precompile_feed, num_tokens)))
+            if self.drafter is not None:
+                plan.append((f"draft catch-up T={num_tokens} S={num_seqs}",
+                             functools.partial(self._draft_catch_up, num_tokens, num_seqs)))
             if num_seqs in sampled_buckets:
                 continue  # the sampler programs depend on the sequence bucket only
             sampled_buckets.add(num_seqs)
@@ -89,13 +101,28 @@ class CompilationManager:
                 for k in (NO_LOGPROBS, self.shapes.max_logprobs):
                     plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",
                                  functools.partial(self._sampler, num_seqs, params, k, logits_for)))
+        for num_tokens, num_seqs in self.chain_buckets:
+            plan.append((f"draft chain T={num_tokens} S={num_seqs}",
+                         functools.partial(self._draft_chain, num_tokens, num_seqs)))
         return plan
 
-    def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
+    def _empty_inputs(self, num_tokens: int, num_seqs: int):
         s = self.shapes
-        inputs = pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
-                                  num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
-        logits_for[num_seqs] = self.device.precompile_forward(inputs)
+        return pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
+                                num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+
+    def _draft_catch_up(self, num_tokens: int, num_seqs: int) -> None:
+        self.drafter.precompile_catch_up(self._empty_inputs(num_tokens, num_seqs))
+
+    def _draft_chain(self, num_tokens: int, num_seqs: int) -> None:
+        s, none = self.shapes, np.zeros(0, np.int32)
+        chain = pack_chain(np.zeros((0, 1), np.int32), none, np.zeros((0, s.max_blocks_per_seq), np.int32), none,
+                           k=self.drafter.k, block_size=s.block_size, max_model_len=1, num_tokens_padded=num_tokens,
+                           num_seqs_padded=num_seqs)
+        self.drafter.precompile_chain(chain.inputs)
+
+    def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
+        logits_for[num_seqs] = self.device.precompile_forward(self._empty_inputs(num_tokens, num_seqs))
 
     def _sampler(self, num_seqs: int, params: SamplingParams, num_logprobs: int,
                  logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
@@ -125,6 +152,8 @@ class CompilationManager:
                 make_ready()
                 progress.done()
             jax.block_until_ready(self.device.kv_cache)
+            if self.drafter is not None:
+                jax.block_until_ready(self.drafter.kv_cache)
         progress.close()
         if store is not None:
             store.touch_and_prune()
@@ -142,7 +171,9 @@ def program_store(config: EngineConfig, cache_dir: str | None, devices: list, st
         return None
     mc = config.model_config
     avals = jax.tree.map(lambda x: (x.shape, str(x.dtype), repr(x.sharding)), state)
-    fingerprint = [mc.hf_config.to_json_string(), mc.dtype, mc.kv_cache_dtype, str(mc.max_model_len),
+    draft = config.draft_model_config
+    fingerprint = [mc.hf_config.to_json_string(), draft.hf_config.to_json_string() if draft else "",
+                   repr(config.speculative_config), mc.dtype, mc.kv_cache_dtype, str(mc.max_model_len),
                    str(mc.max_logprobs), repr(config.cache_config.block_size), repr(config.scheduler_config),
                    repr(config.parallel_config), config.attention_backend, config.platform, str(config.scan_layers),
                    repr([(d.id, d.device_kind) for d in devices]), repr(avals)]

@@ -92,7 +92,7 @@ class DeviceStep:
 
     def forward(self, inputs: StepInputs) -> jax.Array:
         """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits."""
-        program = self._executables.get(("forward", _signature(inputs)), self._forward)
+        program = self._executables.get(("forward", input_signature(inputs)), self._forward)
         self.kv_cache, logits = program(self.params, self.kv_cache, self._to_device(inputs))
         return logits
 
@@ -128,29 +128,29 @@ class DeviceStep:
 
     def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
         """The sampler's output, on the device."""
-        executable = self._executables.get(("sample", _signature(tensors), num_logprobs))
+        executable = self._executables.get(("sample", input_signature(tensors), num_logprobs))
         tensors = self._to_device(tensors)
         return executable(logits, tensors) if executable is not None else self._sample(logits, tensors, num_logprobs)
 
     def feed_tokens(self, input_ids: np.ndarray, token_slots: np.ndarray) -> jax.Array:
         """`input_ids` with each token whose slot `token_slots` names (>= 0) read from `token_feedback`."""
         args = self._to_device((input_ids, token_slots))
-        program = self._executables.get(("feed", _signature(args)), self._feed)
+        program = self._executables.get(("feed", input_signature(args)), self._feed)
         return program(self.token_feedback, *args)
 
     def record_tokens(self, slots: np.ndarray, token_ids: jax.Array) -> None:
         """Write each row's sampled token to its slot of `token_feedback` (donated: updated in place)."""
         slots = self._to_device(slots)
-        program = self._executables.get(("record", _signature((slots, token_ids))), self._record)
+        program = self._executables.get(("record", input_signature((slots, token_ids))), self._record)
         self.token_feedback = program(self.token_feedback, slots, token_ids)
 
     def precompile_feed(self, num_tokens: int) -> None:
         """Async scheduling's warm-up: the token-feed program of a token bucket."""
         dynamic = self._to_device((np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32)))
-        key = ("feed", _signature(dynamic))
+        key = ("feed", input_signature(dynamic))
         if key not in self._executables:
             args = (self.token_feedback, *dynamic)
-            self._executables[key] = self._load_or_compile(key, self._feed, args, args, 0)
+            self._executables[key] = self.load_or_compile(key, self._feed, args, args, 0)
 
     def precompile_record(self, num_seqs: int) -> None:
         """Async scheduling's warm-up: the token-record program of a sequence bucket (the sampler's ids come
@@ -160,10 +160,10 @@ class DeviceStep:
             token_ids = jax.ShapeDtypeStruct((num_seqs,), jnp.int32, sharding=self._replicated)
         else:
             token_ids = jax.device_put(np.zeros(num_seqs, np.int32), self._replicated)
-        key = ("record", _signature((slots, token_ids)))
+        key = ("record", input_signature((slots, token_ids)))
         if key not in self._executables:
             args = (self.token_feedback, slots, token_ids)
-            self._executables[key] = self._load_or_compile(key, self._record, args, args, 0)
+            self._executables[key] = self.load_or_compile(key, self._record, args, args, 0)
 
     @property
     def executables(self) -> list:
@@ -177,23 +177,23 @@ class DeviceStep:
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""
-        key = ("forward", _signature(inputs))
+        key = ("forward", input_signature(inputs))
         args = (self.params, self.kv_cache, self._to_device(inputs))
-        executable = self._executables.get(key) or self._load_or_compile(key, self._forward, args, args, (0, 0))
+        executable = self._executables.get(key) or self.load_or_compile(key, self._forward, args, args, (0, 0))
         self._executables[key] = executable
         _, logits = executable.out_info  # outputs: (kv_cache, logits)
         return jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=executable.output_shardings[1])
 
     def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors, num_logprobs: int) -> None:
-        key = ("sample", _signature(tensors), num_logprobs)
+        key = ("sample", input_signature(tensors), num_logprobs)
         if key not in self._executables:
             tensors = self._to_device(tensors)
             accepted = None if tensors.draft_token_ids is None else 0  # see sampler.sample
             outputs = SamplerOutput(0, accepted=accepted) if num_logprobs < 0 else SamplerOutput(0, 0, 0, 0, accepted)
-            self._executables[key] = self._load_or_compile(key, self._sample, (logits, tensors, num_logprobs),
+            self._executables[key] = self.load_or_compile(key, self._sample, (logits, tensors, num_logprobs),
                                                            (logits, tensors), outputs)
 
-    def _load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
+    def load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
         """The executable for `key`: loaded from the store, else compiled (and stored when freshly compiled).
 
         `outputs`: any pytree shaped like the program's outputs, to rebuild the executable's pytrees on load."""
@@ -212,7 +212,7 @@ class DeviceStep:
         return executable
 
 
-def _signature(tree: Any) -> tuple:
+def input_signature(tree: Any) -> tuple:
     """What picks a compiled program: the pytree's structure and each leaf's shape and dtype."""
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)

@@ -60,16 +60,17 @@ def device_memory(device: jax.Device) -> tuple[int, int]:
 
 
 def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp_bytes: int = 0,
-                  device: jax.Device | None = None) -> KVCacheShape:
+                  device: jax.Device | None = None, extra_bytes_per_block: int = 0) -> KVCacheShape:
     """The cache's shape from the memory budget (`temp_bytes`: the programs' largest temporaries, when
     measures_device_memory; `device`: the first of the runner's mesh, default jax's first), checked (one
-    max_model_len request fits) and logged.
+    max_model_len request fits) and logged. `extra_bytes_per_block`: what a second cache indexed by the same
+    blocks (a draft model's) holds per block on one device.
 
     The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
     each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
     per_block = bytes_per_block(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim,
-                                mc.kv_cache_dtype) // num_shards
+                                mc.kv_cache_dtype) // num_shards + extra_bytes_per_block
     device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
     device_bytes, weight_bytes = device_memory(device) if measures_device_memory(config) else (0, 0)
     num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks

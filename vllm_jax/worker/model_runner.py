@@ -22,7 +22,7 @@ broadcasts each step's payload and the others run `serve_worker()`, executing th
 from __future__ import annotations
 
 import dataclasses
-
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,8 +35,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.layers import unstack_layers
 from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model_loader.loader import build_model
+from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
 from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
@@ -48,6 +50,8 @@ from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_f
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import DeviceStep, StepResult
+from vllm_jax.worker.draft_chain import chain_buckets, pack_chain
+from vllm_jax.worker.draft_step import DraftStep, draft_cache_layout
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
 from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
@@ -93,7 +97,7 @@ class ModelRunner:
         # Resolved once, for the platform the programs are built for (docs/architecture.md, "Sharding").
         self.attention_backend = config.resolved_attention_backend
         check_tensor_parallel_layout(self.spec, tp, self.attention_backend)
-        graphdef, params = self._load_model(model_entry, random_weights)
+        graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
@@ -110,8 +114,12 @@ class ModelRunner:
         speculative = config.speculative_config
         self.speculates = speculative is not None
         self.proposer = (NgramProposer(speculative.num_speculative_tokens, speculative.prompt_lookup_max,
-                                       speculative.prompt_lookup_min) if self.speculates else None)
+                                       speculative.prompt_lookup_min)
+                         if self.speculates and speculative.method == "ngram" else None)
         self.spec_disable_batch_size = speculative.disable_by_batch_size if self.speculates else None
+        draft = self._load_draft(random_weights) if config.draft_model_config is not None else None
+        # The draft writes its proposals' KV past each step's tokens: the scheduler allocates those slots too.
+        self.num_lookahead_tokens = speculative.num_speculative_tokens if draft is not None else 0
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
                             self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
                             self.speculates)
@@ -124,30 +132,45 @@ class ModelRunner:
             probe_cache = cache_shape(config, self.spec, min_kv_blocks(config)).abstract(kv_sharding)
             probe = DeviceStep(graphdef, params, probe_cache, self.mesh, self.max_logprobs)
             temp_bytes = probe_temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
-        kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes, device=self.mesh.devices.flat[0])
+        draft_cache = draft_cache_layout(config, draft[2], self.mesh) if draft is not None else None
+        kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes, device=self.mesh.devices.flat[0],
+                                 extra_bytes_per_block=draft_cache.bytes_per_block if draft_cache else 0)
         self.num_blocks = kv_shape.num_blocks
         kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
         counter = TraceCounter()
-        store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), (params, kv_cache))
+        state = (params, kv_cache) if draft is None else (params, kv_cache, draft[1])
+        store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), state)
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
                                  on_trace=counter, num_slots=sc.max_num_seqs)
         if probe is not None:
             self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
-        self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir)
+        self.drafter = None  # draft_model speculation: the draft's programs and KV cache
+        if draft is not None:
+            draft_kv = allocate_kv_cache(dataclasses.replace(draft_cache.shape, num_blocks=self.num_blocks),
+                                         draft_cache.sharding)
+            self.drafter = DraftStep(draft[0], draft[1], draft_kv, speculative.num_speculative_tokens,
+                                     self.device.load_or_compile, on_trace=counter)
+        self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir,
+                                              drafter=self.drafter, chain_buckets=chain_buckets(
+                                                  self.token_buckets, self.seq_bucket, sc.max_num_seqs)
+                                              if self.drafter is not None else None)
         self.requests: dict[str, CachedRequestState] = {}
         # The same requests as numpy rows, from which each step's arrays are gathered.
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
-    def _load_model(self, model_entry: object, random_weights: bool) -> tuple[nnx.GraphDef, nnx.State]:
-        """The model's graph and its sharded params, laid out for the layer loop this platform runs."""
+    def _load_model(self, model_entry: object, spec: DecoderSpec,
+                    source: ModelSource | None) -> tuple[nnx.GraphDef, nnx.State]:
+        """A model's graph and its sharded params (random ones without a source), laid out for the layer loop
+        this platform runs."""
         config, mc = self.config, self.config.model_config
         # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
         sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend != "xla"
-        model = build_model(model_entry, self.spec, mc.dtype, None if random_weights else mc.source,
+        model = build_model(model_entry, spec, mc.dtype, source,
                             attention_backend=self.attention_backend, platform=config.platform,
                             mesh=self.mesh if sharded_kernels else None, seed=mc.seed,
-                            sharding_for=self._param_sharding, model_kwargs=self._expert_parallel_kwargs())
+                            sharding_for=functools.partial(self._param_sharding, spec),
+                            model_kwargs=self._expert_parallel_kwargs(spec))
         # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers
@@ -168,23 +191,37 @@ class ModelRunner:
     def kv_cache(self) -> jax.Array:
         return self.device.kv_cache
 
-    def _expert_parallel_kwargs(self) -> dict:
+    def _load_draft(self, random_weights: bool) -> tuple[nnx.GraphDef, nnx.State, DecoderSpec]:
+        """method draft_model: the draft's graph, params and spec, sharded like the target's."""
+        dc = self.config.draft_model_config
+        if jax.process_count() > 1:
+            raise ValueError("speculative_config method 'draft_model' runs in one process only (its proposal chain "
+                             "is not broadcast to other hosts)")
+        try:
+            entry, spec = resolve_architecture(dc.hf_config)
+        except ValueError as exc:
+            raise ValueError(f"speculative_config.model {dc.model!r}: {exc}") from None
+        check_tensor_parallel_layout(spec, self.config.parallel_config.tensor_parallel_size, self.attention_backend)
+        graphdef, params = self._load_model(entry, spec, None if random_weights else dc.source)
+        return graphdef, params, spec
+
+    def _expert_parallel_kwargs(self, spec: DecoderSpec) -> dict:
         """With --enable-expert-parallel, MoE models dispatch tokens to experts sharded over the "model" axis."""
         pc = self.config.parallel_config
-        num_experts = getattr(self.spec, "num_experts", None)
+        num_experts = getattr(spec, "num_experts", None)
         if not pc.enable_expert_parallel:
             return {}
         if num_experts is None:
-            logger.warning("enable_expert_parallel has no effect: %s has no experts", self.spec.architecture)
+            logger.warning("enable_expert_parallel has no effect: %s has no experts", spec.architecture)
             return {}
         if num_experts % pc.tensor_parallel_size:
             raise ValueError(f"expert parallelism over {pc.tensor_parallel_size} devices needs num_experts "
                              f"({num_experts}) to be a multiple of it")
         return {"expert_mesh": self.mesh}
 
-    def _param_sharding(self, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
+    def _param_sharding(self, model_spec: DecoderSpec, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
         pc = self.config.parallel_config
-        spec = param_partition_spec(path, shape, self.spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
+        spec = param_partition_spec(path, shape, model_spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
         return NamedSharding(self.mesh, spec)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
@@ -273,7 +310,10 @@ class ModelRunner:
     def _launch(self, payload: StepPayload) -> StepResult:
         if self.broadcasts:
             multihost.broadcast_bytes(payload.to_bytes())
-        return self.device.launch(payload)
+        result = self.device.launch(payload)
+        if self.drafter is not None:  # the draft's KV for the same tokens (its chain runs once they are known)
+            self.drafter.catch_up(payload.inputs)
+        return result
 
     def _to_output(self, step: _PreparedStep, result: StepResult) -> ModelRunnerOutput:
         """Report each row's sampled tokens and logprobs, and advance the state of the rows the runner still holds.
@@ -291,7 +331,7 @@ class ModelRunner:
         out = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled,
                                 logprobs=logprobs if has_logprobs else None,
                                 prompt_logprobs=_prompt_logprobs(result.prompt_logprobs, step.prompt_spans))
-        if self.proposer is not None:
+        if self.speculates:
             out.draft_token_ids = self._propose(step, update)
         return out
 
@@ -357,8 +397,34 @@ class ModelRunner:
         batch = self.input_batch
         rows = np.flatnonzero(update & ~batch.reads_outputs[step.slots])
         slots = step.slots[rows]
-        proposals = self.proposer.propose_rows(batch.token_ids[slots], batch.num_tokens[slots])
+        if not len(slots):
+            return {}
+        if self.drafter is not None:
+            proposals = self._draft_proposals(slots)
+        else:
+            proposals = self.proposer.propose_rows(batch.token_ids[slots], batch.num_tokens[slots])
         return {step.req_ids[i]: p.tolist() for i, p in zip(rows.tolist(), proposals) if len(p)}
+
+    def _draft_proposals(self, slots: np.ndarray) -> list[np.ndarray]:
+        """The draft model's k greedy proposals for these input-batch slots (one chain program, waited for).
+
+        A row without a slot for its newest token (the pool had no lookahead blocks to give) gets none."""
+        batch = self.input_batch
+        capacity = np.minimum(batch.num_blocks[slots] * self.block_size, self.config.model_config.max_model_len)
+        has_slot = batch.num_tokens[slots] <= capacity
+        proposals = [np.zeros(0, np.int32)] * len(slots)
+        chained = slots[has_slot]
+        if not len(chained):
+            return proposals
+        num_tokens = pick_bucket(self.token_buckets, len(chained))
+        chain = pack_chain(batch.token_ids[chained], batch.num_tokens[chained], batch.block_table[chained],
+                           batch.num_blocks[chained], k=self.drafter.k, block_size=self.block_size,
+                           max_model_len=self.config.model_config.max_model_len, num_tokens_padded=num_tokens,
+                           num_seqs_padded=self.seq_bucket(num_tokens))
+        proposed = self.drafter.propose(chain.inputs)
+        for j, (row, n) in enumerate(zip(np.flatnonzero(has_slot).tolist(), chain.num_valid.tolist())):
+            proposals[row] = proposed[j, :n]
+        return proposals
 
     def _prompt_logprob_targets(self, states: list[CachedRequestState], inputs: StepInputs):
         """For rows still in their prompt that asked for prompt_logprobs: the next prompt token at each position

@@ -1,0 +1,118 @@
+"""The draft model on the device: its params, its own KV cache, and its two programs.
+
+`draft_model` speculation (docs/architecture.md, "Speculative decoding"): the draft's cache has the draft's layer
+shapes but the target's block count, and every request uses the same block ids in both, so the block manager
+allocates and frees the draft's KV with the target's and nothing else tracks it.
+
+- catch-up: the draft runs the target's own step inputs (same tokens, positions and slots), writing its KV for
+  every token the target computed; launched right after the target's step, it needs nothing from it.
+- chain: k one-token steps from each proposing request's newest token, each feeding the previous step's greedy
+  token (worker/draft_chain.py); one program, a scan over the k steps.
+
+Proposals are the draft's argmax, as vLLM's proposers make them: q is one-hot, so the sampler's acceptance rule
+min(1, p/q) is p(x) and the residual (p - q)+ is p without x (sample/sampler.py, `verify_proposals`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vllm_jax.config import EngineConfig
+from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.sharding import kv_cache_partition_spec
+from vllm_jax.worker.draft_chain import ChainInputs
+from vllm_jax.worker.device_step import input_signature
+from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block, cache_shape
+
+# (key, jitted, args, dynamic args, outputs-shaped pytree) -> executable: DeviceStep.load_or_compile
+LoadOrCompile = Callable[[tuple, Any, tuple, tuple, Any], Any]
+
+
+@dataclass(frozen=True)
+class DraftCacheLayout:
+    shape: KVCacheShape  # its num_blocks is the target's, known once the budget is split
+    sharding: NamedSharding
+    bytes_per_block: int  # on one device
+
+
+def draft_cache_layout(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> DraftCacheLayout:
+    """The draft cache's layout on the target's mesh, partitioned by the draft's own KV heads."""
+    tp = config.parallel_config.tensor_parallel_size
+    kv_spec = kv_cache_partition_spec(spec, tp)
+    num_shards = tp if kv_spec != PartitionSpec() else 1
+    per_block = bytes_per_block(spec.num_layers, config.cache_config.block_size, spec.num_kv_heads, spec.head_dim,
+                                config.model_config.kv_cache_dtype) // num_shards
+    return DraftCacheLayout(cache_shape(config, spec, 0), NamedSharding(mesh, kv_spec), per_block)
+
+
+class DraftStep:
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, num_speculative_tokens: int,
+                 load_or_compile: LoadOrCompile, on_trace: Callable[[], None] = lambda: None):
+        self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
+        self.k = num_speculative_tokens
+        self.on_trace = on_trace
+        self._load_or_compile = load_or_compile
+        self._executables: dict[tuple, Any] = {}
+        self._catch_up = jax.jit(self._catch_up_impl, donate_argnums=(1,))
+        self._chain = jax.jit(self._chain_impl, donate_argnums=(1,))
+
+    def _catch_up_impl(self, params, kv_cache, inputs: StepInputs):
+        self.on_trace()
+        kv_cache, _ = nnx.merge(self.graphdef, params).hidden_states(kv_cache, inputs)
+        return kv_cache
+
+    def _chain_impl(self, params, kv_cache, chain: ChainInputs):
+        self.on_trace()
+        model = nnx.merge(self.graphdef, params)
+        num_tokens, num_seqs = chain.first_token_ids.shape[0], chain.seq_lens.shape[1]
+        shared = min(num_tokens, num_seqs)  # a row's token and its logits row have the same index
+
+        def one(carry, xs):
+            kv_cache, token_ids = carry
+            positions, slot_mapping, seq_lens = xs
+            inputs = StepInputs(token_ids, positions, slot_mapping, chain.block_tables, seq_lens,
+                                chain.query_start_loc, chain.num_seqs, chain.logits_indices)
+            kv_cache, logits = model(kv_cache, inputs)
+            proposed = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [S]
+            return (kv_cache, token_ids.at[:shared].set(proposed[:shared])), proposed
+
+        xs = (chain.positions, chain.slot_mapping, chain.seq_lens)
+        (kv_cache, _), proposed = jax.lax.scan(one, (kv_cache, chain.first_token_ids), xs)
+        return kv_cache, proposed  # [k, S]
+
+    def catch_up(self, inputs: StepInputs) -> None:
+        """Write the draft's KV for the tokens of the target's step (dispatched, not waited for)."""
+        program = self._executables.get(("draft_catch_up", input_signature(inputs)), self._catch_up)
+        self.kv_cache = program(self.params, self.kv_cache, inputs)
+
+    def propose(self, chain: ChainInputs) -> np.ndarray:
+        """[S, k] int32: each row's k greedy proposals (waits for the device)."""
+        program = self._executables.get(("draft_chain", input_signature(chain)), self._chain)
+        self.kv_cache, proposed = program(self.params, self.kv_cache, chain)
+        return np.asarray(proposed).T
+
+    # --- warm-up ---
+    def precompile_catch_up(self, inputs: StepInputs) -> None:
+        key = ("draft_catch_up", input_signature(inputs))
+        if key not in self._executables:
+            args = (self.params, self.kv_cache, inputs)
+            self._executables[key] = self._load_or_compile(key, self._catch_up, args, args, 0)
+
+    def precompile_chain(self, chain: ChainInputs) -> None:
+        key = ("draft_chain", input_signature(chain))
+        if key not in self._executables:
+            args = (self.params, self.kv_cache, chain)
+            self._executables[key] = self._load_or_compile(key, self._chain, args, args, (0, 0))
+
+    @property
+    def executables(self) -> list:
+        return list(self._executables.values())
