@@ -73,7 +73,7 @@ def test_a_draft_equal_to_the_target_has_every_proposal_accepted(models, baselin
     _check_idle(llm)
 
 
-@pytest.mark.parametrize("case", ["plain", "chunked", "no_prefix_caching", "preempting", "one_seq"])
+@pytest.mark.parametrize("case", ["plain", "chunked", "no_prefix_caching", "preempting"])
 def test_greedy_output_is_identical_across_engine_configurations(models, baseline, case):
     args = dict(ARGS)
     if case == "chunked":
@@ -82,8 +82,6 @@ def test_greedy_output_is_identical_across_engine_configurations(models, baselin
         args.update(enable_prefix_caching=False)
     elif case == "preempting":
         args.update(num_gpu_blocks_override=17)  # 16 blocks of 8 for 8 requests of up to 64 tokens
-    elif case == "one_seq":
-        args.update(max_num_seqs=4, max_num_batched_tokens=8)  # logits rows run short: proposals are trimmed
     llm = LLM(models["target"], speculative_config=_spec(models["draft"]), **args)
     prompts = _prompts(10, seed=1)
     prompts += [prompts[0] + [5, 6], prompts[0] + [7]]  # prefix-cache hits: the draft's KV is shared too
@@ -111,7 +109,7 @@ def test_sampled_output_matches_the_targets_distribution(models):
     prompt = np.random.default_rng(6).choice(allowed, 20).tolist()
     llms = {"off": LLM(models["target"], **args),
             "on": LLM(models["target"], speculative_config=_spec(models["target"]), **args)}
-    num = 1000
+    num = 800
     seeds = {"off": 1000, "on": 50_000}
     samples = {mode: np.array(_token_ids(llm, [prompt] * num, [
         SamplingParams(temperature=1.0, allowed_token_ids=allowed, seed=seeds[mode] + i, max_tokens=4,
