@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
+from tests.helpers.tiny_models import EOS_ID, VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, SamplingParams
 
 # disable_by_batch_size: the CPU default (4) would switch proposals off in these batches
@@ -92,10 +92,10 @@ def test_greedy_output_is_identical_across_engine_configurations(checkpoint, eng
     _check_idle(llm)
 
 
-def test_stops_logprobs_and_output_reading_requests_match_without_speculation(engines):
+def test_stops_logprobs_and_full_variant_requests_match_without_speculation(engines):
     """Stop tokens and strings landing inside an accepted run, logprobs of every accepted token, and requests
-    that get no proposals (penalties, min_tokens, structured outputs) or that verify them under the full sampler
-    variant (logit_bias) all give what they give without speculation."""
+    that verify proposals under the full sampler variant (penalties, min_tokens, logit_bias) all give what they
+    give without speculation."""
     prompts = _repetitive_prompts(8, seed=2)
     off = engines["off"]
     probe = _token_ids(off, prompts[:2], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
@@ -129,19 +129,114 @@ def test_stops_logprobs_and_output_reading_requests_match_without_speculation(en
     _check_idle(engines["on"])
 
 
-def test_structured_output_requests_run_unspeculated_and_stay_valid(engines):
+def _speculated(llm: LLM, prompts, params) -> tuple[list[list[int]], int]:
+    """The greedy outputs and how many proposals the engine verified meanwhile."""
+    counts = llm.llm_engine.scheduler.spec_decode_counts
+    before = counts.num_draft_tokens
+    outputs = _token_ids(llm, prompts, params)
+    return outputs, counts.num_draft_tokens - before
+
+
+def _bad_word(llm: LLM, output: list[int]) -> str:
+    """Two output tokens as text that tokenizes back to them (so banning it changes that output)."""
+    tokenizer = llm.llm_engine.tokenizer
+    for i in range(4, len(output) - 1):
+        text = tokenizer.decode(output[i:i + 2])
+        if text.strip() == text and tokenizer.encode(text, add_special_tokens=False) == output[i:i + 2]:
+            return text
+    raise AssertionError("no output pair round-trips through the tokenizer")
+
+
+@pytest.mark.parametrize("case", ["repetition", "presence", "frequency", "min_tokens", "bad_words"])
+def test_requests_reading_their_outputs_are_speculated_exactly(engines, case):
+    """Each verified position samples as if the proposals before it were outputs: penalties count them, min_tokens
+    counts them, bad words match them. Proposals are verified, and greedy output is what it is without them.
+    (Proposals come from the request's own tokens, so counting them moves repetition penalties never and presence
+    rarely; `test_each_verified_row_reads_the_proposals_before_it` checks the rows themselves.)"""
+    prompts = _repetitive_prompts(6, seed=8)
+    base = dict(temperature=0.0, max_tokens=32, ignore_eos=True)
+    plain = _token_ids(engines["off"], prompts, SamplingParams(**base))
+    # min_tokens: EOS made likely, so the count of outputs decides where each request stops
+    options = {"repetition": dict(repetition_penalty=1.2), "presence": dict(presence_penalty=0.5),
+               "frequency": dict(frequency_penalty=0.2),
+               "min_tokens": dict(ignore_eos=False, min_tokens=12, logit_bias={EOS_ID: 8.0}),
+               "bad_words": dict(bad_words=[_bad_word(engines["off"], plain[0])])}[case]
+    params = SamplingParams(**{**base, **options})
+    expected = _token_ids(engines["off"], prompts, params)
+    outputs, num_drafts = _speculated(engines["on"], prompts, params)
+    assert outputs == expected
+    assert num_drafts > 0, "the requests must verify proposals"
+    assert expected != plain, "the option must change the output"
+    if case == "min_tokens":
+        assert all(len(o) == 13 and o[-1] == EOS_ID for o in outputs)
+    _check_idle(engines["on"])
+
+
+def _text_prompts(llm: LLM, texts: list[str]) -> list[list[int]]:
+    tokenizer = llm.llm_engine.tokenizer
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+
+def _structured(**constraint) -> SamplingParams:
+    from vllm_jax.sampling_params import StructuredOutputsParams
+
+    return SamplingParams(temperature=0.0, max_tokens=56, structured_outputs=StructuredOutputsParams(**constraint))
+
+
+REGEX = r"((ab|cd){1,3}-){2,5}x"
+ITEMS = {"type": "array", "items": {"enum": ["ab", "cd", "efg"]}, "minItems": 2, "maxItems": 6}
+
+
+@pytest.mark.parametrize("kind", ["json", "regex", "choice"])
+def test_structured_outputs_are_speculated_position_by_position(engines, kind):
+    """Prompts repeat text the constraint allows, so proposals survive the grammar and are verified, each
+    position under the bitmask after the proposals before it: greedy output is identical to no speculation and
+    valid."""
+    import json
+    import re
+
+    if kind == "json":
+        texts = ['["ab","cd","efg","ab","cd","efg","ab",', '["cd","cd","ab","cd","cd","ab",']
+        params = _structured(json=ITEMS, disable_any_whitespace=True)
+    elif kind == "regex":
+        texts = ["abab-cdcd-abab-cdcd-abab-", "cd-cd-cd-ab-ab-ab-cd-"]
+        params = _structured(regex=REGEX)
+    else:
+        texts = ["the cat sat on the mat. the cat sat on the mat. the", "the dog ran. the dog ran. the dog ran. the"]
+        params = _structured(choice=["the cat sat on the mat", "the dog ran to the cat", "a dog"])
+    prompts = _text_prompts(engines["on"], texts)
+    expected = _token_ids(engines["off"], prompts, params)
+    outputs, num_drafts = _speculated(engines["on"], prompts, params)
+    assert outputs == expected
+    assert num_drafts > 0, "the constrained requests must verify proposals"
+    tokenizer = engines["on"].llm_engine.tokenizer
+    for output in outputs:
+        text = tokenizer.decode(output, skip_special_tokens=True)
+        if kind == "json":
+            assert all(item in ITEMS["items"]["enum"] for item in json.loads(text))
+        elif kind == "regex":
+            assert re.fullmatch(REGEX, text), text
+        else:
+            assert text in params.structured_outputs.choice, text
+    _check_idle(engines["on"])
+
+
+def test_sampled_structured_output_with_speculation_stays_valid(engines):
+    """Sampled rows verify proposals by rejection sampling under each position's bitmask: rejected rows'
+    residual samples and bonus tokens are masked too, so every output parses."""
     import json
 
     from vllm_jax.sampling_params import StructuredOutputsParams
 
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema))
-    prompts = _repetitive_prompts(3, seed=3)
-    outs = {mode: engines[mode].generate(prompts, params, use_tqdm=False) for mode in ("off", "on")}
-    for a, b in zip(outs["off"], outs["on"]):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        if b.outputs[0].finish_reason == "stop":
-            json.loads(b.outputs[0].text)
+    prompts = _text_prompts(engines["on"], ['["ab","cd","efg","ab","cd","efg","ab",'] * 6)
+    params = [SamplingParams(temperature=0.7, seed=i, max_tokens=56, structured_outputs=StructuredOutputsParams(
+        json=ITEMS, disable_any_whitespace=True)) for i in range(6)]
+    outs = engines["on"].generate(prompts, params, use_tqdm=False)
+    assert engines["on"].llm_engine.scheduler.spec_decode_counts.num_drafts > 0
+    for out in outs:
+        assert out.outputs[0].finish_reason == "stop"
+        assert all(item in ITEMS["items"]["enum"] for item in json.loads(out.outputs[0].text))
+    _check_idle(engines["on"])
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(engines):
@@ -224,3 +319,87 @@ def test_draft_model_without_weights_and_async_scheduling_are_refused(checkpoint
     for platform, limit in (("cpu", 4), ("gpu", None)):
         config = EngineArgs(model=checkpoint, speculative_config=default, **ARGS).create_config(platform)
         assert config.speculative_config.disable_by_batch_size == limit
+
+
+# ---- the scheduler's side of constrained proposals (no model) ----------------------------------------------
+
+def _grammar_scheduler():
+    from tests.helpers.tiny_models import byte_tokenizer
+    from vllm_jax.config import SchedulerConfig
+    from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
+    from vllm_jax.sampling_params import StructuredOutputsParams
+    from vllm_jax.scheduler.request import Request
+    from vllm_jax.scheduler.scheduler import Scheduler
+    from vllm_jax.structured_output import GrammarCompiler, RequestGrammar
+    from vllm_jax.utils import bitmask_width
+
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, max_model_len=64, enable_chunked_prefill=True,
+                             policy="fcfs", min_token_bucket=16, min_seq_bucket=8)
+    scheduler = Scheduler(config, KVCacheManager(num_blocks=32, block_size=4, enable_caching=True, max_model_len=64),
+                          4, num_spec_tokens=3)
+    tokenizer = byte_tokenizer()
+    compiler = GrammarCompiler(tokenizer, VOCAB_SIZE, [EOS_ID])
+    grammar = RequestGrammar(compiler.new_matcher(compiler.compile(StructuredOutputsParams(choice=["yes", "no"]))),
+                             bitmask_width(VOCAB_SIZE), compiler.stop_token_ids)
+    request = Request(request_id="r", prompt_token_ids=[5, 6, 7], eos_token_id=EOS_ID, arrival_time=0.0, seed=0,
+                      sampling_params=SamplingParams(max_tokens=10, ignore_eos=True), grammar=grammar)
+    scheduler.add_request(request)
+    return scheduler, request, tokenizer.encode("yes", add_special_tokens=False), EOS_ID
+
+
+def _step(scheduler, sampled: list[int], drafts: list[int]):
+    from vllm_jax.scheduler.output import ModelRunnerOutput
+
+    out = scheduler.schedule()
+    return out, scheduler.update_from_output(out, ModelRunnerOutput(
+        req_ids=["r"], sampled_token_ids=[sampled], draft_token_ids={"r": drafts}))
+
+
+def _allowed(row: np.ndarray) -> list[int]:
+    return np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:VOCAB_SIZE]).tolist()
+
+
+def test_a_proposal_the_grammar_forbids_is_dropped_with_those_after_it():
+    scheduler, request, (y, e, s_), _ = _grammar_scheduler()
+    _step(scheduler, [y], [e, 9, s_])  # prefill samples "y"; 9 is no letter of "yes"
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {"r": [e]} and out.num_scheduled_tokens == {"r": 2}
+    rows = out.grammar_bitmask["r"]
+    assert rows.shape[0] == 2 and _allowed(rows[0]) == [e] and _allowed(rows[1]) == [s_]  # row 1: after "e"
+    np.testing.assert_array_equal(request.grammar.next_token_bitmask(), rows[0])  # the walk was rolled back
+
+
+def test_grammar_rows_follow_the_proposals_and_a_stop_inside_the_run_ends_it():
+    scheduler, request, (y, e, s_), eos = _grammar_scheduler()
+    _step(scheduler, [y], [e, s_, eos])
+    out, outputs = _step(scheduler, [e, s_, eos, 9], [])  # all three accepted, then a bonus token
+    assert out.scheduled_spec_decode_tokens == {"r": [e, s_, eos]}
+    rows = out.grammar_bitmask["r"]
+    assert [_allowed(r) for r in rows] == [[e], [s_], [eos], [eos]]  # past the stop token: repeated, unused
+    assert outputs[0].new_token_ids == [e, s_, eos] and outputs[0].finish_reason == "stop"  # 9 is dropped
+    assert request.grammar.is_terminated and not scheduler.requests
+
+
+def test_each_verified_row_reads_the_proposals_before_it():
+    """Penalties' counts, min_tokens and bad words see outputs + proposals[:j] on row j; its RNG position and
+    grammar row are its own."""
+    from types import SimpleNamespace
+
+    from vllm_jax.scheduler.output import SchedulerOutput
+    from vllm_jax.worker.model_runner import ModelRunner
+    from vllm_jax.worker.request_state import CachedRequestState
+
+    params = SamplingParams(temperature=0.0, frequency_penalty=1.0, min_tokens=3, bad_words=["x"])
+    params.bad_words_token_ids = [[11, 12]]
+    params.all_stop_token_ids = {2}
+    state = CachedRequestState("r", [5, 6, 10], 2, 2, params, seed=0, output_token_ids=[10])
+    masks = np.arange(3 * 10, dtype=np.int32).reshape(3, 10)
+    sched = SchedulerOutput([], [], {"r": 3}, 3, grammar_bitmask={"r": masks},
+                            scheduled_spec_decode_tokens={"r": [11, 10]})
+    runner = SimpleNamespace(vocab_size=VOCAB_SIZE)
+    tensors, _ = ModelRunner._full_sampling_tensors(runner, sched, [state], [3], 4, np.array([2]))
+    assert tensors.output_counts[:3, 10].tolist() == [1, 1, 2] and tensors.output_counts[:3, 11].tolist() == [0, 1, 1]
+    assert tensors.positions[:3].tolist() == [3, 4, 5]
+    np.testing.assert_array_equal(tensors.token_bitmask[:3], masks)
+    assert np.isneginf(tensors.logit_bias[:3, 2]).tolist() == [True, True, False]  # min_tokens: 1, 2, then 3 outputs
+    assert np.isneginf(tensors.logit_bias[:3, 12]).tolist() == [False, True, False]  # "11 12": after proposal 11

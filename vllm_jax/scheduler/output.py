@@ -50,7 +50,8 @@ class SchedulerOutput:
     # requests the runner must drop (finished or aborted since the last step, or preempted this step)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
-    # req_id -> [ceil(V / 32)] int32 numpy row: the allowed tokens of a constrained request that samples this step
+    # req_id -> [1 + d, ceil(V / 32)] int32 numpy rows: the allowed tokens of a constrained request that samples
+    # this step, one row per logits row (d: its proposals; row j masks as after proposals 0..j-1)
     grammar_bitmask: dict[str, Any] = field(default_factory=dict)
     # req_id -> the scheduler's Request object (the scheduler's own bookkeeping, not for the runner): under async
     # scheduling a request may end and its id be reused before this step's output arrives.

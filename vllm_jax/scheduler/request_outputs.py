@@ -18,18 +18,20 @@ def step_starts(sched: SchedulerOutput) -> dict[str, int]:
             | {c.req_id: c.num_computed_tokens for c in sched.scheduled_cached_reqs})
 
 
-def grammar_bitmasks(requests: list[Request], num_scheduled: dict[str, int]) -> dict[str, Any]:
-    """The bitmask row of each constrained request whose last scheduled token samples (a prompt chunk short of
-    the prompt's end samples nothing, so it needs none). Read before progress advances."""
+def grammar_bitmasks(requests: list[Request], num_scheduled: dict[str, int],
+                     spec_tokens: dict[str, list[int]]) -> dict[str, Any]:
+    """The bitmask rows of each constrained request whose last scheduled token samples (a prompt chunk short of
+    the prompt's end samples nothing, so it needs none): one per logits row, i.e. 1 + its proposals, row j masked
+    as after proposals 0..j-1 (`RequestGrammar.bitmasks_along`). Read before progress advances."""
     masks: dict[str, Any] = {}
     for request in requests:
         if request.grammar is None:
             continue
         if request.num_computed_tokens + num_scheduled[request.request_id] < request.num_tokens:
             continue
-        row = request.grammar.next_token_bitmask()
-        if row is not None:
-            masks[request.request_id] = row
+        rows = request.grammar.bitmasks_along(spec_tokens.get(request.request_id, []))
+        if rows is not None:
+            masks[request.request_id] = rows
     return masks
 
 

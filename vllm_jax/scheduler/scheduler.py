@@ -158,7 +158,7 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan)
         output = self._build_output(plan)
-        output.grammar_bitmask = grammar_bitmasks(plan.running + plan.new, plan.num_scheduled)
+        output.grammar_bitmask = grammar_bitmasks(plan.running + plan.new, plan.num_scheduled, plan.spec_tokens)
         output.scheduled_requests = {r.request_id: r for r in plan.running + plan.new}
         self.finished_req_ids = set()
         # vLLM v1: progress advances at scheduling time; the output above carries the values before it. A request
@@ -205,13 +205,16 @@ class Scheduler:
     def _spec_tokens(self, request: Request, num_new: int, plan: StepPlan, rows_needed: int) -> list[int]:
         """The proposals a decoding request verifies this step: as many as the budget, the step's logits rows
         (`rows_needed` kept for it and the running requests after it), the context and the request's remaining
-        max_tokens leave room for."""
+        max_tokens leave room for, and its grammar allows."""
         if num_new != 1 or request.num_computed_tokens + 1 != request.num_tokens:
             return []  # not decoding (a prompt chunk, a recompute): proposals are stale
         room = min(plan.budget - num_new, self.config.max_num_seqs - plan.num_logit_rows - rows_needed,
                    self.max_model_len - request.num_tokens - 1,
                    request.max_tokens - request.num_output_tokens - 1)
-        return request.spec_token_ids[:max(room, 0)]
+        spec = request.spec_token_ids[:max(room, 0)]
+        if spec and request.grammar is not None:  # a proposal the grammar forbids can never be accepted
+            spec = spec[:request.grammar.allowed_prefix(spec)]
+        return spec
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan,
                              spec: list[int] | None = None) -> tuple[list[int], list[int]] | None:

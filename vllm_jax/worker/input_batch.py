@@ -41,8 +41,6 @@ class InputBatch:
         # a row whose params may need the full sampler variant (penalties, bias, masks, min_tokens)
         self.may_need_full = np.zeros(max_num_reqs, np.bool_)
         self.wants_prompt_logprobs = np.zeros(max_num_reqs, np.bool_)
-        # sampling reads the request's own outputs (penalties, bad words, min_tokens, a grammar): no proposals
-        self.reads_outputs = np.zeros(max_num_reqs, np.bool_)
         self.num_slots = max_num_reqs
         # Which request holds each slot: a number given at add, 0 when free. A step dispatched before a row's
         # request left (async scheduling) tells by it that the row is no longer that request's, even when the slot
@@ -96,7 +94,6 @@ class InputBatch:
         self.logprobs[slot] = NO_LOGPROBS if params.logprobs is None else params.logprobs
         self.may_need_full[slot] = may_need_full(params)
         self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
-        self.reads_outputs[slot] = params.reads_output_tokens
         return slot
 
     def remove(self, req_id: str) -> None:

@@ -296,14 +296,17 @@ class ModelRunner:
     def _full_sampling_tensors(self, sched: SchedulerOutput, states: list[CachedRequestState], counts: list[int],
                                num_seqs: int, num_drafts: np.ndarray | None) -> tuple[SamplingTensors, int]:
         """Every logits row's sampling input, for a step where some row may need the full variant (metadata
-        decides). A row verifying proposals repeats its request's params at each position; such requests read
-        no outputs (no proposals for them), so the repeated params are exact."""
+        decides). A row verifying proposals has one logits row per position, each sampling as if the proposals
+        before it were outputs (penalties' counts, bad words, min_tokens) under its own grammar row, so
+        verification is exact."""
         rows = []
         for i, (state, n) in enumerate(zip(states, counts)):
             num_draft = 0 if num_drafts is None else int(num_drafts[i])
+            drafts = sched.scheduled_spec_decode_tokens.get(state.req_id, [])
+            masks = sched.grammar_bitmask.get(state.req_id)
             for j in range(num_draft + 1):
-                row = state.sampling_input(n - num_draft + j)
-                row.token_bitmask = sched.grammar_bitmask.get(state.req_id)
+                row = state.sampling_input(n - num_draft + j, drafts[:j])
+                row.token_bitmask = None if masks is None else masks[j]
                 rows.append(row)
         return build_sampling_tensors(rows, num_seqs, self.vocab_size)
 
@@ -389,13 +392,13 @@ class ModelRunner:
         return sampled, logprobs
 
     def _propose(self, step: _PreparedStep, update: np.ndarray) -> dict[str, list[int]]:
-        """N-gram proposals for the next step of each decoding row whose sampling reads no outputs, from the
-        input batch's tokens (none while more rows run than disable_by_batch_size allows)."""
+        """N-gram proposals for the next step of each decoding row, from the input batch's tokens (none while more
+        rows run than disable_by_batch_size allows)."""
         limit = self.spec_disable_batch_size
         if limit is not None and len(step.req_ids) > limit:
             return {}
         batch = self.input_batch
-        rows = np.flatnonzero(update & ~batch.reads_outputs[step.slots])
+        rows = np.flatnonzero(update)
         slots = step.slots[rows]
         if not len(slots):
             return {}

@@ -9,6 +9,7 @@ logprobs); the numbers every step packs, blocks included, live in the runner's I
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vllm_jax.sample.metadata import RowSamplingInput
@@ -26,10 +27,12 @@ class CachedRequestState:
     seed: int
     output_token_ids: list[int] = field(default_factory=list)
 
-    def sampling_input(self, num_tokens: int) -> RowSamplingInput:
-        """The sampler's row; the RNG counter is the position of the token sampled after this step's tokens."""
+    def sampling_input(self, num_tokens: int, drafts: Sequence[int] = ()) -> RowSamplingInput:
+        """The sampler's row; the RNG counter is the position of the token sampled after this step's tokens.
+        `drafts`: the proposals verified before this row, which it reads as outputs (speculative decoding)."""
+        outputs = self.output_token_ids + list(drafts) if len(drafts) else self.output_token_ids
         return RowSamplingInput(self.sampling_params, self.seed, self.token_ids[:self.num_prompt_tokens],
-                                self.output_token_ids, self.num_computed_tokens + num_tokens)
+                                outputs, self.num_computed_tokens + num_tokens)
 
     def append_sampled(self, token_id: int) -> None:
         self.token_ids.append(token_id)
