@@ -60,7 +60,7 @@ def _assert_aux_matches(hf, path, layers: str, aux_layers: tuple[int, ...]) -> N
                 for s, c, b in zip(seqs, SPLITS, blocks)]
         inputs = pack_step_inputs(rows, block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS,
                                   num_tokens_padded=NUM_TOKENS_PADDED, num_seqs_padded=8)
-        kv, logits, aux = run(params, kv, inputs)
+        kv, _, aux = run(params, kv, inputs)
         assert aux.shape == (NUM_TOKENS_PADDED, len(aux_layers) * spec.hidden_size) and aux.dtype == jnp.float32
         aux = np.asarray(aux)
         for i, start in enumerate(inputs.query_start_loc[:len(seqs)]):
