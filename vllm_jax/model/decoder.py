@@ -5,6 +5,9 @@ does not grow with depth. The forward is pure in (params, kv_cache, StepInputs):
 once (`nnx.split`) and jits `forward(graphdef, state, kv_cache, inputs)` below, with the KV cache donated. The
 KV cache is the scan's carry and is written through `slot_mapping` at each layer before that layer's
 attention reads it; nothing returns a per-layer copy of it. Only the `logits_indices` rows reach the LM head.
+
+`aux_hidden_layers` (static, default off) makes the call also return the residual stream entering those layers
+for every token, EAGLE-3's auxiliary hidden states (model/aux_hidden.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, decoder_block,
                                    gated_mlp, init_param, is_unstacked, layer_param_values, rms_norm, rotary_tables)
 from vllm_jax.model.spec import DecoderSpec
@@ -25,8 +29,9 @@ from vllm_jax.pallas_kernels import resolve_backend
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
-            inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-    """Any model here as a pure function of its split state: -> (updated kv_cache, float32 logits [S, vocab])."""
+            inputs: StepInputs) -> tuple[jax.Array, ...]:
+    """Any model here as a pure function of its split state: -> (updated kv_cache, float32 logits [S, vocab]),
+    plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set."""
     return nnx.merge(graphdef, state)(kv_cache, inputs)
 
 
@@ -57,6 +62,10 @@ class DecoderLM(nnx.Module):
     # The worker sets it before splitting the module; it is static (part of the graphdef).
     scan_layers: bool = True
     switched_scan: bool = True  # whether _run_layers can scan over per-layer arrays (the MoE model cannot)
+    # EAGLE-3: the layers whose input state the call also returns ([T, K * hidden], model dtype; vLLM's
+    # convention, model/aux_hidden.py). () is off and costs nothing. Static like scan_layers: set it before
+    # splitting the module (aux_hidden.eagle3_default_layers gives vLLM's default).
+    aux_hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None):
@@ -72,53 +81,64 @@ class DecoderLM(nnx.Module):
         if not spec.tie_word_embeddings:
             self.lm_head = init_param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
 
-    def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row."""
+    def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, ...]:
+        """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row; with
+        `aux_hidden_layers` set, (kv_cache, logits, aux hidden states [T, K * hidden]) for every token."""
         spec = self.spec
-        kv_cache, hidden = self.hidden_states(kv_cache, inputs)
+        kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
         head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
-        return kv_cache, logits
+        if aux is None:
+            return kv_cache, logits
+        return kv_cache, logits, aux
 
-    def hidden_states(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """-> (updated kv_cache, the last layer's output [T, hidden]): the forward without the LM head (a draft
-        model's catch-up writes its KV cache only)."""
+    def hidden_states(self, kv_cache: jax.Array,
+                      inputs: StepInputs) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """-> (updated kv_cache, the last layer's output [T, hidden], the aux hidden states [T, K * hidden] or
+        None without `aux_hidden_layers`): the forward without the LM head (a draft model's catch-up writes its
+        KV cache only)."""
         hidden = self.embed_tokens[...][inputs.input_ids]
         cos, sin = rotary_tables(self.spec, inputs.positions)
         ctx = LayerContext(cos, sin, inputs, self.kernels)
-        hidden, kv_cache = self._run_layers(ctx, hidden, kv_cache)
-        return kv_cache, hidden
+        aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
+        hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
+        return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
 
-    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
+                    aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
         """All layers: a scan over the stacked params; over per-layer arrays (`unstack_layers`), a scan whose
-        matmuls pick their layer's array through a switch (`scan_layers`, the CPU form) or a Python loop."""
+        matmuls pick their layer's array through a switch (`scan_layers`, the CPU form) or a Python loop. `aux`
+        records each chosen layer's input on the way."""
         layer_weights = layer_param_values(self.layers)
         if is_unstacked(layer_weights) and not self.scan_layers:
-            return self._run_unrolled(ctx, layer_weights, hidden, kv_cache)
+            return self._run_unrolled(ctx, layer_weights, hidden, kv_cache, aux)
         per_layer, stacked = {}, layer_weights
         if is_unstacked(layer_weights):  # matrices go through LayerSwitch; vectors (norms, biases) restack
             per_layer = {name: value for name, value in layer_weights.items() if value[0].ndim == 2}
             stacked = {name: jnp.stack(value) for name, value in layer_weights.items() if name not in per_layer}
 
         def layer(carry, xs):
-            hidden, kv_cache = carry
+            hidden, kv_cache, aux = carry
             w, layer_index, window = xs
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
-            return decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index,
-                                 window), None
+            aux = aux.record(layer_index, hidden)
+            hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
+                                             layer_index, window)
+            return (hidden, kv_cache, aux), None
 
         num_layers = self.spec.num_layers
         windows = jnp.asarray(np.array(self.spec.sliding_windows, dtype=np.int32))
         xs = (stacked, jnp.arange(num_layers, dtype=jnp.int32), windows)
-        (hidden, kv_cache), _ = jax.lax.scan(layer, (hidden, kv_cache), xs)
-        return hidden, kv_cache
+        (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
+        return hidden, kv_cache, aux
 
-    def _run_unrolled(self, ctx: LayerContext, layer_weights: dict, hidden: jax.Array,
-                      kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _run_unrolled(self, ctx: LayerContext, layer_weights: dict, hidden: jax.Array, kv_cache: jax.Array,
+                      aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
         """The layers as a Python loop over per-layer arrays (--no-scan-layers)."""
         for i in range(self.spec.num_layers):
             w = {name: value[i] for name, value in layer_weights.items()}
+            aux = aux.record(i, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
                                              self.spec.sliding_windows[i])
-        return hidden, kv_cache
+        return hidden, kv_cache, aux

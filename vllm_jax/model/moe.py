@@ -37,6 +37,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.layers import (LayerContext, Mlp, attention_params, decoder_block, gated_mlp, init_param,
                                    is_unstacked, layer_param_values)
@@ -149,39 +150,44 @@ class MoeLM(DecoderLM):
             out = grouped_expert_ffn(x, weights, ids, *experts)
         return out.astype(x.dtype)
 
-    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
+                    aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
         """One scan per run of consecutive same-kind layers (a single scan when every layer is MoE). Each
-        iteration indexes the stacked params by its layer's position in its own stack."""
+        iteration indexes the stacked params by its layer's position in its own stack; `aux` records each
+        chosen layer's input (its global index rides in the scan's xs)."""
         params = layer_param_values(self.layers)
         attn = {name: value for name, value in params.items() if name not in _MLP_PARAMS}
         if is_unstacked(params):
-            return self._run_unrolled(ctx, params, attn, hidden, kv_cache)
+            return self._run_unrolled(ctx, params, attn, hidden, kv_cache, aux)
         for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
             mlp_params = {name: params[name] for name in _mlp_param_names(is_moe)}
 
             def layer(carry, xs, is_moe=is_moe, mlp_params=mlp_params):
-                hidden, kv_cache = carry
+                hidden, kv_cache, aux = carry
                 layer_index, mlp_index, window = xs
                 w = {name: value[layer_index] for name, value in attn.items()}
                 mlp = self._mlp(is_moe, {name: value[mlp_index] for name, value in mlp_params.items()})
-                return decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window), None
+                aux = aux.record(layer_index, hidden)
+                hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window)
+                return (hidden, kv_cache, aux), None
 
             windows = np.array([self.spec.sliding_windows[i] for i in layer_ids], dtype=np.int32)
             xs = (jnp.asarray(np.array(layer_ids, np.int32)), jnp.asarray(np.array(mlp_ids, np.int32)),
                   jnp.asarray(windows))
-            (hidden, kv_cache), _ = jax.lax.scan(layer, (hidden, kv_cache), xs)
-        return hidden, kv_cache
+            (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
+        return hidden, kv_cache, aux
 
-    def _run_unrolled(self, ctx: LayerContext, params: dict, attn: dict, hidden: jax.Array,
-                      kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _run_unrolled(self, ctx: LayerContext, params: dict, attn: dict, hidden: jax.Array, kv_cache: jax.Array,
+                      aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
         """The same layers as a Python loop over per-layer arrays (see layers.unstack_layers)."""
         for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
             for layer_index, mlp_index in zip(layer_ids, mlp_ids):
                 w = {name: value[layer_index] for name, value in attn.items()}
                 mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in _mlp_param_names(is_moe)})
+                aux = aux.record(layer_index, hidden)
                 hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index,
                                                  self.spec.sliding_windows[layer_index])
-        return hidden, kv_cache
+        return hidden, kv_cache, aux
 
     def _mlp(self, is_moe: bool, w: dict) -> Mlp:
         """The layer's FFN over its own params: the routed experts, or the dense gated MLP."""
