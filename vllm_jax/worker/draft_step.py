@@ -67,7 +67,7 @@ class DraftStep:
 
     def _catch_up_impl(self, params, kv_cache, inputs: StepInputs):
         self.on_trace()
-        kv_cache, _ = nnx.merge(self.graphdef, params).hidden_states(kv_cache, inputs)
+        kv_cache, _, _ = nnx.merge(self.graphdef, params).hidden_states(kv_cache, inputs)
         return kv_cache
 
     def _chain_impl(self, params, kv_cache, chain: ChainInputs):

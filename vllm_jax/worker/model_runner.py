@@ -392,8 +392,8 @@ class ModelRunner:
         return sampled, logprobs
 
     def _propose(self, step: _PreparedStep, update: np.ndarray) -> dict[str, list[int]]:
-        """N-gram proposals for the next step of each decoding row, from the input batch's tokens (none while more
-        rows run than disable_by_batch_size allows)."""
+        """Proposals (n-gram, or the draft model's) for the next step of each decoding row, from the input batch's
+        tokens (none while more rows run than disable_by_batch_size allows)."""
         limit = self.spec_disable_batch_size
         if limit is not None and len(step.req_ids) > limit:
             return {}
