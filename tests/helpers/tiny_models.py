@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
@@ -69,3 +70,43 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def make_tiny_eagle3_head(path: Path, *, target_hidden: int = 64, aux_layers: tuple[int, ...] = (0, 1, 3),
+                          draft_to_target: list[int] | None = None, seed: int = 0) -> Path:
+    """A random EAGLE-3 head (the published LlamaForCausalLMEagle3 config.json and tensor names) for a tiny
+    target of VOCAB_SIZE tokens and `target_hidden` width; its draft vocabulary is `draft_to_target` (target ids,
+    default all), mapped through d2t; it reads the target layers `aux_layers`."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    targets = np.array(draft_to_target if draft_to_target is not None else range(VOCAB_SIZE))
+    hidden, heads, kv_heads, head_dim, ffn = 32, 4, 2, 8, 64
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    layer = "midlayer."
+    tensors = {"fc.weight": w(hidden, 3 * target_hidden), "norm.weight": np.ones(hidden, np.float32),
+               "lm_head.weight": w(len(targets), hidden), f"{layer}input_layernorm.weight": np.ones(hidden, np.float32),
+               f"{layer}hidden_norm.weight": np.ones(hidden, np.float32),
+               f"{layer}post_attention_layernorm.weight": np.ones(hidden, np.float32),
+               f"{layer}self_attn.q_proj.weight": w(heads * head_dim, 2 * hidden),
+               f"{layer}self_attn.k_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+               f"{layer}self_attn.v_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+               f"{layer}self_attn.o_proj.weight": w(hidden, heads * head_dim),
+               f"{layer}mlp.gate_proj.weight": w(ffn, hidden), f"{layer}mlp.up_proj.weight": w(ffn, hidden),
+               f"{layer}mlp.down_proj.weight": w(hidden, ffn), "embed_tokens.weight": w(VOCAB_SIZE, hidden),
+               "d2t": (targets - np.arange(len(targets))).astype(np.int64)}
+    config = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_act="silu",
+                  hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  head_dim=head_dim, num_hidden_layers=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=256, vocab_size=VOCAB_SIZE, draft_vocab_size=len(targets),
+                  target_hidden_size=target_hidden, tie_word_embeddings=False,
+                  eagle_config={"eagle_aux_hidden_state_layer_ids": list(aux_layers)})
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(path / "model.safetensors"))
+    return path

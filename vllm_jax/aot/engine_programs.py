@@ -58,6 +58,8 @@ class TargetResult:
     num_layers: int = 0
     scan_layers: bool = True
     budget: KVBudget | None = None
+    # the target's own cache per block: what the forward aliases (a draft model's cache shares the blocks)
+    target_kv_bytes_per_block: int = 0
     programs: list[ProgramResult] = dataclasses.field(default_factory=list)
     refused: str | None = None  # the config cannot run on this target: the message naming the flag
     failures: list[str] = dataclasses.field(default_factory=list)  # filled by aot.checks
@@ -137,6 +139,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
         result.refused = str(exc)
         return result
     result.num_layers = engine.spec.num_layers
+    result.target_kv_bytes_per_block = engine.target_kv_bytes_per_block
     recorder = _Recorder(target, engine.mesh)
 
     def budget(temp_bytes: int) -> KVBudget | None:

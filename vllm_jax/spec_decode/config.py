@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from vllm_jax.utils import json_object_flag
 
 METHODS = ("ngram", "draft_model", "eagle3")
-IMPLEMENTED_METHODS = ("ngram", "draft_model")
+IMPLEMENTED_METHODS = METHODS
 # vLLM's defaults when neither prompt_lookup key is given.
 DEFAULT_PROMPT_LOOKUP = 5
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",

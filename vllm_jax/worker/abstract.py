@@ -82,10 +82,15 @@ class AbstractEngine:
     @property
     def kv_bytes_per_block(self) -> int:
         """One block's bytes on one device (the engine's budget is per device: kv_cache.size_kv_cache)."""
-        s, mc = self.spec, self.config.model_config
         draft = draft_cache_layout(self.config, self.draft[2], self.mesh).bytes_per_block if self.draft else 0
+        return self.target_kv_bytes_per_block + draft
+
+    @property
+    def target_kv_bytes_per_block(self) -> int:
+        """The target's own cache's share of a block (a draft model's cache holds the rest)."""
+        s, mc = self.spec, self.config.model_config
         return bytes_per_block(s.num_layers, self.config.cache_config.block_size, s.num_kv_heads, s.head_dim,
-                               mc.kv_cache_dtype) // self.kv_shards + draft
+                               mc.kv_cache_dtype) // self.kv_shards
 
     @property
     def weight_bytes(self) -> int:

@@ -29,6 +29,7 @@ from vllm_jax.worker.draft_chain import pack_chain
 
 if TYPE_CHECKING:
     from vllm_jax.worker.draft_step import DraftStep
+    from vllm_jax.worker.eagle_step import EagleStep
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +63,12 @@ class StepShapes:
 
 class CompilationManager:
     def __init__(self, device: DeviceStep, counter: TraceCounter, shapes: StepShapes, cache_dir: str | None,
-                 drafter: DraftStep | None = None, chain_buckets: list[tuple[int, int]] | None = None):
+                 drafter: DraftStep | None = None, chain_buckets: list[tuple[int, int]] | None = None,
+                 eagle: EagleStep | None = None):
         """`drafter` (draft_model speculation): its catch-up program per token bucket and its chain program per
-        `chain_buckets` pair join the plan."""
+        `chain_buckets` pair join the plan; `eagle` (eagle3): its program per token bucket."""
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
-        self.drafter, self.chain_buckets = drafter, chain_buckets or []
+        self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
 
     @property
     def num_compilations(self) -> int:
@@ -91,6 +93,9 @@ class CompilationManager:
             if self.drafter is not None:
                 plan.append((f"draft catch-up T={num_tokens} S={num_seqs}",
                              functools.partial(self._draft_catch_up, num_tokens, num_seqs)))
+            if self.eagle is not None:
+                plan.append((f"draft eagle3 T={num_tokens} S={num_seqs}",
+                             functools.partial(self._eagle, num_tokens, num_seqs)))
             if num_seqs in sampled_buckets:
                 continue  # the sampler programs depend on the sequence bucket only
             sampled_buckets.add(num_seqs)
@@ -114,12 +119,22 @@ class CompilationManager:
     def _draft_catch_up(self, num_tokens: int, num_seqs: int) -> None:
         self.drafter.precompile_catch_up(self._empty_inputs(num_tokens, num_seqs))
 
-    def _draft_chain(self, num_tokens: int, num_seqs: int) -> None:
+    def _eagle(self, num_tokens: int, num_seqs: int) -> None:
+        inputs = self._empty_inputs(num_tokens, num_seqs)
+        aux = self.device.forward_outputs(inputs)[2]  # the forward's [T, 3 * hidden] states
+        chain = None
+        if self.eagle.k > 1:
+            chain = self._empty_chain(self.eagle.k - 1, num_seqs, num_seqs)
+        self.eagle.precompile(aux, np.zeros(num_tokens, np.int32), inputs, chain)
+
+    def _empty_chain(self, k: int, num_tokens: int, num_seqs: int):
         s, none = self.shapes, np.zeros(0, np.int32)
-        chain = pack_chain(np.zeros((0, 1), np.int32), none, np.zeros((0, s.max_blocks_per_seq), np.int32), none,
-                           k=self.drafter.k, block_size=s.block_size, max_model_len=1, num_tokens_padded=num_tokens,
-                           num_seqs_padded=num_seqs)
-        self.drafter.precompile_chain(chain.inputs)
+        return pack_chain(np.zeros((0, 1), np.int32), none, np.zeros((0, s.max_blocks_per_seq), np.int32), none,
+                          k=k, block_size=s.block_size, max_model_len=1, num_tokens_padded=num_tokens,
+                          num_seqs_padded=num_seqs).inputs
+
+    def _draft_chain(self, num_tokens: int, num_seqs: int) -> None:
+        self.drafter.precompile_chain(self._empty_chain(self.drafter.k, num_tokens, num_seqs))
 
     def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         logits_for[num_seqs] = self.device.precompile_forward(self._empty_inputs(num_tokens, num_seqs))
@@ -152,8 +167,9 @@ class CompilationManager:
                 make_ready()
                 progress.done()
             jax.block_until_ready(self.device.kv_cache)
-            if self.drafter is not None:
-                jax.block_until_ready(self.drafter.kv_cache)
+            for speculator in (self.drafter, self.eagle):
+                if speculator is not None:
+                    jax.block_until_ready(speculator.kv_cache)
         progress.close()
         if store is not None:
             store.touch_and_prune()

@@ -48,13 +48,15 @@ class DeviceStep:
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, mesh: Mesh,
                  max_logprobs: int, store: ProgramStore | None = None, on_trace: Callable[[], None] = lambda: None,
-                 num_slots: int = 0):
+                 num_slots: int = 0, returns_aux: bool = False):
         """`num_slots`: the input batch's rows (the runner's max_num_seqs); `token_feedback` holds one more, the
         row padding rows write to."""
         self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
         self.max_logprobs = max_logprobs
         self.on_trace = on_trace
         self.store = store
+        self.returns_aux = returns_aux  # the model has aux_hidden_layers (EAGLE-3): see forward
+        self.aux_hidden: jax.Array | None = None
         self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
         self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
         replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
@@ -91,9 +93,11 @@ class DeviceStep:
         return jnp.where(token_slots >= 0, feedback[jnp.maximum(token_slots, 0)], input_ids)
 
     def forward(self, inputs: StepInputs) -> jax.Array:
-        """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits."""
+        """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits.
+        A model with `aux_hidden_layers` (EAGLE-3) also leaves its [T, K * hidden] states in `aux_hidden`."""
         program = self._executables.get(("forward", input_signature(inputs)), self._forward)
-        self.kv_cache, logits = program(self.params, self.kv_cache, self._to_device(inputs))
+        self.kv_cache, logits, *aux = program(self.params, self.kv_cache, self._to_device(inputs))
+        self.aux_hidden = aux[0] if aux else None
         return logits
 
     def launch(self, payload: StepPayload) -> StepResult:
@@ -179,10 +183,16 @@ class DeviceStep:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""
         key = ("forward", input_signature(inputs))
         args = (self.params, self.kv_cache, self._to_device(inputs))
-        executable = self._executables.get(key) or self.load_or_compile(key, self._forward, args, args, (0, 0))
+        outputs = (0, 0, 0) if self.returns_aux else (0, 0)
+        executable = self._executables.get(key) or self.load_or_compile(key, self._forward, args, args, outputs)
         self._executables[key] = executable
-        _, logits = executable.out_info  # outputs: (kv_cache, logits)
-        return jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=executable.output_shardings[1])
+        return self.forward_outputs(inputs)[1]
+
+    def forward_outputs(self, inputs: StepInputs) -> list[jax.ShapeDtypeStruct]:
+        """The precompiled forward's outputs as abstract values: kv_cache, logits (and the aux states)."""
+        executable = self._executables[("forward", input_signature(inputs))]
+        return [jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding)
+                for info, sharding in zip(executable.out_info, executable.output_shardings)]
 
     def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors, num_logprobs: int) -> None:
         key = ("sample", input_signature(tensors), num_logprobs)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from vllm_jax.model.step_inputs import StepInputs
+
 
 @jax.tree_util.register_dataclass
 @dataclass
@@ -51,19 +53,21 @@ class DraftChain:
 
 
 def pack_chain(token_ids: np.ndarray, num_tokens: np.ndarray, block_tables: np.ndarray, num_blocks: np.ndarray, *,
-               k: int, block_size: int, max_model_len: int, num_tokens_padded: int,
-               num_seqs_padded: int) -> DraftChain:
+               k: int, block_size: int, max_model_len: int, num_tokens_padded: int, num_seqs_padded: int,
+               active: np.ndarray | None = None) -> DraftChain:
     """The chain for `R` rows: their token buffers [R, W], known-token counts, block tables and block counts (the
-    runner's input batch rows). Every row must hold a slot for its newest token (its position L - 1)."""
+    runner's input batch rows). Every active row must hold a slot for its newest token (its position L - 1);
+    `active` (default all): the others ride along writing nothing (the null block; position 0 read back)."""
     rows = len(num_tokens)
+    active = np.ones(rows, np.bool_) if active is None else active
     last = num_tokens.astype(np.int64) - 1  # the newest token's position
     capacity = np.minimum(num_blocks.astype(np.int64) * block_size, max_model_len)  # positions with slots
-    if rows and (last >= capacity).any():
+    if rows and (last[active] >= capacity[active]).any():
         raise ValueError("a proposing row has no slot for its newest token")
     steps = np.arange(k)[:, None]
-    positions = np.minimum(last[None, :] + steps, capacity[None, :] - 1)  # [k, R]
+    positions = np.where(active[None, :], np.minimum(last[None, :] + steps, capacity[None, :] - 1), 0)  # [k, R]
     block = block_tables[np.arange(rows)[None, :], positions // block_size]
-    slots = block * block_size + positions % block_size
+    slots = np.where(active[None, :], block * block_size + positions % block_size, 0)
 
     def padded(values: np.ndarray, width: int) -> np.ndarray:
         out = np.zeros((k, width), np.int32)
@@ -71,7 +75,7 @@ def pack_chain(token_ids: np.ndarray, num_tokens: np.ndarray, block_tables: np.n
         return out
 
     first = np.zeros(num_tokens_padded, np.int32)
-    first[:rows] = token_ids[np.arange(rows), last]
+    first[:rows] = token_ids[np.arange(rows), np.maximum(last, 0)]
     tables = np.zeros((num_seqs_padded, block_tables.shape[1]), np.int32)
     tables[:rows] = block_tables
     query_start_loc = np.full(num_seqs_padded + 1, rows, np.int32)
@@ -81,5 +85,32 @@ def pack_chain(token_ids: np.ndarray, num_tokens: np.ndarray, block_tables: np.n
     inputs = ChainInputs(first, padded(positions, num_tokens_padded), padded(slots, num_tokens_padded),
                          padded(positions + 1, num_seqs_padded), tables, query_start_loc,
                          np.array([rows], np.int32), logits_indices)
-    num_valid = np.minimum(k, capacity - last).astype(np.int32)
+    num_valid = np.where(active, np.minimum(k, capacity - last), 0).astype(np.int32)
     return DraftChain(inputs, num_valid)
+
+
+def pack_catch_up(inputs: StepInputs, kept: np.ndarray, next_token_ids: np.ndarray) -> tuple[StepInputs, np.ndarray]:
+    """EAGLE's catch-up step from the target's step `inputs`: each row keeps its first `kept[r]` tokens (the rest
+    were rejected proposals) at the same positions and slots, fed `next_token_ids` (the token after each kept one,
+    rows concatenated); the last kept token of each row is its logits row. Returns the inputs and, per token, the
+    target token it came from (to gather the target's hidden states)."""
+    qsl = np.asarray(inputs.query_start_loc)
+    rows, num_tokens = len(kept), inputs.input_ids.shape[0]
+    gather = np.zeros(num_tokens, np.int32)
+    total = int(kept.sum())
+    gather[:total] = np.concatenate([np.arange(qsl[r], qsl[r] + kept[r]) for r in range(rows)]) if rows else []
+    input_ids = np.zeros(num_tokens, np.int32)
+    input_ids[:total] = next_token_ids
+    positions = np.zeros(num_tokens, np.int32)
+    positions[:total] = np.asarray(inputs.positions)[gather[:total]]
+    slot_mapping = np.zeros(num_tokens, np.int32)  # padding: the null block
+    slot_mapping[:total] = np.asarray(inputs.slot_mapping)[gather[:total]]
+    seq_lens = np.asarray(inputs.seq_lens).copy()
+    query_lens = qsl[1:rows + 1] - qsl[:rows]
+    seq_lens[:rows] -= (query_lens - kept).astype(np.int32)
+    query_start_loc = np.full_like(qsl, total)
+    query_start_loc[:rows + 1] = np.concatenate([[0], np.cumsum(kept)])
+    logits_indices = np.zeros_like(np.asarray(inputs.logits_indices))
+    logits_indices[:rows] = query_start_loc[1:rows + 1] - 1
+    return StepInputs(input_ids, positions, slot_mapping, np.asarray(inputs.block_tables), seq_lens,
+                      query_start_loc, np.asarray(inputs.num_seqs), logits_indices), gather

@@ -35,8 +35,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.layers import unstack_layers
 from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.model_loader.eagle3_loader import load_eagle3_head
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.pallas_kernels.dispatch import block_table_width
@@ -50,7 +52,9 @@ from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_f
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import DeviceStep, StepResult
-from vllm_jax.worker.draft_chain import chain_buckets, pack_chain
+from vllm_jax.worker.draft_chain import chain_buckets
+from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers, eagle_cache_layout
+from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.draft_step import DraftStep, draft_cache_layout
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
@@ -76,6 +80,7 @@ class _PreparedStep:
     prompt_spans: dict[str, tuple[int, int, int]]  # req_id -> (first scored row, rows, top-N) of prompt logprobs
     payload: StepPayload
     num_drafts: np.ndarray | None = None  # per row: the proposals it verifies (speculative decoding), else None
+    aux_hidden: jax.Array | None = None  # EAGLE-3: the target's aux hidden states of the step (on the device)
 
 
 @dataclass
@@ -97,7 +102,12 @@ class ModelRunner:
         # Resolved once, for the platform the programs are built for (docs/architecture.md, "Sharding").
         self.attention_backend = config.resolved_attention_backend
         check_tensor_parallel_layout(self.spec, tp, self.attention_backend)
-        graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source)
+        speculative = config.speculative_config
+        # EAGLE-3: the head, and the target layers whose states it reads (the target's forward returns them)
+        head = self._load_eagle() if speculative is not None and speculative.method == "eagle3" else None
+        aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
+        graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
+                                            aux_layers)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
@@ -111,15 +121,15 @@ class ModelRunner:
         self.feeds_tokens = config.async_scheduling
         # Speculative decoding: every step's sampler verifies proposals (docs/architecture.md, "Speculative
         # decoding"); the n-gram proposer reads the input batch's tokens after each step.
-        speculative = config.speculative_config
         self.speculates = speculative is not None
         self.proposer = (NgramProposer(speculative.num_speculative_tokens, speculative.prompt_lookup_max,
                                        speculative.prompt_lookup_min)
                          if self.speculates and speculative.method == "ngram" else None)
         self.spec_disable_batch_size = speculative.disable_by_batch_size if self.speculates else None
         draft = self._load_draft(random_weights) if config.draft_model_config is not None else None
-        # The draft writes its proposals' KV past each step's tokens: the scheduler allocates those slots too.
-        self.num_lookahead_tokens = speculative.num_speculative_tokens if draft is not None else 0
+        # A draft model or head writes its proposals' KV past each step's tokens: the scheduler allocates those
+        # slots too.
+        self.num_lookahead_tokens = speculative.num_speculative_tokens if draft or head else 0
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
                             self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
                             self.speculates)
@@ -132,16 +142,17 @@ class ModelRunner:
             probe_cache = cache_shape(config, self.spec, min_kv_blocks(config)).abstract(kv_sharding)
             probe = DeviceStep(graphdef, params, probe_cache, self.mesh, self.max_logprobs)
             temp_bytes = probe_temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
-        draft_cache = draft_cache_layout(config, draft[2], self.mesh) if draft is not None else None
+        draft_cache = (draft_cache_layout(config, draft[2], self.mesh) if draft is not None
+                       else eagle_cache_layout(config, head[2], self.mesh) if head is not None else None)
         kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes, device=self.mesh.devices.flat[0],
                                  extra_bytes_per_block=draft_cache.bytes_per_block if draft_cache else 0)
         self.num_blocks = kv_shape.num_blocks
         kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
         counter = TraceCounter()
-        state = (params, kv_cache) if draft is None else (params, kv_cache, draft[1])
+        state = (params, kv_cache, *((draft or head or ())[1:2]))
         store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), state)
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
-                                 on_trace=counter, num_slots=sc.max_num_seqs)
+                                 on_trace=counter, num_slots=sc.max_num_seqs, returns_aux=bool(aux_layers))
         if probe is not None:
             self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
         self.drafter = None  # draft_model speculation: the draft's programs and KV cache
@@ -150,19 +161,27 @@ class ModelRunner:
                                          draft_cache.sharding)
             self.drafter = DraftStep(draft[0], draft[1], draft_kv, speculative.num_speculative_tokens,
                                      self.device.load_or_compile, on_trace=counter)
+        self.eagle = None  # eagle3 speculation: the head's program and KV cache
+        if head is not None:
+            head_kv = allocate_kv_cache(dataclasses.replace(draft_cache.shape, num_blocks=self.num_blocks),
+                                        draft_cache.sharding)
+            embed = None if head[3] else nnx.to_pure_dict(params)["embed_tokens"]  # a head without its own
+            self.eagle = EagleStep(head[0], head[1], head_kv, speculative.num_speculative_tokens, embed,
+                                   self.device.load_or_compile, on_trace=counter)
+        self.chain_shapes = ChainShapes(self.token_buckets, self.seq_bucket, self.block_size, mc.max_model_len)
         self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir,
                                               drafter=self.drafter, chain_buckets=chain_buckets(
                                                   self.token_buckets, self.seq_bucket, sc.max_num_seqs)
-                                              if self.drafter is not None else None)
+                                              if self.drafter is not None else None, eagle=self.eagle)
         self.requests: dict[str, CachedRequestState] = {}
         # The same requests as numpy rows, from which each step's arrays are gathered.
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
-    def _load_model(self, model_entry: object, spec: DecoderSpec,
-                    source: ModelSource | None) -> tuple[nnx.GraphDef, nnx.State]:
+    def _load_model(self, model_entry: object, spec: DecoderSpec, source: ModelSource | None,
+                    aux_layers: tuple[int, ...] = ()) -> tuple[nnx.GraphDef, nnx.State]:
         """A model's graph and its sharded params (random ones without a source), laid out for the layer loop
-        this platform runs."""
+        this platform runs; `aux_layers`: the layers whose input states its forward also returns (EAGLE-3)."""
         config, mc = self.config, self.config.model_config
         # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
         sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend != "xla"
@@ -174,6 +193,7 @@ class ModelRunner:
         # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers
+        model.aux_hidden_layers = aux_layers
         graphdef, params = nnx.split(model)
         if not config.scan_layers or switched_scan:
             unstack_layers(params)
@@ -190,6 +210,29 @@ class ModelRunner:
     @property
     def kv_cache(self) -> jax.Array:
         return self.device.kv_cache
+
+    def _load_eagle(self) -> tuple[nnx.GraphDef, nnx.State, Eagle3Spec, bool]:
+        """method eagle3: the head's graph, params, spec and whether it has its own embedding; its vocabulary and
+        input width checked against the target's."""
+        sc, tp = self.config.speculative_config, self.config.parallel_config.tensor_parallel_size
+        if tp > 1 or jax.process_count() > 1:
+            raise ValueError("speculative_config method 'eagle3' runs on one device in one process so far "
+                             "(its head has no partition rules); use tensor_parallel_size 1")
+        try:
+            head = load_eagle3_head(sc.model, self.config.model_config.dtype,
+                                    attention_backend=self.attention_backend, platform=self.config.platform,
+                                    sharding_for=lambda path, shape: NamedSharding(self.mesh, PartitionSpec()))
+        except ValueError as exc:
+            raise ValueError(f"speculative_config.model {sc.model!r}: {exc}") from None
+        spec = head.spec
+        for what, got, want in (("vocab_size", spec.vocab_size, self.spec.vocab_size),
+                                ("target_hidden_size", spec.target_hidden_size, self.spec.hidden_size)):
+            if got != want:
+                raise ValueError(f"speculative_config.model {sc.model!r} is an EAGLE-3 head for another model: its "
+                                 f"{what} is {got}, the target's is {want}")
+        own_embedding = hasattr(head, "embed_tokens")
+        graphdef, params = nnx.split(head)
+        return graphdef, params, spec, own_embedding
 
     def _load_draft(self, random_weights: bool) -> tuple[nnx.GraphDef, nnx.State, DecoderSpec]:
         """method draft_model: the draft's graph, params and spec, sharded like the target's."""
@@ -245,7 +288,9 @@ class ModelRunner:
         if not sched.num_scheduled_tokens:
             return None
         step = self._prepare(sched)
-        return InFlightStep(step, self._launch(step.payload))
+        flight = InFlightStep(step, self._launch(step.payload))
+        step.aux_hidden = self.device.aux_hidden
+        return flight
 
     def finish(self, flight: InFlightStep | None) -> ModelRunnerOutput:
         """Wait for a dispatched step's result and report it."""
@@ -335,7 +380,7 @@ class ModelRunner:
                                 logprobs=logprobs if has_logprobs else None,
                                 prompt_logprobs=_prompt_logprobs(result.prompt_logprobs, step.prompt_spans))
         if self.speculates:
-            out.draft_token_ids = self._propose(step, update)
+            out.draft_token_ids = self._propose(step, update, sampled)
         return out
 
     def _single_tokens(self, step: _PreparedStep, result: StepResult,
@@ -391,43 +436,38 @@ class ModelRunner:
             logprobs.append(None if asked is None or result.sampled.logprobs is None else rows_lp)
         return sampled, logprobs
 
-    def _propose(self, step: _PreparedStep, update: np.ndarray) -> dict[str, list[int]]:
-        """Proposals (n-gram, or the draft model's) for the next step of each decoding row, from the input batch's
-        tokens (none while more rows run than disable_by_batch_size allows)."""
+    def _propose(self, step: _PreparedStep, update: np.ndarray, sampled: list[list[int]]) -> dict[str, list[int]]:
+        """Proposals (n-gram, the draft model's or the EAGLE-3 head's) for the next step of each decoding row,
+        from the input batch's tokens (none while more rows run than disable_by_batch_size allows). The EAGLE-3
+        head catches up on every step's tokens even then."""
         limit = self.spec_disable_batch_size
-        if limit is not None and len(step.req_ids) > limit:
-            return {}
-        batch = self.input_batch
-        rows = np.flatnonzero(update)
+        proposing = update & (limit is None or len(step.req_ids) <= limit)
+        if self.eagle is not None:
+            proposals = eagle_proposals(self.eagle, self.input_batch, step.slots, step.payload.inputs,
+                                        self._kept_tokens(step, sampled), proposing, step.aux_hidden,
+                                        self.chain_shapes)
+            return {req_id: p.tolist() for req_id, p in zip(step.req_ids, proposals) if len(p)}
+        rows = np.flatnonzero(proposing)
         slots = step.slots[rows]
         if not len(slots):
             return {}
         if self.drafter is not None:
-            proposals = self._draft_proposals(slots)
+            proposals = draft_model_proposals(self.drafter, self.input_batch, slots, self.chain_shapes)
         else:
+            batch = self.input_batch
             proposals = self.proposer.propose_rows(batch.token_ids[slots], batch.num_tokens[slots])
         return {step.req_ids[i]: p.tolist() for i, p in zip(rows.tolist(), proposals) if len(p)}
 
-    def _draft_proposals(self, slots: np.ndarray) -> list[np.ndarray]:
-        """The draft model's k greedy proposals for these input-batch slots (one chain program, waited for).
-
-        A row without a slot for its newest token (the pool had no lookahead blocks to give) gets none."""
-        batch = self.input_batch
-        capacity = np.minimum(batch.num_blocks[slots] * self.block_size, self.config.model_config.max_model_len)
-        has_slot = batch.num_tokens[slots] <= capacity
-        proposals = [np.zeros(0, np.int32)] * len(slots)
-        chained = slots[has_slot]
-        if not len(chained):
-            return proposals
-        num_tokens = pick_bucket(self.token_buckets, len(chained))
-        chain = pack_chain(batch.token_ids[chained], batch.num_tokens[chained], batch.block_table[chained],
-                           batch.num_blocks[chained], k=self.drafter.k, block_size=self.block_size,
-                           max_model_len=self.config.model_config.max_model_len, num_tokens_padded=num_tokens,
-                           num_seqs_padded=self.seq_bucket(num_tokens))
-        proposed = self.drafter.propose(chain.inputs)
-        for j, (row, n) in enumerate(zip(np.flatnonzero(has_slot).tolist(), chain.num_valid.tolist())):
-            proposals[row] = proposed[j, :n]
-        return proposals
+    @staticmethod
+    def _kept_tokens(step: _PreparedStep, sampled: list[list[int]]) -> np.ndarray:
+        """Per row: the step's tokens that stay (its rejected proposals dropped)."""
+        qsl = np.asarray(step.payload.inputs.query_start_loc)
+        kept = (qsl[1:len(step.req_ids) + 1] - qsl[:len(step.req_ids)]).astype(np.int64)
+        if step.num_drafts is not None:
+            emitted = np.array([len(run) for run in sampled], np.int64)
+            rejected = np.where(step.completes, step.num_drafts - (emitted - 1), 0)
+            kept -= rejected
+        return kept
 
     def _prompt_logprob_targets(self, states: list[CachedRequestState], inputs: StepInputs):
         """For rows still in their prompt that asked for prompt_logprobs: the next prompt token at each position

@@ -1,0 +1,96 @@
+"""Speculative decoding with an EAGLE-3 head (`"method": "eagle3"`): the engine runs the head on the target's
+auxiliary hidden states, greedy output identical to no speculation over batching, chunked prefill and
+preemption; proposals accepted where the head is right; its KV cache shares the target's blocks (all free
+afterwards); no compilation after warm-up; a head that does not fit the target refused at start-up naming the
+key. (The head's arithmetic against a dense reference: tests/test_eagle3_head.py.)"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint, make_tiny_eagle3_head
+from vllm_jax import LLM, SamplingParams
+
+ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
+            max_num_batched_tokens=32)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+def _spec(head: str, k: int = 3) -> dict:
+    return {"method": "eagle3", "model": head, "num_speculative_tokens": k, "disable_by_batch_size": 64}
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB_SIZE, int(rng.integers(5, 30))).tolist() for _ in range(n)]
+
+
+def _token_ids(llm: LLM, prompts, params=PARAMS) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A 4-layer target (the head reads layers 0, 1 and 3), its greedy outputs, and two heads: a random one, and
+    one whose draft vocabulary is the single token the target emits most, so it is right some of the time."""
+    root = tmp_path_factory.mktemp("eagle3_spec")
+    make_tiny_checkpoint("llama", root / "target", seed=5, num_hidden_layers=4)
+    baseline = LLM(str(root / "target"), **ARGS)
+    prompts = _prompts(8)
+    expected = _token_ids(baseline, prompts)
+    frequent, count = Counter(sum(expected, [])).most_common(1)[0]
+    assert count >= 8, "the workload needs a repeated token for the fixed head to be right"
+    heads = {"random": make_tiny_eagle3_head(root / "random"),
+             "fixed": make_tiny_eagle3_head(root / "fixed", draft_to_target=[frequent])}
+    return dict(target=str(root / "target"), prompts=prompts, expected=expected,
+                heads={name: str(path) for name, path in heads.items()}, baseline=baseline)
+
+
+def _check_idle(llm: LLM) -> None:
+    engine = llm.llm_engine
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks
+    assert not engine.scheduler.requests and not engine.runner.requests
+
+
+@pytest.mark.parametrize("case", ["plain", "chunked", "preempting"])
+def test_greedy_output_is_identical_and_right_proposals_are_accepted(setup, case):
+    args = dict(ARGS)
+    if case == "chunked":
+        args.update(max_num_batched_tokens=8)  # prompts arrive in chunks: the head catches up chunk by chunk
+    elif case == "preempting":
+        args.update(num_gpu_blocks_override=12, max_model_len=64)  # 11 blocks of 8 for 8 requests
+    llm = LLM(setup["target"], speculative_config=_spec(setup["heads"]["fixed"]), **args)
+    compiled = llm.llm_engine.runner.num_compilations
+    prompts = setup["prompts"] + [setup["prompts"][0] + [5, 6]]  # a prefix-cache hit
+    assert _token_ids(llm, prompts) == _token_ids(setup["baseline"], prompts)
+    counts = llm.llm_engine.scheduler.spec_decode_counts
+    assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
+    assert llm.llm_engine.runner.num_compilations == compiled
+    if case == "preempting":
+        assert llm.llm_engine.scheduler.num_preemptions_total > 0
+    _check_idle(llm)
+
+
+def test_a_random_head_and_one_proposal_per_step_change_nothing(setup):
+    for head, k in (("random", 3), ("fixed", 1)):
+        llm = LLM(setup["target"], speculative_config=_spec(setup["heads"][head], k), **ARGS)
+        assert _token_ids(llm, setup["prompts"]) == setup["expected"]
+        assert llm.llm_engine.scheduler.spec_decode_counts.num_draft_tokens > 0
+        _check_idle(llm)
+
+
+def test_a_head_for_another_model_is_refused_naming_the_key(setup, tmp_path):
+    wide = make_tiny_eagle3_head(tmp_path / "wide", target_hidden=128)
+    with pytest.raises(ValueError, match=r"speculative_config.model .* target_hidden_size is 128, the target's is 64"):
+        LLM(setup["target"], speculative_config=_spec(str(wide)), **ARGS)
+    deep = make_tiny_eagle3_head(tmp_path / "deep", aux_layers=(0, 1, 9))
+    with pytest.raises(ValueError, match=r"speculative_config.model .* auxiliary layers"):
+        LLM(setup["target"], speculative_config=_spec(str(deep)), **ARGS)
+    with pytest.raises(ValueError, match=r"speculative_config.model .*config.json"):
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "config.json").write_text("{}")
+        (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
+        LLM(setup["target"], speculative_config=_spec(str(tmp_path / "broken")), **ARGS)

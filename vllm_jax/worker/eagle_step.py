@@ -1,0 +1,127 @@
+"""The EAGLE-3 head on the device: its params, its own one-layer KV cache, and its one program.
+
+`eagle3` speculation (docs/architecture.md, "Speculative decoding"). The target's forward also returns three
+layers' hidden states for every token (`DecoderLM.aux_hidden_layers`). After the target's step the head runs,
+in one program:
+
+- catch-up: every token the target kept this step (its rejected proposals dropped), at the target's positions
+  and slots, fed the *next* token (EAGLE's shift: position p sees token p + 1) and the target's states at p
+  (through `fc`); the last kept token of each row predicts proposal 1;
+- chain: k - 1 one-token steps per request, each fed the previous proposal and the head's own output state
+  (spec_decode's chain packing, `worker/draft_chain.py`).
+
+Like the draft model's, the head's cache has the target's block count and every request uses the same block ids
+in both, so the block manager allocates and frees it with the target's. Proposals are the head's argmax mapped to
+target ids (`d2t`): q is one-hot, so verification is the n-gram's (sample/sampler.py, `verify_proposals`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vllm_jax.config import EngineConfig
+from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
+from vllm_jax.model.eagle3_spec import Eagle3Spec
+
+from vllm_jax.model.eagle3_head import draft_to_target_ids
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.worker.device_step import input_signature
+from vllm_jax.worker.draft_chain import ChainInputs
+from vllm_jax.worker.draft_step import DraftCacheLayout, LoadOrCompile
+from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block
+
+
+def eagle3_aux_layers(head_dir: str, num_layers: int) -> tuple[int, ...]:
+    """The target layers whose input states the head reads: its config's `eagle_aux_hidden_state_layer_ids`
+    (top level or in `eagle_config`), else vLLM's default (early, middle, late)."""
+    config = json.loads((Path(head_dir) / "config.json").read_text())
+    layers = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    layers = tuple(layers) if layers else eagle3_default_layers(num_layers)
+    try:
+        layers = check_aux_layers(layers, num_layers)
+    except ValueError as exc:
+        raise ValueError(f"speculative_config.model {head_dir!r}: its auxiliary layers {layers} do not fit the "
+                         f"target ({exc}); set eagle_aux_hidden_state_layer_ids in its config.json") from None
+    if len(layers) != 3:
+        raise ValueError(f"speculative_config.model {head_dir!r}: an EAGLE-3 head reads 3 target layers; its "
+                         f"config names {len(layers)}")
+    return layers
+
+
+def eagle_cache_layout(config: EngineConfig, spec: Eagle3Spec, mesh: Mesh) -> DraftCacheLayout:
+    """The head's one-layer cache, whole on the (one-device) mesh."""
+    layer, block_size = spec.layer, config.cache_config.block_size
+    dtype = config.model_config.kv_cache_dtype
+    shape = KVCacheShape(1, 0, block_size, layer.num_kv_heads, layer.head_dim, dtype)
+    return DraftCacheLayout(shape, NamedSharding(mesh, PartitionSpec()),
+                            bytes_per_block(1, block_size, layer.num_kv_heads, layer.head_dim, dtype))
+
+
+class EagleStep:
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, num_speculative_tokens: int,
+                 embed_tokens: jax.Array | None, load_or_compile: LoadOrCompile,
+                 on_trace: Callable[[], None] = lambda: None):
+        """`embed_tokens`: the target's embedding, for a head without its own (None: it has one)."""
+        self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
+        self.k = num_speculative_tokens
+        self.embed_tokens = embed_tokens
+        self.on_trace = on_trace
+        self._load_or_compile = load_or_compile
+        self._executables: dict[tuple, Any] = {}
+        self._propose = jax.jit(self._propose_impl, donate_argnums=(1,))
+
+    def _propose_impl(self, params, kv_cache, embed_tokens, aux, gather, catch_up: StepInputs,
+                      chain: ChainInputs | None):
+        self.on_trace()
+        head = nnx.merge(self.graphdef, params)
+        d2t = head.d2t[...]
+        kv_cache, hidden, logits = head(kv_cache, catch_up, aux[gather], from_target=True, embed_tokens=embed_tokens)
+        token_ids = draft_to_target_ids(jnp.argmax(logits, axis=-1).astype(jnp.int32), d2t)  # [S]
+        if chain is None:
+            return kv_cache, token_ids[None]
+        state = hidden[catch_up.logits_indices]  # [S, H]: one chain token per row (T = S)
+
+        def one(carry, xs):
+            kv_cache, token_ids, state = carry
+            positions, slot_mapping, seq_lens = xs
+            inputs = StepInputs(token_ids, positions, slot_mapping, chain.block_tables, seq_lens,
+                                chain.query_start_loc, chain.num_seqs, chain.logits_indices)
+            kv_cache, hidden, logits = head(kv_cache, inputs, state, from_target=False, embed_tokens=embed_tokens)
+            token_ids = draft_to_target_ids(jnp.argmax(logits, axis=-1).astype(jnp.int32), d2t)
+            return (kv_cache, token_ids, hidden), token_ids
+
+        xs = (chain.positions, chain.slot_mapping, chain.seq_lens)
+        (kv_cache, _, _), rest = jax.lax.scan(one, (kv_cache, token_ids, state), xs)
+        return kv_cache, jnp.concatenate([token_ids[None], rest])  # [k, S]
+
+    def _args(self, aux, gather, catch_up: StepInputs, chain: ChainInputs | None) -> tuple:
+        return self.params, self.kv_cache, self.embed_tokens, aux, gather, catch_up, chain
+
+    def propose(self, aux: jax.Array, gather: np.ndarray, catch_up: StepInputs,
+                chain: ChainInputs | None) -> np.ndarray:
+        """[S, k] int32: each row's k greedy proposals (rows that do not propose: garbage); waits for them."""
+        args = self._args(aux, gather, catch_up, chain)
+        program = self._executables.get(("eagle3", input_signature(args[3:])), self._propose)
+        self.kv_cache, proposed = program(*args)
+        return np.asarray(proposed).T
+
+    def precompile(self, aux: jax.ShapeDtypeStruct, gather: np.ndarray, catch_up: StepInputs,
+                   chain: ChainInputs | None) -> None:
+        args = self._args(aux, gather, catch_up, chain)
+        key = ("eagle3", input_signature(args[3:]))
+        if key not in self._executables:
+            self._executables[key] = self._load_or_compile(key, self._propose, args, args, (0, 0))
+
+    @property
+    def executables(self) -> list:
+        return list(self._executables.values())
