@@ -94,3 +94,49 @@ def test_a_head_for_another_model_is_refused_naming_the_key(setup, tmp_path):
         (tmp_path / "broken" / "config.json").write_text("{}")
         (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
         LLM(setup["target"], speculative_config=_spec(str(tmp_path / "broken")), **ARGS)
+
+
+def test_proposals_are_the_heads_own_greedy_chain(setup):
+    """The wiring, against a dense reference: after any step, a request's proposals are what the head computes
+    over its whole known sequence (position p fed token p + 1 and the target's states entering layers 0, 1, 3
+    at p, through fc), then fed its own proposals and output states. Ragged batches, chunked prompts and rejected
+    proposals all go through the engine's catch-up first."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import LlamaForCausalLM
+
+    from tests.test_eagle3_head import _reference
+
+    head_dir = setup["heads"]["random"]
+    llm = LLM(setup["target"], speculative_config=_spec(head_dir), **dict(ARGS, max_num_batched_tokens=8))
+    runner = llm.llm_engine.runner
+    records: list[tuple[list[int], list[int]]] = []
+    propose = runner._propose
+
+    def recording(step, update, sampled):
+        out = propose(step, update, sampled)
+        batch = runner.input_batch
+        for req_id, proposal in out.items():
+            slot = batch.slot_of[req_id]
+            records.append((batch.token_ids[slot, :batch.num_tokens[slot]].tolist(), proposal))
+        return out
+
+    runner._propose = recording
+    assert _token_ids(llm, setup["prompts"][:3], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)) \
+        == [e[:6] for e in setup["expected"][:3]]
+    assert len(records) >= 9
+    target = LlamaForCausalLM.from_pretrained(setup["target"]).eval()
+    tensors = load_file(f"{head_dir}/model.safetensors")
+    fc = tensors["fc.weight"]
+    for tokens, proposal in records[::3]:
+        with torch.no_grad():
+            states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+        aux = np.concatenate([states[i][0].numpy() for i in (0, 1, 3)], axis=-1)[:-1]  # positions 0..L-2
+        head_tokens, features = tokens[1:], aux @ fc.T
+        expected = []
+        for _ in range(len(proposal)):
+            hidden, logits = _reference(tensors, head_tokens, features, False, tensors["embed_tokens.weight"], False)
+            expected.append(int(np.argmax(logits[-1])))  # d2t is the identity for this head
+            head_tokens = head_tokens + [expected[-1]]
+            features = np.concatenate([features, hidden[-1:]])
+        assert proposal == expected, (tokens, proposal, expected)
