@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from dataclasses import dataclass
 
 import jax
@@ -21,6 +22,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
+from vllm_jax.model.eagle3_head import Eagle3Head
+from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, flatten_params, unflatten_params
@@ -30,7 +33,8 @@ from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.draft_step import DraftStep, draft_cache_layout
+from vllm_jax.worker.draft_step import DraftCacheLayout, DraftStep, draft_cache_layout
+from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers, eagle_cache_layout
 from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block, cache_shape, min_kv_blocks
 
 DeviceStepFactory = Callable[..., DeviceStep]
@@ -47,7 +51,8 @@ class AbstractEngine:
     max_blocks_per_seq: int
     token_buckets: list[int]
     seq_buckets: list[int]
-    draft: tuple[nnx.GraphDef, nnx.State, DecoderSpec] | None = None  # method draft_model: the draft, abstract
+    # method draft_model: the draft (graph, abstract params, DecoderSpec); eagle3: the head (its Eagle3Spec)
+    draft: tuple[nnx.GraphDef, nnx.State, DecoderSpec | Eagle3Spec] | None = None
 
     @classmethod
     def build(cls, config: EngineConfig, devices: list | tuple) -> AbstractEngine:
@@ -57,8 +62,14 @@ class AbstractEngine:
         mesh = make_mesh(tp, 1, devices=list(devices))
         backend = config.resolved_attention_backend
         check_tensor_parallel_layout(spec, tp, backend)
-        graphdef, params = _abstract_model(config, entry, spec, backend, mesh)
-        draft = None
+        head = None
+        if _method(config) == "eagle3":
+            if tp > 1:
+                raise ValueError("speculative_config method 'eagle3' runs with tensor_parallel_size 1 only")
+            head = _abstract_head(config, backend, mesh)
+        aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head else ()
+        graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers)
+        draft = head
         if config.draft_model_config is not None:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)
             check_tensor_parallel_layout(draft_spec, tp, backend)
@@ -82,8 +93,14 @@ class AbstractEngine:
     @property
     def kv_bytes_per_block(self) -> int:
         """One block's bytes on one device (the engine's budget is per device: kv_cache.size_kv_cache)."""
-        draft = draft_cache_layout(self.config, self.draft[2], self.mesh).bytes_per_block if self.draft else 0
+        draft = self._draft_cache().bytes_per_block if self.draft else 0
         return self.target_kv_bytes_per_block + draft
+
+    def _draft_cache(self) -> DraftCacheLayout:
+        spec = self.draft[2]
+        if isinstance(spec, Eagle3Spec):
+            return eagle_cache_layout(self.config, spec, self.mesh)
+        return draft_cache_layout(self.config, spec, self.mesh)
 
     @property
     def target_kv_bytes_per_block(self) -> int:
@@ -116,29 +133,35 @@ class AbstractEngine:
         counter = TraceCounter()
         mc = self.config.model_config
         step = device_step(self.graphdef, self.params, self.kv_cache(num_blocks), self.mesh, mc.max_logprobs,
-                           on_trace=counter, num_slots=self.config.scheduler_config.max_num_seqs)
+                           on_trace=counter, num_slots=self.config.scheduler_config.max_num_seqs,
+                           returns_aux=self.draft is not None and isinstance(self.draft[2], Eagle3Spec))
         shapes = StepShapes(buckets or self.buckets(), self.config.cache_config.block_size, self.max_blocks_per_seq,
                             self.spec.vocab_size, mc.max_logprobs, self.config.async_scheduling,
                             self.config.speculative_config is not None)
-        drafter, chains = None, None
+        drafter, chains, eagle = None, None, None
         if self.draft is not None:
             graphdef, params, spec = self.draft
-            layout = draft_cache_layout(self.config, spec, self.mesh)
+            layout = self._draft_cache()
             kv_cache = dataclasses.replace(layout.shape, num_blocks=num_blocks).abstract(layout.sharding)
-            drafter = DraftStep(graphdef, params, kv_cache, self.config.speculative_config.num_speculative_tokens,
-                                step.load_or_compile, on_trace=counter)
+            k = self.config.speculative_config.num_speculative_tokens
+        if self.draft is not None and isinstance(spec, Eagle3Spec):
+            own = "embed_tokens" in nnx.to_pure_dict(params)
+            embed = None if own else nnx.to_pure_dict(self.params)["embed_tokens"]  # the target's, shared
+            eagle = EagleStep(graphdef, params, kv_cache, k, embed, step.load_or_compile, on_trace=counter)
+        elif self.draft is not None:
+            drafter = DraftStep(graphdef, params, kv_cache, k, step.load_or_compile, on_trace=counter)
             max_num_seqs = self.config.scheduler_config.max_num_seqs
             chains = chain_buckets(self.token_buckets, lambda t: seq_bucket_for(t, self.seq_buckets, max_num_seqs),
                                    max_num_seqs)
             if buckets is not None:  # narrowed: the chains of those token buckets only
                 chains = [pair for pair in chains if pair in buckets]
-        return CompilationManager(step, counter, shapes, None, drafter=drafter, chain_buckets=chains)
+        return CompilationManager(step, counter, shapes, None, drafter=drafter, chain_buckets=chains, eagle=eagle)
 
 
-def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str,
-                    mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State]:
+def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str, mesh: Mesh,
+                    aux_layers: tuple[int, ...] = ()) -> tuple[nnx.GraphDef, nnx.State]:
     """The model as the runner builds it (model_loader.build_model's arguments), every param a ShapeDtypeStruct
-    on its partition rule's sharding, laid out for the platform's layer loop."""
+    on its partition rule's sharding, laid out for the platform's layer loop (`aux_layers`: EAGLE-3's)."""
     mc, pc = config.model_config, config.parallel_config
     kwargs = {}
     if pc.tensor_parallel_size > 1 and backend != "xla":
@@ -158,6 +181,7 @@ def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str
     nnx.replace_by_pure_dict(state, unflatten_params({path: place(path, leaf) for path, leaf in flat.items()}))
     model = nnx.merge(graphdef, state)
     model.scan_layers = config.scan_layers
+    model.aux_hidden_layers = aux_layers
     graphdef, params = nnx.split(model)
     if not config.scan_layers or (config.platform == "cpu" and model.switched_scan):
         _unstack_abstract(params)
@@ -180,3 +204,26 @@ def shard_bytes(leaf: jax.ShapeDtypeStruct) -> int:
     for d in shape:
         size *= d
     return size * jnp.dtype(leaf.dtype).itemsize
+
+
+def _method(config: EngineConfig) -> str | None:
+    return config.speculative_config.method if config.speculative_config is not None else None
+
+
+def _abstract_head(config: EngineConfig, backend: str, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State, Eagle3Spec]:
+    """The EAGLE-3 head as the runner loads it (model_loader.eagle3_loader), its params abstract and replicated."""
+    from vllm_jax.model_loader.eagle3_loader import read_eagle3_spec
+    from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
+
+    directory = config.speculative_config.model
+    spec = read_eagle3_spec(directory)
+    own_embedding = "embed_tokens.weight" in SafetensorsCheckpoint(Path(directory)).names()
+    dtype = jnp.dtype(NP_DTYPES[config.model_config.dtype])
+    head = nnx.eval_shape(lambda: Eagle3Head(spec, dtype, rngs=nnx.Rngs(0), own_embedding=own_embedding,
+                                             attention_backend=backend, platform=config.platform))
+    graphdef, state = nnx.split(head)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    flat = flatten_params(nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, unflatten_params(
+        {path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated) for path, leaf in flat.items()}))
+    return graphdef, state, spec

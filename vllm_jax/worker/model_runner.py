@@ -35,10 +35,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.layers import unstack_layers
 from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model_loader.eagle3_loader import load_eagle3_head
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.pallas_kernels.dispatch import block_table_width
@@ -53,9 +51,10 @@ from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCou
 from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import DeviceStep, StepResult
 from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers, eagle_cache_layout
+from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
-from vllm_jax.worker.draft_step import DraftStep, draft_cache_layout
+from vllm_jax.worker.draft_step import DraftStep
+from vllm_jax.worker.speculators import load_draft_model, load_eagle3
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
 from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
@@ -103,8 +102,9 @@ class ModelRunner:
         self.attention_backend = config.resolved_attention_backend
         check_tensor_parallel_layout(self.spec, tp, self.attention_backend)
         speculative = config.speculative_config
+        method = speculative.method if speculative is not None else None
         # EAGLE-3: the head, and the target layers whose states it reads (the target's forward returns them)
-        head = self._load_eagle() if speculative is not None and speculative.method == "eagle3" else None
+        head = load_eagle3(config, self.spec, self.mesh, self.attention_backend) if method == "eagle3" else None
         aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
         graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
                                             aux_layers)
@@ -126,10 +126,11 @@ class ModelRunner:
                                        speculative.prompt_lookup_min)
                          if self.speculates and speculative.method == "ngram" else None)
         self.spec_disable_batch_size = speculative.disable_by_batch_size if self.speculates else None
-        draft = self._load_draft(random_weights) if config.draft_model_config is not None else None
+        speculator = head or (load_draft_model(config, self.attention_backend, self._load_model, random_weights)
+                              if method == "draft_model" else None)
         # A draft model or head writes its proposals' KV past each step's tokens: the scheduler allocates those
         # slots too.
-        self.num_lookahead_tokens = speculative.num_speculative_tokens if draft or head else 0
+        self.num_lookahead_tokens = speculative.num_speculative_tokens if speculator else 0
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
                             self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
                             self.speculates)
@@ -142,32 +143,23 @@ class ModelRunner:
             probe_cache = cache_shape(config, self.spec, min_kv_blocks(config)).abstract(kv_sharding)
             probe = DeviceStep(graphdef, params, probe_cache, self.mesh, self.max_logprobs)
             temp_bytes = probe_temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
-        draft_cache = (draft_cache_layout(config, draft[2], self.mesh) if draft is not None
-                       else eagle_cache_layout(config, head[2], self.mesh) if head is not None else None)
+        second = speculator.cache_layout(config, self.mesh).bytes_per_block if speculator else 0
         kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes, device=self.mesh.devices.flat[0],
-                                 extra_bytes_per_block=draft_cache.bytes_per_block if draft_cache else 0)
+                                 extra_bytes_per_block=second)
         self.num_blocks = kv_shape.num_blocks
         kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
         counter = TraceCounter()
-        state = (params, kv_cache, *((draft or head or ())[1:2]))
+        state = (params, kv_cache) + ((speculator.params,) if speculator else ())
         store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), state)
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
                                  on_trace=counter, num_slots=sc.max_num_seqs, returns_aux=bool(aux_layers))
         if probe is not None:
             self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
-        self.drafter = None  # draft_model speculation: the draft's programs and KV cache
-        if draft is not None:
-            draft_kv = allocate_kv_cache(dataclasses.replace(draft_cache.shape, num_blocks=self.num_blocks),
-                                         draft_cache.sharding)
-            self.drafter = DraftStep(draft[0], draft[1], draft_kv, speculative.num_speculative_tokens,
-                                     self.device.load_or_compile, on_trace=counter)
-        self.eagle = None  # eagle3 speculation: the head's program and KV cache
-        if head is not None:
-            head_kv = allocate_kv_cache(dataclasses.replace(draft_cache.shape, num_blocks=self.num_blocks),
-                                        draft_cache.sharding)
-            embed = None if head[3] else nnx.to_pure_dict(params)["embed_tokens"]  # a head without its own
-            self.eagle = EagleStep(head[0], head[1], head_kv, speculative.num_speculative_tokens, embed,
-                                   self.device.load_or_compile, on_trace=counter)
+        built = (speculator.build(config, self.mesh, self.num_blocks, params, self.device.load_or_compile, counter)
+                 if speculator else None)
+        # draft_model / eagle3 speculation: the draft's or the head's programs and KV cache
+        self.drafter = built if isinstance(built, DraftStep) else None
+        self.eagle = built if isinstance(built, EagleStep) else None
         self.chain_shapes = ChainShapes(self.token_buckets, self.seq_bucket, self.block_size, mc.max_model_len)
         self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir,
                                               drafter=self.drafter, chain_buckets=chain_buckets(
@@ -210,43 +202,6 @@ class ModelRunner:
     @property
     def kv_cache(self) -> jax.Array:
         return self.device.kv_cache
-
-    def _load_eagle(self) -> tuple[nnx.GraphDef, nnx.State, Eagle3Spec, bool]:
-        """method eagle3: the head's graph, params, spec and whether it has its own embedding; its vocabulary and
-        input width checked against the target's."""
-        sc, tp = self.config.speculative_config, self.config.parallel_config.tensor_parallel_size
-        if tp > 1 or jax.process_count() > 1:
-            raise ValueError("speculative_config method 'eagle3' runs on one device in one process so far "
-                             "(its head has no partition rules); use tensor_parallel_size 1")
-        try:
-            head = load_eagle3_head(sc.model, self.config.model_config.dtype,
-                                    attention_backend=self.attention_backend, platform=self.config.platform,
-                                    sharding_for=lambda path, shape: NamedSharding(self.mesh, PartitionSpec()))
-        except ValueError as exc:
-            raise ValueError(f"speculative_config.model {sc.model!r}: {exc}") from None
-        spec = head.spec
-        for what, got, want in (("vocab_size", spec.vocab_size, self.spec.vocab_size),
-                                ("target_hidden_size", spec.target_hidden_size, self.spec.hidden_size)):
-            if got != want:
-                raise ValueError(f"speculative_config.model {sc.model!r} is an EAGLE-3 head for another model: its "
-                                 f"{what} is {got}, the target's is {want}")
-        own_embedding = hasattr(head, "embed_tokens")
-        graphdef, params = nnx.split(head)
-        return graphdef, params, spec, own_embedding
-
-    def _load_draft(self, random_weights: bool) -> tuple[nnx.GraphDef, nnx.State, DecoderSpec]:
-        """method draft_model: the draft's graph, params and spec, sharded like the target's."""
-        dc = self.config.draft_model_config
-        if jax.process_count() > 1:
-            raise ValueError("speculative_config method 'draft_model' runs in one process only (its proposal chain "
-                             "is not broadcast to other hosts)")
-        try:
-            entry, spec = resolve_architecture(dc.hf_config)
-        except ValueError as exc:
-            raise ValueError(f"speculative_config.model {dc.model!r}: {exc}") from None
-        check_tensor_parallel_layout(spec, self.config.parallel_config.tensor_parallel_size, self.attention_backend)
-        graphdef, params = self._load_model(entry, spec, None if random_weights else dc.source)
-        return graphdef, params, spec
 
     def _expert_parallel_kwargs(self, spec: DecoderSpec) -> dict:
         """With --enable-expert-parallel, MoE models dispatch tokens to experts sharded over the "model" axis."""

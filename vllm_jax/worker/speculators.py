@@ -1,0 +1,90 @@
+"""The model a `draft_model` or `eagle3` speculative_config adds to the runner: loaded and checked against the
+target, its KV cache's layout (sharing the target's block ids), and the device holder of its programs
+(docs/architecture.md, "Speculative decoding")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vllm_jax.config import EngineConfig
+from vllm_jax.model.eagle3_spec import Eagle3Spec
+from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model_loader.eagle3_loader import load_eagle3_head
+from vllm_jax.model_loader.source import ModelSource
+from vllm_jax.sharding import check_tensor_parallel_layout
+from vllm_jax.worker.draft_step import DraftCacheLayout, DraftStep, LoadOrCompile, draft_cache_layout
+from vllm_jax.worker.eagle_step import EagleStep, eagle_cache_layout
+from vllm_jax.worker.kv_cache import allocate_kv_cache
+
+# (registry entry, spec, source or None for random weights) -> (graphdef, sharded params): the runner's loader
+LoadModel = Callable[[object, DecoderSpec, ModelSource | None], tuple[nnx.GraphDef, nnx.State]]
+
+
+@dataclass
+class SpeculatorModel:
+    graphdef: nnx.GraphDef
+    params: nnx.State
+    spec: DecoderSpec | Eagle3Spec  # Eagle3Spec: an EAGLE-3 head; DecoderSpec: a draft model
+    own_embedding: bool = True  # an EAGLE-3 head without one reads the target's
+
+    def cache_layout(self, config: EngineConfig, mesh: Mesh) -> DraftCacheLayout:
+        if isinstance(self.spec, Eagle3Spec):
+            return eagle_cache_layout(config, self.spec, mesh)
+        return draft_cache_layout(config, self.spec, mesh)
+
+    def build(self, config: EngineConfig, mesh: Mesh, num_blocks: int, target_params: nnx.State,
+              load_or_compile: LoadOrCompile, on_trace: Callable[[], None]) -> DraftStep | EagleStep:
+        """Its KV cache (the target's block count) and programs."""
+        layout = self.cache_layout(config, mesh)
+        kv_cache = allocate_kv_cache(dataclasses.replace(layout.shape, num_blocks=num_blocks), layout.sharding)
+        k = config.speculative_config.num_speculative_tokens
+        if isinstance(self.spec, Eagle3Spec):
+            embed = None if self.own_embedding else nnx.to_pure_dict(target_params)["embed_tokens"]
+            return EagleStep(self.graphdef, self.params, kv_cache, k, embed, load_or_compile, on_trace=on_trace)
+        return DraftStep(self.graphdef, self.params, kv_cache, k, load_or_compile, on_trace=on_trace)
+
+
+def load_draft_model(config: EngineConfig, attention_backend: str, load_model: LoadModel,
+                     random_weights: bool) -> SpeculatorModel:
+    """method draft_model: the draft, sharded like the target (its vocabulary was checked with the config)."""
+    dc = config.draft_model_config
+    if jax.process_count() > 1:
+        raise ValueError("speculative_config method 'draft_model' runs in one process only (its proposal chain "
+                         "is not broadcast to other hosts)")
+    try:
+        entry, spec = resolve_architecture(dc.hf_config)
+    except ValueError as exc:
+        raise ValueError(f"speculative_config.model {dc.model!r}: {exc}") from None
+    check_tensor_parallel_layout(spec, config.parallel_config.tensor_parallel_size, attention_backend)
+    graphdef, params = load_model(entry, spec, None if random_weights else dc.source)
+    return SpeculatorModel(graphdef, params, spec)
+
+
+def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention_backend: str) -> SpeculatorModel:
+    """method eagle3: the head, whole on the (one-device) mesh, its vocabulary and input width checked against
+    the target's."""
+    sc = config.speculative_config
+    if config.parallel_config.tensor_parallel_size > 1 or jax.process_count() > 1:
+        raise ValueError("speculative_config method 'eagle3' runs on one device in one process so far (its head "
+                         "has no partition rules); use tensor_parallel_size 1")
+    try:
+        head = load_eagle3_head(sc.model, config.model_config.dtype, attention_backend=attention_backend,
+                                platform=config.platform,
+                                sharding_for=lambda path, shape: NamedSharding(mesh, PartitionSpec()))
+    except ValueError as exc:
+        raise ValueError(f"speculative_config.model {sc.model!r}: {exc}") from None
+    for what, got, want in (("vocab_size", head.spec.vocab_size, target.vocab_size),
+                            ("target_hidden_size", head.spec.target_hidden_size, target.hidden_size)):
+        if got != want:
+            raise ValueError(f"speculative_config.model {sc.model!r} is an EAGLE-3 head for another model: its "
+                             f"{what} is {got}, the target's is {want}")
+    own_embedding = hasattr(head, "embed_tokens")
+    graphdef, params = nnx.split(head)
+    return SpeculatorModel(graphdef, params, head.spec, own_embedding)
