@@ -55,12 +55,10 @@ def _check_idle(llm: LLM) -> None:
     assert not engine.scheduler.requests and not engine.runner.requests
 
 
-@pytest.mark.parametrize("case", ["plain", "chunked", "preempting"])
+@pytest.mark.parametrize("case", ["plain", "preempting"])  # chunked prompts: the wiring test below
 def test_greedy_output_is_identical_and_right_proposals_are_accepted(setup, case):
     args = dict(ARGS)
-    if case == "chunked":
-        args.update(max_num_batched_tokens=8)  # prompts arrive in chunks: the head catches up chunk by chunk
-    elif case == "preempting":
+    if case == "preempting":
         args.update(num_gpu_blocks_override=12, max_model_len=64)  # 11 blocks of 8 for 8 requests
     llm = LLM(setup["target"], speculative_config=_spec(setup["heads"]["fixed"]), **args)
     compiled = llm.llm_engine.runner.num_compilations
@@ -74,12 +72,12 @@ def test_greedy_output_is_identical_and_right_proposals_are_accepted(setup, case
     _check_idle(llm)
 
 
-def test_a_random_head_and_one_proposal_per_step_change_nothing(setup):
-    for head, k in (("random", 3), ("fixed", 1)):
-        llm = LLM(setup["target"], speculative_config=_spec(setup["heads"][head], k), **ARGS)
-        assert _token_ids(llm, setup["prompts"]) == setup["expected"]
-        assert llm.llm_engine.scheduler.spec_decode_counts.num_draft_tokens > 0
-        _check_idle(llm)
+def test_one_proposal_per_step_changes_nothing(setup):
+    """k = 1: the head's catch-up proposes, no chain runs."""
+    llm = LLM(setup["target"], speculative_config=_spec(setup["heads"]["fixed"], 1), **ARGS)
+    assert _token_ids(llm, setup["prompts"]) == setup["expected"]
+    assert llm.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens > 0
+    _check_idle(llm)
 
 
 def test_a_head_for_another_model_is_refused_naming_the_key(setup, tmp_path):
@@ -122,13 +120,16 @@ def test_proposals_are_the_heads_own_greedy_chain(setup):
         return out
 
     runner._propose = recording
-    assert _token_ids(llm, setup["prompts"][:3], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)) \
-        == [e[:6] for e in setup["expected"][:3]]
+    compiled = runner.num_compilations
+    # a random head: its proposals are almost all rejected, so the catch-up drops tokens every step
+    assert _token_ids(llm, setup["prompts"]) == setup["expected"]
+    assert runner.num_compilations == compiled
+    _check_idle(llm)
     assert len(records) >= 9
     target = LlamaForCausalLM.from_pretrained(setup["target"]).eval()
     tensors = load_file(f"{head_dir}/model.safetensors")
     fc = tensors["fc.weight"]
-    for tokens, proposal in records[::3]:
+    for tokens, proposal in records[::10]:
         with torch.no_grad():
             states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
         aux = np.concatenate([states[i][0].numpy() for i in (0, 1, 3)], axis=-1)[:-1]  # positions 0..L-2
