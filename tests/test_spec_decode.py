@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import EOS_ID, VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, SamplingParams
 
@@ -41,23 +42,13 @@ def _repetitive_prompts(n: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def _token_ids(llm: LLM, prompts, params) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-
-
-def _check_idle(llm: LLM) -> None:
-    engine = llm.llm_engine
-    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks
-    assert not engine.scheduler.requests and not engine.runner.requests
-
-
 def test_greedy_output_is_identical_and_proposals_are_accepted(engines):
     prompts = _repetitive_prompts(12)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     on = engines["on"]
     compiled = on.llm_engine.runner.num_compilations
     before = on.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens
-    assert _token_ids(on, prompts, params) == _token_ids(engines["off"], prompts, params)
+    assert token_ids(on, prompts, params) == token_ids(engines["off"], prompts, params)
     counts = on.llm_engine.scheduler.spec_decode_counts
     assert counts.num_accepted_tokens - before > 20, "the workload must exercise accepted proposals"
     assert counts.num_accepted_tokens < counts.num_draft_tokens  # and rejected ones
@@ -65,7 +56,7 @@ def test_greedy_output_is_identical_and_proposals_are_accepted(engines):
     assert len(per_pos) == 3 and sum(per_pos) == counts.num_accepted_tokens
     assert per_pos[0] >= per_pos[1] >= per_pos[2]  # position i is accepted only after position i - 1
     assert on.llm_engine.runner.num_compilations == compiled
-    _check_idle(on)
+    check_idle(on)
 
 
 @pytest.mark.parametrize("case", ["chunked", "no_prefix_caching", "preempting", "one_seq"])
@@ -84,12 +75,12 @@ def test_greedy_output_is_identical_across_engine_configurations(checkpoint, eng
     prompts += [prompts[0] + [5, 6], prompts[0] + [7]]  # prefix-cache hits
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     compiled = llm.llm_engine.runner.num_compilations
-    assert _token_ids(llm, prompts, params) == _token_ids(engines["off"], prompts, params)
+    assert token_ids(llm, prompts, params) == token_ids(engines["off"], prompts, params)
     assert llm.llm_engine.runner.num_compilations == compiled
     assert llm.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens > 0
     if case == "preempting":
         assert llm.llm_engine.scheduler.num_preemptions_total > 0
-    _check_idle(llm)
+    check_idle(llm)
 
 
 def test_stops_logprobs_and_full_variant_requests_match_without_speculation(engines):
@@ -98,7 +89,7 @@ def test_stops_logprobs_and_full_variant_requests_match_without_speculation(engi
     give without speculation."""
     prompts = _repetitive_prompts(8, seed=2)
     off = engines["off"]
-    probe = _token_ids(off, prompts[:2], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    probe = token_ids(off, prompts[:2], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     stop_text = off.generate([prompts[1]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
                              use_tqdm=False)[0].outputs[0].text[6:8]
     assert stop_text
@@ -126,14 +117,14 @@ def test_stops_logprobs_and_full_variant_requests_match_without_speculation(engi
             assert cb.cumulative_logprob == pytest.approx(ca.cumulative_logprob, rel=1e-4, abs=1e-4)
         if a.prompt_logprobs is not None:
             assert [list(p or {}) for p in a.prompt_logprobs] == [list(p or {}) for p in b.prompt_logprobs]
-    _check_idle(engines["on"])
+    check_idle(engines["on"])
 
 
 def _speculated(llm: LLM, prompts, params) -> tuple[list[list[int]], int]:
     """The greedy outputs and how many proposals the engine verified meanwhile."""
     counts = llm.llm_engine.scheduler.spec_decode_counts
     before = counts.num_draft_tokens
-    outputs = _token_ids(llm, prompts, params)
+    outputs = token_ids(llm, prompts, params)
     return outputs, counts.num_draft_tokens - before
 
 
@@ -155,21 +146,21 @@ def test_requests_reading_their_outputs_are_speculated_exactly(engines, case):
     rarely; `test_each_verified_row_reads_the_proposals_before_it` checks the rows themselves.)"""
     prompts = _repetitive_prompts(6, seed=8)
     base = dict(temperature=0.0, max_tokens=32, ignore_eos=True)
-    plain = _token_ids(engines["off"], prompts, SamplingParams(**base))
+    plain = token_ids(engines["off"], prompts, SamplingParams(**base))
     # min_tokens: EOS made likely, so the count of outputs decides where each request stops
     options = {"repetition": dict(repetition_penalty=1.2), "presence": dict(presence_penalty=0.5),
                "frequency": dict(frequency_penalty=0.2),
                "min_tokens": dict(ignore_eos=False, min_tokens=12, logit_bias={EOS_ID: 8.0}),
                "bad_words": dict(bad_words=[_bad_word(engines["off"], plain[0])])}[case]
     params = SamplingParams(**{**base, **options})
-    expected = _token_ids(engines["off"], prompts, params)
+    expected = token_ids(engines["off"], prompts, params)
     outputs, num_drafts = _speculated(engines["on"], prompts, params)
     assert outputs == expected
     assert num_drafts > 0, "the requests must verify proposals"
     assert expected != plain, "the option must change the output"
     if case == "min_tokens":
         assert all(len(o) == 13 and o[-1] == EOS_ID for o in outputs)
-    _check_idle(engines["on"])
+    check_idle(engines["on"])
 
 
 def _text_prompts(llm: LLM, texts: list[str]) -> list[list[int]]:
@@ -205,7 +196,7 @@ def test_structured_outputs_are_speculated_position_by_position(engines, kind):
         texts = ["the cat sat on the mat. the cat sat on the mat. the", "the dog ran. the dog ran. the dog ran. the"]
         params = _structured(choice=["the cat sat on the mat", "the dog ran to the cat", "a dog"])
     prompts = _text_prompts(engines["on"], texts)
-    expected = _token_ids(engines["off"], prompts, params)
+    expected = token_ids(engines["off"], prompts, params)
     outputs, num_drafts = _speculated(engines["on"], prompts, params)
     assert outputs == expected
     assert num_drafts > 0, "the constrained requests must verify proposals"
@@ -218,7 +209,7 @@ def test_structured_outputs_are_speculated_position_by_position(engines, kind):
             assert re.fullmatch(REGEX, text), text
         else:
             assert text in params.structured_outputs.choice, text
-    _check_idle(engines["on"])
+    check_idle(engines["on"])
 
 
 def test_sampled_structured_output_with_speculation_stays_valid(engines):
@@ -236,19 +227,19 @@ def test_sampled_structured_output_with_speculation_stays_valid(engines):
     for out in outs:
         assert out.outputs[0].finish_reason == "stop"
         assert all(item in ITEMS["items"]["enum"] for item in json.loads(out.outputs[0].text))
-    _check_idle(engines["on"])
+    check_idle(engines["on"])
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(engines):
     on = engines["on"]
     prompts = _repetitive_prompts(6, seed=4)
     params = SamplingParams(temperature=0.8, seed=11, max_tokens=20, ignore_eos=True)
-    alone = _token_ids(on, [prompts[0]], params)[0]
-    batched = _token_ids(on, prompts, params)
+    alone = token_ids(on, [prompts[0]], params)[0]
+    batched = token_ids(on, prompts, params)
     assert batched[0] == alone
-    assert _token_ids(on, prompts, params) == batched
+    assert token_ids(on, prompts, params) == batched
     assert on.llm_engine.scheduler.spec_decode_counts.num_drafts > 0
-    _check_idle(on)
+    check_idle(on)
 
 
 def test_sampled_output_matches_the_targets_distribution(checkpoint):
@@ -264,7 +255,7 @@ def test_sampled_output_matches_the_targets_distribution(checkpoint):
     llms = {"off": LLM(checkpoint, **args), "on": LLM(checkpoint, speculative_config=NGRAM, **args)}
     num = 1200
     seeds = {"off": 1000, "on": 50_000}  # independent samples: the same seeds would share their noise
-    samples = {mode: np.array(_token_ids(llm, [prompt] * num, [
+    samples = {mode: np.array(token_ids(llm, [prompt] * num, [
         SamplingParams(temperature=1.0, allowed_token_ids=allowed, seed=seeds[mode] + i, max_tokens=4,
                        ignore_eos=True) for i in range(num)])) for mode, llm in llms.items()}
     counts = llms["on"].llm_engine.scheduler.spec_decode_counts
@@ -279,10 +270,10 @@ def test_sampled_output_matches_the_targets_distribution(checkpoint):
 def test_batch_size_limit_switches_proposals_off(checkpoint):
     llm = LLM(checkpoint, speculative_config={**NGRAM, "disable_by_batch_size": 2}, **ARGS)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    _token_ids(llm, _repetitive_prompts(6, seed=7), params)  # 6 running: no proposals while more than 2 run
+    token_ids(llm, _repetitive_prompts(6, seed=7), params)  # 6 running: no proposals while more than 2 run
     counts = llm.llm_engine.scheduler.spec_decode_counts
     crowded = counts.num_drafts
-    _token_ids(llm, _repetitive_prompts(1, seed=7), params)
+    token_ids(llm, _repetitive_prompts(1, seed=7), params)
     assert counts.num_drafts > crowded  # alone, it speculates
     assert crowded == 0
 

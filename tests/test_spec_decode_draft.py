@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, SamplingParams
 from vllm_jax.worker.draft_chain import pack_chain
@@ -50,27 +51,17 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, VOCAB_SIZE, int(rng.integers(5, 40))).tolist() for _ in range(n)]
 
 
-def _token_ids(llm: LLM, prompts, params) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-
-
-def _check_idle(llm: LLM) -> None:
-    engine = llm.llm_engine
-    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks
-    assert not engine.scheduler.requests and not engine.runner.requests
-
-
 def test_a_draft_equal_to_the_target_has_every_proposal_accepted(models, baseline):
     llm = LLM(models["target"], speculative_config=_spec(models["target"]), **ARGS)
     prompts = _prompts(8)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     compiled = llm.llm_engine.runner.num_compilations
-    assert _token_ids(llm, prompts, params) == _token_ids(baseline, prompts, params)
+    assert token_ids(llm, prompts, params) == token_ids(baseline, prompts, params)
     counts = llm.llm_engine.scheduler.spec_decode_counts
     assert counts.num_draft_tokens > 8 * 24 // 2  # most tokens came as proposals
     assert counts.num_accepted_tokens == counts.num_draft_tokens
     assert llm.llm_engine.runner.num_compilations == compiled
-    _check_idle(llm)
+    check_idle(llm)
 
 
 @pytest.mark.parametrize("case", ["plain", "chunked", "preempting"])  # no prefix caching: test_spec_decode.py
@@ -85,7 +76,7 @@ def test_greedy_output_is_identical_across_engine_configurations(models, baselin
     prompts += [prompts[0] + [5, 6], prompts[0] + [7]]  # prefix-cache hits: the draft's KV is shared too
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     compiled = llm.llm_engine.runner.num_compilations
-    assert _token_ids(llm, prompts, params) == _token_ids(baseline, prompts, params)
+    assert token_ids(llm, prompts, params) == token_ids(baseline, prompts, params)
     assert llm.llm_engine.runner.num_compilations == compiled
     counts = llm.llm_engine.scheduler.spec_decode_counts
     assert counts.num_draft_tokens > 0
@@ -93,7 +84,7 @@ def test_greedy_output_is_identical_across_engine_configurations(models, baselin
         assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
     if case == "preempting":
         assert llm.llm_engine.scheduler.num_preemptions_total > 0
-    _check_idle(llm)
+    check_idle(llm)
 
 
 def test_sampled_output_matches_the_targets_distribution(models):
@@ -109,7 +100,7 @@ def test_sampled_output_matches_the_targets_distribution(models):
             "on": LLM(models["target"], speculative_config=_spec(models["target"]), **args)}
     num = 800
     seeds = {"off": 1000, "on": 50_000}
-    samples = {mode: np.array(_token_ids(llm, [prompt] * num, [
+    samples = {mode: np.array(token_ids(llm, [prompt] * num, [
         SamplingParams(temperature=1.0, allowed_token_ids=allowed, seed=seeds[mode] + i, max_tokens=4,
                        ignore_eos=True) for i in range(num)])) for mode, llm in llms.items()}
     counts = llms["on"].llm_engine.scheduler.spec_decode_counts

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint, make_tiny_eagle3_head
 from vllm_jax import LLM, SamplingParams
 
@@ -28,10 +29,6 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, VOCAB_SIZE, int(rng.integers(5, 30))).tolist() for _ in range(n)]
 
 
-def _token_ids(llm: LLM, prompts, params=PARAMS) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A 4-layer target (the head reads layers 0, 1 and 3), its greedy outputs, and two heads: a random one, and
@@ -40,19 +37,13 @@ def setup(tmp_path_factory):
     make_tiny_checkpoint("llama", root / "target", seed=5, num_hidden_layers=4)
     baseline = LLM(str(root / "target"), **ARGS)
     prompts = _prompts(8)
-    expected = _token_ids(baseline, prompts)
+    expected = token_ids(baseline, prompts, PARAMS)
     frequent, count = Counter(sum(expected, [])).most_common(1)[0]
     assert count >= 8, "the workload needs a repeated token for the fixed head to be right"
     heads = {"random": make_tiny_eagle3_head(root / "random"),
              "fixed": make_tiny_eagle3_head(root / "fixed", draft_to_target=[frequent])}
     return dict(target=str(root / "target"), prompts=prompts, expected=expected,
                 heads={name: str(path) for name, path in heads.items()}, baseline=baseline)
-
-
-def _check_idle(llm: LLM) -> None:
-    engine = llm.llm_engine
-    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks
-    assert not engine.scheduler.requests and not engine.runner.requests
 
 
 @pytest.mark.parametrize("case", ["plain", "preempting"])  # chunked prompts: the wiring test below
@@ -63,21 +54,21 @@ def test_greedy_output_is_identical_and_right_proposals_are_accepted(setup, case
     llm = LLM(setup["target"], speculative_config=_spec(setup["heads"]["fixed"]), **args)
     compiled = llm.llm_engine.runner.num_compilations
     prompts = setup["prompts"] + [setup["prompts"][0] + [5, 6]]  # a prefix-cache hit
-    assert _token_ids(llm, prompts) == _token_ids(setup["baseline"], prompts)
+    assert token_ids(llm, prompts, PARAMS) == token_ids(setup["baseline"], prompts, PARAMS)
     counts = llm.llm_engine.scheduler.spec_decode_counts
     assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
     assert llm.llm_engine.runner.num_compilations == compiled
     if case == "preempting":
         assert llm.llm_engine.scheduler.num_preemptions_total > 0
-    _check_idle(llm)
+    check_idle(llm)
 
 
 def test_one_proposal_per_step_changes_nothing(setup):
     """k = 1: the head's catch-up proposes, no chain runs."""
     llm = LLM(setup["target"], speculative_config=_spec(setup["heads"]["fixed"], 1), **ARGS)
-    assert _token_ids(llm, setup["prompts"]) == setup["expected"]
+    assert token_ids(llm, setup["prompts"], PARAMS) == setup["expected"]
     assert llm.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens > 0
-    _check_idle(llm)
+    check_idle(llm)
 
 
 def test_a_head_for_another_model_is_refused_naming_the_key(setup, tmp_path):
@@ -122,9 +113,9 @@ def test_proposals_are_the_heads_own_greedy_chain(setup):
     runner._propose = recording
     compiled = runner.num_compilations
     # a random head: its proposals are almost all rejected, so the catch-up drops tokens every step
-    assert _token_ids(llm, setup["prompts"]) == setup["expected"]
+    assert token_ids(llm, setup["prompts"], PARAMS) == setup["expected"]
     assert runner.num_compilations == compiled
-    _check_idle(llm)
+    check_idle(llm)
     assert len(records) >= 9
     target = LlamaForCausalLM.from_pretrained(setup["target"]).eval()
     tensors = load_file(f"{head_dir}/model.safetensors")
