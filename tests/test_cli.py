@@ -37,3 +37,15 @@ def test_speculative_config_flag_reaches_the_engine_and_a_bad_one_is_one_error_l
     bad = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}'
     assert main(["generate", str(tmp_path / "hf"), "--speculative-config", bad]) == 2
     assert "ERROR: speculative_config.prompt_lookup_min must be a positive integer" in capsys.readouterr().err
+
+
+def test_generate_without_a_chat_template_runs_plain_prompts_or_says_why_not(tmp_path, capsys):
+    """The tiny checkpoints' tokenizer has no chat template: by default generate sends the prompts as they are
+    (a note says so); an explicit --chat is one error line, not a traceback."""
+    make_tiny_checkpoint("llama", tmp_path / "hf")
+    flags = [str(tmp_path / "hf"), "--max-model-len", "64", "--max-tokens", "4", "--prompt", "hello"]
+    assert main(["generate", *flags]) == 0
+    captured = capsys.readouterr()
+    assert "no chat template" in captured.err and ">>> hello" in captured.out
+    assert main(["generate", *flags, "--chat"]) == 2
+    assert "ERROR: --chat needs a chat template" in capsys.readouterr().err

@@ -127,8 +127,19 @@ def _generate(ns: argparse.Namespace) -> int:
     ready = time.perf_counter() - t0
     prompts = ns.prompt or DEFAULT_PROMPTS
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, seed=ns.seed)
+    chat = ns.chat
+    has_template = getattr(llm.get_tokenizer(), "chat_template", None) is not None
+    if chat is None:  # not asked either way: chat when the model has a template
+        chat = has_template
+        if not chat:
+            print("note: the tokenizer has no chat template; the prompts go to the model as plain text",
+                  file=sys.stderr)
+    elif chat and not has_template:
+        print("ERROR: --chat needs a chat template and this model's tokenizer has none; pass --no-chat",
+              file=sys.stderr)
+        return 2
     t1 = time.perf_counter()
-    if ns.chat:
+    if chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
     else:
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -231,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few examples")
     gen.add_argument("--max-tokens", type=int, default=48, help="most tokens to generate per prompt")
     gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                     help="wrap each prompt in the model's chat template")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="wrap each prompt in the model's chat template (default: when it has one)")
     add_engine_args(gen)
     gen.set_defaults(func=_generate)
 
