@@ -10,6 +10,8 @@ Slots come from the request's block table; the scheduler allocated k lookahead s
 for this. A position past the request's slots (the end of the context) repeats the last one it has: the proposals
 from there on are garbage and are cut off (`DraftChain.num_valid`). The positions it writes are never below the
 target's next uncomputed token, so no valid KV is overwritten; the next catch-up step rewrites them anyway.
+The EAGLE-3 head's chain is packed the same way (its k - 1 steps, every row of the step riding along), and its
+catch-up step from the target's step inputs (`pack_catch_up`).
 """
 
 from __future__ import annotations

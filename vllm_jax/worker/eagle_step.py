@@ -8,7 +8,7 @@ in one program:
   and slots, fed the *next* token (EAGLE's shift: position p sees token p + 1) and the target's states at p
   (through `fc`); the last kept token of each row predicts proposal 1;
 - chain: k - 1 one-token steps per request, each fed the previous proposal and the head's own output state
-  (spec_decode's chain packing, `worker/draft_chain.py`).
+  (packed like the draft model's chain, `worker/draft_chain.py`).
 
 Like the draft model's, the head's cache has the target's block count and every request uses the same block ids
 in both, so the block manager allocates and frees it with the target's. Proposals are the head's argmax mapped to
