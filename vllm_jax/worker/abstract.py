@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +33,10 @@ from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.draft_step import DraftCacheLayout, DraftStep, draft_cache_layout
-from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers, eagle_cache_layout
+from vllm_jax.worker.draft_step import DraftStep
+from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block, cache_shape, min_kv_blocks
+from vllm_jax.worker.speculators import SpeculatorModel
 
 DeviceStepFactory = Callable[..., DeviceStep]
 
@@ -51,8 +52,8 @@ class AbstractEngine:
     max_blocks_per_seq: int
     token_buckets: list[int]
     seq_buckets: list[int]
-    # method draft_model: the draft (graph, abstract params, DecoderSpec); eagle3: the head (its Eagle3Spec)
-    draft: tuple[nnx.GraphDef, nnx.State, DecoderSpec | Eagle3Spec] | None = None
+    # method draft_model / eagle3: the draft model or the head, its params abstract
+    speculator: SpeculatorModel | None = None
 
     @classmethod
     def build(cls, config: EngineConfig, devices: list | tuple) -> AbstractEngine:
@@ -69,17 +70,17 @@ class AbstractEngine:
             head = _abstract_head(config, backend, mesh)
         aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head else ()
         graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers)
-        draft = head
+        speculator = head
         if config.draft_model_config is not None:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)
             check_tensor_parallel_layout(draft_spec, tp, backend)
-            draft = (*_abstract_model(config, draft_entry, draft_spec, backend, mesh), draft_spec)
+            speculator = SpeculatorModel(*_abstract_model(config, draft_entry, draft_spec, backend, mesh), draft_spec)
         width = block_table_width(blocks_per_sequence(mc.max_model_len, config.cache_config.block_size), backend,
                                   config.platform)
         return cls(config, spec, mesh, backend, graphdef, params, width,
                    geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
                    geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth),
-                   draft)
+                   speculator)
 
     @property
     def kv_spec(self) -> PartitionSpec:
@@ -93,14 +94,9 @@ class AbstractEngine:
     @property
     def kv_bytes_per_block(self) -> int:
         """One block's bytes on one device (the engine's budget is per device: kv_cache.size_kv_cache)."""
-        draft = self._draft_cache().bytes_per_block if self.draft else 0
-        return self.target_kv_bytes_per_block + draft
-
-    def _draft_cache(self) -> DraftCacheLayout:
-        spec = self.draft[2]
-        if isinstance(spec, Eagle3Spec):
-            return eagle_cache_layout(self.config, spec, self.mesh)
-        return draft_cache_layout(self.config, spec, self.mesh)
+        speculator = self.speculator
+        second = speculator.cache_layout(self.config, self.mesh).bytes_per_block if speculator else 0
+        return self.target_kv_bytes_per_block + second
 
     @property
     def target_kv_bytes_per_block(self) -> int:
@@ -134,22 +130,18 @@ class AbstractEngine:
         mc = self.config.model_config
         step = device_step(self.graphdef, self.params, self.kv_cache(num_blocks), self.mesh, mc.max_logprobs,
                            on_trace=counter, num_slots=self.config.scheduler_config.max_num_seqs,
-                           returns_aux=self.draft is not None and isinstance(self.draft[2], Eagle3Spec))
+                           returns_aux=self.speculator is not None and isinstance(self.speculator.spec, Eagle3Spec))
         shapes = StepShapes(buckets or self.buckets(), self.config.cache_config.block_size, self.max_blocks_per_seq,
                             self.spec.vocab_size, mc.max_logprobs, self.config.async_scheduling,
                             self.config.speculative_config is not None)
-        drafter, chains, eagle = None, None, None
-        if self.draft is not None:
-            graphdef, params, spec = self.draft
-            layout = self._draft_cache()
+        programs, chains = None, None
+        if self.speculator is not None:
+            layout = self.speculator.cache_layout(self.config, self.mesh)
             kv_cache = dataclasses.replace(layout.shape, num_blocks=num_blocks).abstract(layout.sharding)
-            k = self.config.speculative_config.num_speculative_tokens
-        if self.draft is not None and isinstance(spec, Eagle3Spec):
-            own = "embed_tokens" in nnx.to_pure_dict(params)
-            embed = None if own else nnx.to_pure_dict(self.params)["embed_tokens"]  # the target's, shared
-            eagle = EagleStep(graphdef, params, kv_cache, k, embed, step.load_or_compile, on_trace=counter)
-        elif self.draft is not None:
-            drafter = DraftStep(graphdef, params, kv_cache, k, step.load_or_compile, on_trace=counter)
+            programs = self.speculator.programs(self.config, kv_cache, self.params, step.load_or_compile, counter)
+        drafter = programs if isinstance(programs, DraftStep) else None
+        eagle = programs if isinstance(programs, EagleStep) else None
+        if drafter is not None:
             max_num_seqs = self.config.scheduler_config.max_num_seqs
             chains = chain_buckets(self.token_buckets, lambda t: seq_bucket_for(t, self.seq_buckets, max_num_seqs),
                                    max_num_seqs)
@@ -210,7 +202,7 @@ def _method(config: EngineConfig) -> str | None:
     return config.speculative_config.method if config.speculative_config is not None else None
 
 
-def _abstract_head(config: EngineConfig, backend: str, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State, Eagle3Spec]:
+def _abstract_head(config: EngineConfig, backend: str, mesh: Mesh) -> SpeculatorModel:
     """The EAGLE-3 head as the runner loads it (model_loader.eagle3_loader), its params abstract and replicated."""
     from vllm_jax.model_loader.eagle3_loader import read_eagle3_spec
     from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
@@ -226,4 +218,4 @@ def _abstract_head(config: EngineConfig, backend: str, mesh: Mesh) -> tuple[nnx.
     flat = flatten_params(nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(state, unflatten_params(
         {path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated) for path, leaf in flat.items()}))
-    return graphdef, state, spec
+    return SpeculatorModel(graphdef, state, spec, own_embedding)

@@ -51,15 +51,15 @@ from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCou
 from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import DeviceStep, StepResult
 from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
-from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.draft_step import DraftStep
-from vllm_jax.worker.speculators import load_draft_model, load_eagle3
+from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
 from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
                                       min_kv_blocks, size_kv_cache)
+from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
+from vllm_jax.worker.speculators import load_draft_model, load_eagle3
 from vllm_jax.worker.step_payload import StepPayload
 
 logger = logging.getLogger(__name__)

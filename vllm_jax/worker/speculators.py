@@ -44,6 +44,11 @@ class SpeculatorModel:
         """Its KV cache (the target's block count) and programs."""
         layout = self.cache_layout(config, mesh)
         kv_cache = allocate_kv_cache(dataclasses.replace(layout.shape, num_blocks=num_blocks), layout.sharding)
+        return self.programs(config, kv_cache, target_params, load_or_compile, on_trace)
+
+    def programs(self, config: EngineConfig, kv_cache: jax.Array | jax.ShapeDtypeStruct, target_params: nnx.State,
+                 load_or_compile: LoadOrCompile, on_trace: Callable[[], None]) -> DraftStep | EagleStep:
+        """The holder of its programs over `kv_cache` (abstract for an ahead-of-time compile)."""
         k = config.speculative_config.num_speculative_tokens
         if isinstance(self.spec, Eagle3Spec):
             embed = None if self.own_embedding else nnx.to_pure_dict(target_params)["embed_tokens"]
