@@ -9,8 +9,8 @@ infinity and a cast of anything larger is NaN) and rounds to nearest even. Every
 Reads dequantize by a cast to the compute dtype (exact: every e4m3 value is a bfloat16 value) and fold the scales
 into the attention instead of a pass over the pages: q . (k_scale k) = k_scale (q . k), so k_scale joins the score
 scale, and sum p (v_scale v) / sum p = v_scale (sum p v / sum p), so v_scale multiplies the normalized output.
-Scales are Python floats baked into the program: vLLM's default is 1.0, and
-nothing here computes or loads others yet.
+Scales are Python floats baked into the program: vLLM's default is 1.0, and nothing here computes or loads
+others yet.
 """
 
 from __future__ import annotations

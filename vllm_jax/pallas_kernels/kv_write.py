@@ -3,9 +3,10 @@
 Both kernels alias the cache input to their output (`input_output_aliases`), so under a donated cache XLA
 writes into the same buffer and nothing proportional to the cache size is read or copied: only the T new
 rows move. K and V are first interleaved on the head axis ([T, 2 * num_kv_heads, head_dim], a copy of the
-new rows only, quantized for an fp8 cache by kv_quant.interleave, the xla write's own code), so that one token's K/V is one contiguous row of a page: `cache[layer, slot // block_size,
-slot % block_size]`. Padding tokens carry slots in the null block 0 (the runner's convention) and are written
-there like any other token; no sequence reads that block.
+new rows only, quantized for an fp8 cache: kv_quant.interleave, the xla write's own code), so that one token's
+K/V is one contiguous row of a page: `cache[layer, slot // block_size, slot % block_size]`. Padding tokens
+carry slots in the null block 0 (the runner's convention) and are written there like any other token; no
+sequence reads that block.
 
 * TPU: slot_mapping and the layer index are scalar-prefetched into SMEM; each grid step issues one HBM -> HBM
   DMA per token of its chunk, then waits for all of them.

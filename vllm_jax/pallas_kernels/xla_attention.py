@@ -38,7 +38,8 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
     block_tables, seq_lens, query_start_loc = map(jnp.asarray, (block_tables, seq_lens, query_start_loc))
     layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
     window = window_value(sliding_window)
-    qg = (q.astype(jnp.float32) * (sm_scale * k_scale)).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    qg = (q.astype(jnp.float32) * (sm_scale * k_scale)).reshape(num_tokens, num_kv_heads,
+                                                                num_q_heads // num_kv_heads, head_dim)
     tile = min(query_tile, num_tokens)
     if num_tokens % tile or tile == num_tokens:  # one tile: the dense product, without a loop around it
         state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
