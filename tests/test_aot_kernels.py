@@ -37,9 +37,9 @@ def _target(name: str) -> targets.Target:
     return targets.get_target(name)
 
 
-def attention_args(num_tokens: int, num_seqs: int, block_size: int, dtype, kv_heads: int = KV_HEADS):
+def attention_args(num_tokens: int, num_seqs: int, block_size: int, dtype, kv_heads: int = KV_HEADS, kv_dtype=None):
     return (jax.ShapeDtypeStruct((num_tokens, Q_HEADS, HEAD_DIM), dtype),
-            jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, block_size, 2 * kv_heads, HEAD_DIM), dtype),
+            jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, block_size, 2 * kv_heads, HEAD_DIM), kv_dtype or dtype),
             i32((num_seqs, MAX_MODEL_LEN // block_size)), i32((num_seqs,)), i32((num_seqs + 1,)), i32((1,)), i32(()))
 
 
@@ -88,6 +88,34 @@ def test_kv_write_compiles_with_the_kernel_and_updates_the_donated_cache_in_plac
     assert report.kernel_names == ("vllm_jax_write_kv_cache",)
     cache_bytes = LAYERS * NUM_PAGES * 16 * 2 * KV_HEADS * HEAD_DIM * jnp.dtype(dtype).itemsize
     assert report.memory["alias_size_in_bytes"] >= cache_bytes
+
+
+@pytest.mark.parametrize("target", ["v5e:1x1", "v6e:1x1", "h100"])
+@pytest.mark.parametrize("bucket", BUCKETS, ids=[b[0] for b in BUCKETS])
+def test_an_fp8_cache_compiles_with_both_kernels(target, bucket):
+    """--kv-cache-dtype fp8 on bfloat16 models: float8_e4m3fn pages, cast to bfloat16 before the dots (v5e has no
+    fp8 arithmetic), and the quantizing KV write updating the donated cache in place."""
+    t = _target(target)
+    _, num_tokens, num_seqs = bucket
+    args = attention_args(num_tokens, num_seqs, 16, jnp.bfloat16, kv_dtype=jnp.float8_e4m3fn)
+    report = compile_for_target(attention(t.platform), args, t)
+    assert report.ok, report.error
+    assert report.kernel_names == ("vllm_jax_ragged_paged_attention",)
+    k = jax.ShapeDtypeStruct((num_tokens, KV_HEADS, HEAD_DIM), jnp.bfloat16)
+    report = compile_for_target(kv_write(t.platform), (args[1], k, k, i32((num_tokens,)), i32(())), t,
+                                donate_argnums=(0,))
+    assert report.ok, report.error
+    assert report.kernel_names == ("vllm_jax_write_kv_cache",)
+    assert report.memory["alias_size_in_bytes"] >= LAYERS * NUM_PAGES * 16 * 2 * KV_HEADS * HEAD_DIM
+
+
+def test_an_fp8_cache_on_a_gpu_before_compute_capability_8_9_is_refused_naming_the_flags():
+    """Triton converts float8_e4m3fn only from sm_89 on: A100 is refused while tracing (at warm-up)."""
+    t = _target("a100")
+    args = attention_args(256, 256, 16, jnp.bfloat16, kv_dtype=jnp.float8_e4m3fn)
+    report = compile_for_target(attention(t.platform), args, t)
+    assert not report.ok and "ValueError: --kv-cache-dtype fp8 with pallas_gpu needs compute capability 8.9" \
+        in report.error, report.error
 
 
 def test_no_gqa_float32_fits_v5e_vmem():

@@ -80,6 +80,12 @@ def test_tpu_plan_fits_the_chip_and_sets_a_vmem_limit():
                                    group=4, num_kv_heads=8)
     assert (llama.tq, llama.pages_per_block) == (32, 8)  # the shape rule's choice fits untouched
     assert llama.smem_bytes < 64 * 1024  # no block table in SMEM: windows of 256 entries
+    fp8 = tpu_plan.tpu_plan(num_tokens=8192, num_seqs=256, head_dim=128, block_size=16, q_dtype=jnp.bfloat16,
+                            kv_dtype=jnp.float8_e4m3fn, table_width=8192, chip=CHIPS["v5e"], **LLAMA3_8B)
+    # --kv-cache-dtype fp8: 32 KiB pages, so twice the pages per 512 KiB buffer; in VMEM an 8-bit page's 16 K/V
+    # rows pad to the 32-row tiling, which the estimate counts (2 MiB of page buffers, 1 MiB in bfloat16)
+    assert (fp8.tq, fp8.pages_per_block) == (32, 16)
+    assert llama.vmem_estimate_bytes < fp8.vmem_estimate_bytes <= fp8.vmem_limit_bytes // 2
 
 
 def test_tpu_plan_shrinks_the_page_block_then_the_tile_before_refusing():
@@ -107,6 +113,16 @@ def test_gpu_plan_halves_the_kv_chunk_for_large_float32_pages():
     with pytest.raises(ValueError, match="shared memory"):
         gpu_attention.gpu_plan(num_tokens=8192, num_seqs=256, group=4, num_kv_heads=8, table_width=1024,
                                head_dim=128, block_size=128, dtype=jnp.float32, chip=tiny)
+
+
+def test_gpu_plan_refuses_an_fp8_cache_before_compute_capability_8_9():
+    """Triton converts float8_e4m3fn from sm_89 on: an A100 is refused while tracing (warm-up), naming the flags."""
+    shapes = dict(num_tokens=256, num_seqs=256, group=4, num_kv_heads=8, table_width=1024, head_dim=128,
+                  block_size=16, dtype=jnp.float8_e4m3fn)
+    assert gpu_attention.gpu_plan(**shapes, chip=CHIPS["h100"]).kv_rows == 16
+    with pytest.raises(ValueError, match=r"--kv-cache-dtype fp8 with pallas_gpu needs compute capability 8.9 .*"
+                                         r"a100 has 8.0: use --attention-backend xla"):
+        gpu_attention.gpu_plan(**shapes, chip=CHIPS["a100"])
 
 
 def test_cost_estimates_count_the_bucket_at_full_occupancy():

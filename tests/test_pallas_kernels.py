@@ -213,6 +213,7 @@ def test_tpu_block_sizes_follow_the_shapes_not_a_chip_table():
     assert (tq, pages) == (16, 3)  # never past the padded batch or the table width
     assert tpu_attention.default_head_loads(8, jnp.bfloat16) == "strided"
     assert tpu_attention.default_head_loads(2, jnp.bfloat16) == "indexed"
+    assert tpu_attention.default_head_loads(16, jnp.float8_e4m3fn) == "indexed"  # no strided path for fp8 yet
 
 
 def test_gpu_splits_kv_for_small_decode_batches_only():
@@ -236,3 +237,129 @@ def test_unknown_or_foreign_backend_names_are_clear_errors():
         dispatch.resolve_backend("pallas_tpu", "gpu")
     with pytest.raises(ValueError, match="does not run on tpu"):
         dispatch.resolve_backend("pallas_gpu", "tpu")
+
+
+# ---- fp8 KV cache (--kv-cache-dtype fp8: pallas_kernels/kv_quant.py) -------------------------------------------
+
+FP8 = jnp.float8_e4m3fn
+K_SCALE, V_SCALE = 0.5, 2.0  # not 1.0, so a backend that drops a scale fails; powers of two, so K / scale is exact
+# Two tiny ragged batches: float32 queries (the CPU model dtype) with a window and stacked layers, and bfloat16
+# queries with GQA and a soft cap (the accelerators' dtype: the TPU kernel's fp8 -> float32 -> bfloat16 cast).
+FP8_CASES = [CASES[3], CASES[2]]
+# The fp8 cache against a float32 cache of the same K/V (values ~ N(0, 1)), xla backend. e4m3 keeps 3 mantissa
+# bits: round-to-nearest errs by at most 2^-4 relative per element, and for a value of magnitude ~1 the error is
+# about uniform on +-2^-4, RMS 2^-3 / sqrt(12) = 0.036. An output row is a softmax average of V rows with scores
+# perturbed by K's errors: measured over 18 batches (3 kinds x 6 seeds), RMS error <= 0.021 and max abs error
+# <= 0.167 (the outputs reach 4.6). Bounds: RMS below one unit element's rounding RMS, max abs below one
+# worst-case rounding (2^-4) of a |v| = 4 value. Dropping either scale gives max errors of 0.5 to 2.3.
+FP8_RMS_BOUND, FP8_MAX_BOUND = 2.0 ** -3 / math.sqrt(12), 4 * 2.0 ** -4
+
+
+def _fp8_cache(kv: jax.Array, k_scale: float = K_SCALE, v_scale: float = V_SCALE) -> jax.Array:
+    """K / k_scale and V / v_scale (interleaved on the head axis) rounded to e4m3, saturated at +-448."""
+    scale = np.tile([k_scale, v_scale], kv.shape[-2] // 2)[:, None]
+    return jnp.asarray(np.clip(np.asarray(kv, np.float32) / scale, -448, 448).astype(FP8))
+
+
+def _fp8_batch(case, seed: int) -> tuple[list, dict, int, jax.Array]:
+    """(batch over an fp8 cache, kwargs without the scales, real rows, the float32 cache it was rounded from) of a
+    CASES entry."""
+    _, kind, group, head_dim, dtype, window, cap, layered, block_size = case
+    q, kv, *rest, total = make_batch(kind, group=group, head_dim=head_dim, dtype=jnp.float32, block_size=block_size,
+                                     layers=3 if layered else None, seed=seed)
+    kwargs = dict(sm_scale=head_dim ** -0.5, soft_cap=cap, sliding_window=None if window is None else jnp.int32(window),
+                  layer_index=jnp.int32(1) if layered else None)
+    return [q.astype(dtype), _fp8_cache(kv), *rest], kwargs, total, kv
+
+
+def _dequantized(cache: jax.Array) -> np.ndarray:
+    scale = np.tile([K_SCALE, V_SCALE], cache.shape[-2] // 2)[:, None]
+    return np.asarray(cache, np.float32) * scale
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_xla(case_index: int) -> tuple[list, dict, int, np.ndarray]:
+    """FP8_CASES[case_index]'s batch, kwargs (with the scales), real rows and the xla backend's output, computed
+    once for every backend it is compared with."""
+    batch, kwargs, total, _ = _fp8_batch(FP8_CASES[case_index], seed=50 + case_index)
+    kwargs.update(k_scale=K_SCALE, v_scale=V_SCALE)
+    return batch, kwargs, total, np.asarray(jax.jit(functools.partial(xla_attention.ragged_paged_attention,
+                                                                      **kwargs))(*batch), np.float32)
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+@pytest.mark.parametrize("backend", ["xla", "tpu_interpreter", "gpu"])
+def test_fp8_cache_every_backend_equals_the_xla_backend(backend, case):
+    """Each backend reads the same fp8 cache as the xla backend does; the xla backend itself equals the oracle on
+    the dequantized cache (fp8 values times their scale, in float64). The TPU kernel runs under InterpretParams
+    with the indexed head loads, the ones an fp8 cache uses (tpu_attention.default_head_loads)."""
+    batch, kwargs, total, want = _fp8_xla(FP8_CASES.index(case))
+    tol = 2e-5 if case[4] == jnp.float32 else 3e-2
+    if backend == "xla":
+        oracle_kwargs = {k: v for k, v in kwargs.items() if k not in ("k_scale", "v_scale")}
+        np.testing.assert_allclose(want[:total], oracle.attention(batch[0], _dequantized(batch[1]), *batch[2:],
+                                                                  **oracle_kwargs), atol=tol, rtol=tol)
+        return
+    run = {"tpu_interpreter": functools.partial(tpu_attention.ragged_paged_attention_tpu, head_loads="indexed",
+                                                interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
+           "gpu": functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=3)}[backend]
+    got = np.asarray(jax.jit(functools.partial(run, **kwargs))(*batch), np.float32)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got[:total], want[:total], atol=tol, rtol=tol)
+
+
+def test_fp8_cache_stays_within_the_e4m3_bound_of_a_float32_cache():
+    """See FP8_RMS_BOUND: the xla backend over the fp8 cache against the same K/V in float32 (a mixed batch with
+    a window, a soft cap and stacked layers). The fp8 cache's values read with either scale left at 1.0 (as a
+    float32 cache, so the float32 program is reused) must break the bound: it can catch a dropped scale."""
+    batch, kwargs, total, float_cache = _fp8_batch(CASES[3], seed=60)
+
+    programs = {}
+
+    def run(cache, **scales):
+        key = tuple(sorted(scales.items()))
+        if key not in programs:
+            programs[key] = jax.jit(functools.partial(xla_attention.ragged_paged_attention, **kwargs, **scales))
+        return np.asarray(programs[key](batch[0], cache, *batch[2:]), np.float32)[:total]
+
+    want = run(float_cache)
+
+    def errors(got):
+        return np.sqrt(np.mean((got - want) ** 2)), np.abs(got - want).max()
+
+    rms, worst = errors(run(batch[1], k_scale=K_SCALE, v_scale=V_SCALE))
+    assert 0 < rms < FP8_RMS_BOUND and worst < FP8_MAX_BOUND, (rms, worst)
+    for wrong in ((1.0, V_SCALE), (K_SCALE, 1.0)):
+        scale = np.tile(wrong, batch[1].shape[-2] // 2)[:, None]
+        rms, worst = errors(run(jnp.asarray(np.asarray(batch[1], np.float32) * scale)))
+        assert rms > FP8_RMS_BOUND and worst > FP8_MAX_BOUND, (wrong, rms, worst)
+
+
+@pytest.mark.parametrize("write", ["xla", "tpu_interpreter", "tpu_generic", "gpu"])
+def test_fp8_kv_write_stores_the_e4m3_rounding_of_k_over_its_scale(write):
+    """Read back times its scale, every written row is e4m3(K / k_scale) * k_scale (ml_dtypes' round to nearest
+    even), saturated at +-448 * scale; the rows not written are untouched."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(41)
+    num_kv_heads, head_dim, block_size, num_tokens = 2, 64, 8, 13
+    cache = jnp.asarray(rng.standard_normal((2, 10, block_size, 2 * num_kv_heads, head_dim)), FP8)
+    slots = jnp.asarray(np.concatenate([rng.choice(np.arange(block_size, 10 * block_size), num_tokens - 3,
+                                                   replace=False), [0, 1, 2]]), jnp.int32)
+    k, v = (rng.standard_normal((num_tokens, num_kv_heads, head_dim)).astype(np.float32) * 3 for _ in "kv")
+    k[0, 0, :4] = [1000.0, -1000.0, 3 * 2.0 ** -10, -3e-3]  # saturate to +-448 * K_SCALE; subnormals
+    fn = {"xla": functools.partial(dispatch.write_kv_cache, backend="xla"),
+          "tpu_interpreter": functools.partial(kv_write.write_kv_cache_tpu,
+                                               interpret=tpu_attention.interpret_params()),
+          "tpu_generic": functools.partial(kv_write.write_kv_cache_tpu, interpret=True),
+          "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write]
+    got = fn(cache, jnp.asarray(k), jnp.asarray(v), slots, layer_index=1, k_scale=K_SCALE, v_scale=V_SCALE)
+    assert got.dtype == FP8
+
+    def e4m3(x, scale):
+        return np.clip(x / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+    want = oracle.write_kv(np.asarray(cache, np.float32), e4m3(k, K_SCALE), e4m3(v, V_SCALE), slots, layer_index=1)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+    read_back = np.asarray(got, np.float32)[1, slots[0] // block_size, slots[0] % block_size, 0] * K_SCALE
+    assert read_back[:4].tolist() == [448 * K_SCALE, -448 * K_SCALE, 3 * 2.0 ** -10, -3 * 2.0 ** -10]

@@ -36,7 +36,8 @@ ENGINE_FLAG_HELP = {
     "served_model_name": "the model name the API answers to (default: the MODEL argument or the file's stem)",
     "dtype": "weights and activations dtype: auto (float32 on CPU, bfloat16 on TPU/GPU), float32, bfloat16, "
              "float16",
-    "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
+    "kv_cache_dtype": "KV-cache dtype: auto (the model dtype), float32, bfloat16, float16, or fp8 / fp8_e4m3 "
+                      "(float8_e4m3fn, 1 byte per element)",
     "seed": "seed of the engine's RNG (random seeds for requests that give none)",
     "max_model_len": "context length: prompt + output tokens (default: the model's max_position_embeddings)",
     "block_size": "tokens per KV-cache block (8, 16, 32, 64 or 128)",

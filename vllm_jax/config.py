@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from vllm_jax.model_loader.source import ModelSource
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# --kv-cache-dtype: the model dtypes, or vLLM's fp8 names for a float8_e4m3fn cache with per-tensor scales
+# (pallas_kernels/kv_quant.py). fp8_e5m2 is refused: nothing here is tested with it.
+KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
+_KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
@@ -49,7 +53,7 @@ class ModelConfig:
     source: ModelSource  # where it was found: kind (hf / gguf / orbax) and local path
     hf_config: Any  # transformers.PretrainedConfig
     dtype: str  # resolved: float32 / bfloat16 / float16
-    kv_cache_dtype: str
+    kv_cache_dtype: str  # resolved: a jnp dtype name (float32 / bfloat16 / float16 / float8_e4m3fn)
     max_model_len: int
     served_model_name: str
     tokenizer: str | None
@@ -279,7 +283,10 @@ class EngineArgs:
         from vllm_jax.pallas_kernels.dispatch import BACKENDS, resolve_backend
 
         _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("kv_cache_dtype", self.kv_cache_dtype, DTYPES)
+        if self.kv_cache_dtype == "fp8_e5m2":
+            raise ValueError(f"kv_cache_dtype 'fp8_e5m2' is not supported; kv_cache_dtype must be one of "
+                             f"{', '.join(KV_CACHE_DTYPES)} (fp8 and fp8_e4m3 are float8_e4m3fn)")
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("attention_backend", self.attention_backend, ("auto", *BACKENDS))
         resolve_backend(self.attention_backend, platform)  # the other accelerator's kernel is refused here
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
@@ -316,7 +323,8 @@ class EngineArgs:
                 f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
         return ModelConfig(
             model=self.model or source.path, source=source, hf_config=hf_config, dtype=dtype,
-            kv_cache_dtype=self.kv_cache_dtype if self.kv_cache_dtype != "auto" else dtype,
+            kv_cache_dtype=(dtype if self.kv_cache_dtype == "auto"
+                            else _KV_CACHE_DTYPE_NAMES.get(self.kv_cache_dtype, self.kv_cache_dtype)),
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
             tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)

@@ -57,6 +57,7 @@ class TargetResult:
     block_size: int = 0
     num_layers: int = 0
     scan_layers: bool = True
+    kv_cache_dtype: str = ""
     budget: KVBudget | None = None
     # the target's own cache per block: what the forward aliases (a draft model's cache shares the blocks)
     target_kv_bytes_per_block: int = 0
@@ -132,7 +133,8 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     mc, sc = config.model_config, config.scheduler_config
     result = TargetResult(target.name, target.platform, config.parallel_config.tensor_parallel_size,
                           config.resolved_attention_backend, mc.dtype, mc.max_model_len, sc.max_num_seqs,
-                          sc.max_num_batched_tokens, config.cache_config.block_size, scan_layers=config.scan_layers)
+                          sc.max_num_batched_tokens, config.cache_config.block_size, scan_layers=config.scan_layers,
+                          kv_cache_dtype=mc.kv_cache_dtype)
     try:
         engine = AbstractEngine.build(config, target.devices)
     except ValueError as exc:  # a tensor-parallel layout the kernels cannot serve, too few devices

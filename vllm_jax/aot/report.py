@@ -85,8 +85,9 @@ def _check_one(args: EngineArgs, name: str) -> TargetResult:
 def format_target(result: TargetResult) -> str:
     if not result.platform:  # refused before a config was built (an unknown target, a missing plugin)
         return f"== {result.target}\nREFUSED: {result.refused}"
+    kv = f" (KV cache {result.kv_cache_dtype})" if result.kv_cache_dtype not in ("", result.dtype) else ""
     lines = [f"== {result.target}: {result.platform}, tp {result.tensor_parallel_size}, {result.attention_backend}, "
-             f"{result.dtype}, max_model_len {result.max_model_len}, max_num_seqs {result.max_num_seqs}, "
+             f"{result.dtype}{kv}, max_model_len {result.max_model_len}, max_num_seqs {result.max_num_seqs}, "
              f"max_num_batched_tokens {result.max_num_batched_tokens}, block_size {result.block_size}"]
     if result.refused:
         return "\n".join(lines + [f"REFUSED: {result.refused}"])

@@ -163,15 +163,19 @@ class AttentionKernels:
     graphdef): a resolved backend, the platform the program is built for (so a CPU host building a TPU program
     emits the Mosaic kernel, not interpret mode) and, under tensor parallelism, the mesh. With a mesh, the Pallas
     backends run inside shard_map over the KV heads (sharding/kernel_sharding.py); the xla backend stays plain
-    XLA ops, which GSPMD partitions (docs/architecture.md, "Sharding")."""
+    XLA ops, which GSPMD partitions (docs/architecture.md, "Sharding"). `k_scale` / `v_scale`: the KV cache's
+    per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as in vLLM."""
 
     backend: str  # xla, pallas_tpu or pallas_gpu (pallas_kernels.resolve_backend's answer)
     platform: str  # cpu, tpu or gpu
     mesh: Mesh | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def write_kv_cache(self, kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
                        layer_index: jax.Array | int) -> jax.Array:
-        kwargs = dict(layer_index=layer_index, backend=self.backend, platform=self.platform)
+        kwargs = dict(layer_index=layer_index, backend=self.backend, platform=self.platform, k_scale=self.k_scale,
+                      v_scale=self.v_scale)
         if self.mesh is None:
             return write_kv_cache(kv_cache, k, v, slot_mapping, **kwargs)
         return sharded_write_kv_cache(self.mesh, kv_cache, k, v, slot_mapping, **kwargs)
@@ -180,7 +184,7 @@ class AttentionKernels:
                   window: jax.Array | int, layer_index: jax.Array | int) -> jax.Array:
         args = (q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
         kwargs = dict(sm_scale=sm_scale, sliding_window=window, layer_index=layer_index, backend=self.backend,
-                      platform=self.platform)
+                      platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale)
         if self.mesh is None:
             return ragged_paged_attention(*args, **kwargs)
         return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 
 from vllm_jax.pallas_kernels import gpu_attention, kv_write, tpu_attention, xla_attention, xla_common
+from vllm_jax.pallas_kernels.kv_quant import check_scales
 from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up
 
 BACKENDS = ("xla", "pallas_tpu", "pallas_gpu")
@@ -63,7 +64,8 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                            backend: str = "auto", interpret=False,
                            layer_index: jax.Array | int | None = None, platform: str | None = None,
-                           kv_head_offset: jax.Array | int | None = None) -> jax.Array:
+                           kv_head_offset: jax.Array | int | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
     Beyond the one-layer signature (docs/architecture.md, "KV cache layout"): with `layer_index`, `kv_cache_layer`
@@ -73,10 +75,14 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
     `platform`: the target chip's platform when it is not jax's backend (ahead-of-time compilation).
     `kv_head_offset` (Pallas backends, for sharding/kernel_sharding.py): all of q's heads attend that one KV
     head of a cache that holds every KV head.
+    `k_scale` / `v_scale` (static floats): the cache holds K / k_scale and V / v_scale (kv_quant; an fp8 cache's
+    per-tensor scales, 1.0 by default as in vLLM).
     """
     backend = resolve_backend(backend, platform)
+    check_scales(k_scale, v_scale)
     args = (q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs)
-    kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index)
+    kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index,
+                  k_scale=k_scale, v_scale=v_scale)
     if backend == "xla":
         if kv_head_offset is not None:
             raise ValueError("kv_head_offset is for the Pallas backends (the xla backend is partitioned by GSPMD)")
@@ -92,15 +98,19 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
 
 def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                    layer_index: jax.Array | int | None = None, backend: str = "auto",
-                   interpret=False, platform: str | None = None) -> jax.Array:
+                   interpret=False, platform: str | None = None, k_scale: float = 1.0,
+                   v_scale: float = 1.0) -> jax.Array:
     """Write this step's K/V at `slot_mapping` (K/V interleaved on the head axis); the cache is updated in place
-    when donated. `platform` as for ragged_paged_attention."""
+    when donated. `platform` as for ragged_paged_attention. The cache receives K / k_scale and V / v_scale in its
+    dtype, saturated for fp8 (kv_quant.quantize)."""
     backend = resolve_backend(backend, platform)
+    check_scales(k_scale, v_scale)
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
     if backend == "xla":
-        return xla_common.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index)
+        return xla_common.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index, **scales)
     mode = _interpret_mode(backend, interpret, platform)
     write = kv_write.write_kv_cache_tpu if backend == "pallas_tpu" else kv_write.write_kv_cache_gpu
-    return write(kv_cache, k, v, slot_mapping, layer_index=layer_index, interpret=mode)
+    return write(kv_cache, k, v, slot_mapping, layer_index=layer_index, interpret=mode, **scales)
 
 
 def _tpu_head_loads(kv_cache: jax.Array, interpret) -> str:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vllm_jax.pallas_kernels.costs import attention_cost
+from vllm_jax.pallas_kernels.kv_quant import is_fp8
 
 MASKED = -1e30
 
@@ -161,9 +162,15 @@ def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, t
     if chip is None and jax.default_backend() == "gpu":  # a GPU not in the table: a conservative budget
         device = jax.devices()[0]
         chip = dataclasses.replace(CHIPS["a100"], name=device.device_kind, shared_memory_per_block_optin=99 * 1024,
-                                   num_sms=int(getattr(device, "core_count", 0)) or 108)
+                                   num_sms=int(getattr(device, "core_count", 0)) or 108,
+                                   compute_capability=_compute_capability(device))
     if chip is None or chip.platform != "gpu":
         chip = CHIPS["h100"]  # CPU (interpret mode)
+    if is_fp8(dtype) and chip.compute_capability < (8, 9):
+        cc = ".".join(map(str, chip.compute_capability))
+        raise ValueError(f"--kv-cache-dtype fp8 with pallas_gpu needs compute capability 8.9 or later (Triton's "
+                         f"fp8 conversions); {chip.name} has {cc}: use --attention-backend xla or another "
+                         f"--kv-cache-dtype")
     auto_rows, auto_splits = gpu_block_sizes(num_tokens=num_tokens, num_seqs=num_seqs, group=group,
                                              num_kv_heads=num_kv_heads, table_width=table_width,
                                              num_sms=chip.num_sms)
@@ -186,6 +193,15 @@ def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, t
                 f"or lower --max-num-batched-tokens")
     return GpuPlan(rows=rows, num_splits=num_splits, kv_rows=kv_rows, num_stages=stages,
                    shared_memory_bytes=estimate(), chip=chip.name)
+
+
+def _compute_capability(device) -> tuple[int, int]:
+    """A CUDA device's compute capability ("8.9" in jax's device attribute); (0, 0) when unreadable."""
+    try:
+        major, minor = str(getattr(device, "compute_capability")).split(".")[:2]
+        return int(major), int(minor)
+    except (AttributeError, ValueError):
+        return (0, 0)
 
 
 def sequence_tiles(query_start_loc: jax.Array, num_seqs: jax.Array, num_tiles: int,
@@ -211,10 +227,13 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                layer_index: jax.Array | int | None = None, interpret: bool = False,
                                rows: int | None = None, num_splits: int | None = None,
                                num_warps: int = 4, num_stages: int | None = None,
-                               kv_head_offset: jax.Array | int | None = None, chip=None) -> jax.Array:
+                               kv_head_offset: jax.Array | int | None = None, chip=None, k_scale: float = 1.0,
+                               v_scale: float = 1.0) -> jax.Array:
     """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
     `kv_head_offset`: all of q's heads attend that one KV head of a cache holding every KV head (tensor
-    parallelism over more devices than KV heads); `chip`: the chips.ChipSpec to plan for."""
+    parallelism over more devices than KV heads); `chip`: the chips.ChipSpec to plan for. `k_scale` / `v_scale`:
+    the cache holds K / k_scale and V / v_scale (kv_quant); an fp8 cache's chunks are cast to q's dtype before
+    the dots, which Triton does on compute capability 8.9 and later only (refused on older GPUs)."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
@@ -242,7 +261,8 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(()), offset.reshape(())])
 
     kernel = functools.partial(_kernel, rows=rows, group=group, group_pad=group_pad, block_size=block_size,
-                               kv_rows=plan.kv_rows, num_splits=num_splits, sm_scale=float(sm_scale),
+                               kv_rows=plan.kv_rows, num_splits=num_splits,
+                               sm_scale=float(sm_scale) * float(k_scale),
                                soft_cap=soft_cap)
     whole = pl.BlockSpec()
     part_rows = num_tiles * rows
@@ -280,4 +300,6 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     w = jnp.exp(m - m_all[None])
     l_all = jnp.sum(w * l, axis=0)
     out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(l_all, 1e-30)[..., None]
+    if v_scale != 1.0:
+        out = out * v_scale
     return out.transpose(1, 0, 2, 3).reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)

@@ -3,9 +3,10 @@
 Both kernels alias the cache input to their output (`input_output_aliases`), so under a donated cache XLA
 writes into the same buffer and nothing proportional to the cache size is read or copied: only the T new
 rows move. K and V are first interleaved on the head axis ([T, 2 * num_kv_heads, head_dim], a copy of the
-new rows only), so that one token's K/V is one contiguous row of a page: `cache[layer, slot // block_size,
-slot % block_size]`. Padding tokens carry slots in the null block 0 (the runner's convention) and are written
-there like any other token; no sequence reads that block.
+new rows only, quantized for an fp8 cache: kv_quant.interleave, the xla write's own code), so that one token's
+K/V is one contiguous row of a page: `cache[layer, slot // block_size, slot % block_size]`. Padding tokens
+carry slots in the null block 0 (the runner's convention) and are written there like any other token; no
+sequence reads that block.
 
 * TPU: slot_mapping and the layer index are scalar-prefetched into SMEM; each grid step issues one HBM -> HBM
   DMA per token of its chunk, then waits for all of them.
@@ -23,15 +24,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from vllm_jax.pallas_kernels.costs import kv_write_cost
 from vllm_jax.pallas_kernels.gpu_attention import _CompilerParams as _TritonParams
+from vllm_jax.pallas_kernels.kv_quant import interleave
 from vllm_jax.pallas_kernels.tpu_attention import _ANY, _CompilerParams as _MosaicParams
 
 _TPU_CHUNK = 128  # tokens whose DMAs are in flight together
-
-
-def interleave_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """[T, H, D] K and V -> [T, 2H, D] rows k0, v0, k1, v1, ... in the cache dtype."""
-    num_tokens, num_kv_heads, head_dim = k.shape
-    return jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim).astype(kv_cache.dtype)
 
 
 def _stacked(kv_cache: jax.Array, layer_index) -> tuple[jax.Array, jax.Array, bool]:
@@ -65,12 +61,13 @@ def _tpu_kernel(slots_ref, layer_ref, new_hbm, cache_in, cache_out, sem, *, chun
 
 
 def write_kv_cache_tpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
-                       layer_index: jax.Array | int | None = None, interpret=False) -> jax.Array:
+                       layer_index: jax.Array | int | None = None, interpret=False, k_scale: float = 1.0,
+                       v_scale: float = 1.0) -> jax.Array:
     """Same contract as xla_common.write_kv_cache, as a Mosaic kernel."""
     from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
 
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
-    new = interleave_kv(cache, k, v)
+    new = interleave(k, v, cache.dtype, k_scale, v_scale)
     num_tokens = new.shape[0]
     chip = current_chip()
     chip = chip if chip is not None and chip.platform == "tpu" else CHIPS["v5e"]
@@ -111,13 +108,14 @@ def _gpu_kernel(slots_ref, layer_ref, new_ref, cache_in, cache_out, *, block_siz
 
 
 def write_kv_cache_gpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
-                       layer_index: jax.Array | int | None = None, interpret: bool = False) -> jax.Array:
+                       layer_index: jax.Array | int | None = None, interpret: bool = False, k_scale: float = 1.0,
+                       v_scale: float = 1.0) -> jax.Array:
     """Same contract as xla_common.write_kv_cache, as a Triton kernel (head_dim a power of two)."""
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
     head_dim = cache.shape[-1]
     if head_dim & (head_dim - 1):
         raise ValueError(f"pallas_gpu needs a power-of-two head_dim; got {head_dim}")
-    new = interleave_kv(cache, k, v)
+    new = interleave(k, v, cache.dtype, k_scale, v_scale)
     whole = pl.BlockSpec()
     out = pl.pallas_call(
         functools.partial(_gpu_kernel, block_size=cache.shape[2]),

@@ -42,9 +42,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up, sublane_packing, table_window, tpu_plan
-
 from vllm_jax.pallas_kernels.costs import attention_cost
+from vllm_jax.pallas_kernels.kv_quant import is_fp8
+from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up, sublane_packing, table_window, tpu_plan
 
 MASKED = -1e30  # finite: rows that see nothing stay finite (exp(MASKED - MASKED) is never taken unmasked)
 _ANY = getattr(pl, "ANY", None) or getattr(pltpu, "ANY", None) or pltpu.TPUMemorySpace.ANY
@@ -84,7 +84,7 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
             q_ref, kv_hbm, tables_hbm, o_ref,  # q/o: [H, tq * group, D] VMEM blocks; kv_hbm, tables_hbm: HBM
             kv_buf, sems, table_buf, table_sems, m_ref, l_ref, acc_ref,  # scratch
             *, tq: int, group: int, block_size: int, pages_per_block: int, table_window: int,
-            sm_scale: float, soft_cap: float | None, head_loads: str, select_kv_head: bool):
+            sm_scale: float, soft_cap: float | None, head_loads: str, select_kv_head: bool, v_scale: float):
     num_kv_heads, rows, _ = q_ref.shape
     cache_kv_heads = kv_buf.shape[2] // 2
     table_width = tables_hbm.shape[1]
@@ -171,7 +171,9 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
         v_ok = start + jax.lax.broadcasted_iota(jnp.int32, (block_tokens, 1), 0) <= pos_hi
         k, v = _load_kv_head(kv_buf.at[slot], c, head_loads)
         q = q_ref[h]
-        if k.dtype != q.dtype:
+        if is_fp8(k.dtype):  # dequantize to q's dtype (exact), through float32: Mosaic's fp8 casts go via it
+            k, v = k.astype(jnp.float32).astype(q.dtype), v.astype(jnp.float32).astype(q.dtype)
+        elif k.dtype != q.dtype:
             k, v = k.astype(jnp.float32), v.astype(jnp.float32)
             q = q.astype(jnp.float32)
         precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
@@ -220,7 +222,8 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
 
     jax.lax.while_loop(lambda c: c[0] <= last, step, (first, jnp.int32(0), jnp.int32(0)))
     for h in range(num_kv_heads):
-        o_ref[h] = (acc_ref[h] / jnp.maximum(l_ref[h][:, :1], 1e-30)).astype(o_ref.dtype)
+        out = acc_ref[h] / jnp.maximum(l_ref[h][:, :1], 1e-30)
+        o_ref[h] = (out * v_scale if v_scale != 1.0 else out).astype(o_ref.dtype)
 
 
 def tile_sequence_ranges(query_start_loc: jax.Array, num_seqs: jax.Array, num_tiles: int,
@@ -243,13 +246,15 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                layer_index: jax.Array | int | None = None, interpret=False,
                                head_loads: str | None = None, tq: int | None = None,
                                pages_per_block: int | None = None, kv_head_offset: jax.Array | int | None = None,
-                               chip=None) -> jax.Array:
+                               chip=None, k_scale: float = 1.0, v_scale: float = 1.0) -> jax.Array:
     """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
 
     `kv_head_offset` (tensor parallelism over more devices than KV heads, the cache replicated): all of q's
     heads attend the one KV head `kv_head_offset` (traced) of a cache that holds every KV head. Without it, q's
     heads cover the cache's KV heads in order (GQA group = q heads / cache KV heads).
     `chip`: the chips.ChipSpec to plan VMEM for (default: the chip being compiled for).
+    `k_scale` / `v_scale`: the cache holds K / k_scale and V / v_scale (kv_quant); an fp8 cache's pages are cast
+    to q's dtype in VMEM before the dots.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
@@ -287,8 +292,8 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     q_spec = pl.BlockSpec((num_kv_heads, rows, head_dim), lambda i, *_: (0, i, 0))
     kernel = functools.partial(
         _kernel, tq=tq, group=group, block_size=block_size, pages_per_block=pages_per_block,
-        table_window=window_cols, sm_scale=float(sm_scale), soft_cap=soft_cap, head_loads=head_loads,
-        select_kv_head=kv_head_offset is not None)
+        table_window=window_cols, sm_scale=float(sm_scale) * float(k_scale), soft_cap=soft_cap,
+        head_loads=head_loads, select_kv_head=kv_head_offset is not None, v_scale=float(v_scale))
     cost = attention_cost(num_tokens=num_tokens, num_seqs=num_seqs_padded, num_q_heads=num_q_heads,
                           cache_kv_heads=cache_kv_heads, head_dim=head_dim, block_size=block_size,
                           table_width=table_width, num_pages=num_pages, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,

@@ -27,8 +27,10 @@ _DECODE_GROUP = 8  # one-row sequences per gather
 def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
-                           layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE) -> jax.Array:
-    """[T, num_q_heads, head_dim]; the contract of dispatch.ragged_paged_attention."""
+                           layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE,
+                           k_scale: float = 1.0, v_scale: float = 1.0) -> jax.Array:
+    """[T, num_q_heads, head_dim]; the contract of dispatch.ragged_paged_attention. Pages are read as float32
+    (an fp8 cache's values exactly); k_scale joins sm_scale and v_scale the output (kv_quant)."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
@@ -36,7 +38,8 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
     block_tables, seq_lens, query_start_loc = map(jnp.asarray, (block_tables, seq_lens, query_start_loc))
     layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
     window = window_value(sliding_window)
-    qg = (q.astype(jnp.float32) * sm_scale).reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    qg = (q.astype(jnp.float32) * (sm_scale * k_scale)).reshape(num_tokens, num_kv_heads,
+                                                                num_q_heads // num_kv_heads, head_dim)
     tile = min(query_tile, num_tokens)
     if num_tokens % tile or tile == num_tokens:  # one tile: the dense product, without a loop around it
         state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
@@ -55,6 +58,8 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
                                has_context & (layout.q_lens > 1), tile)
     m, l, acc = state
     out = acc / jnp.maximum(l, 1e-30)[..., None]
+    if v_scale != 1.0:
+        out = out * v_scale
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 

@@ -20,17 +20,20 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from vllm_jax.pallas_kernels.kv_quant import interleave
+
 MASKED = -1e30  # large finite negative: fully masked rows stay finite instead of NaN
 
 
 def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
-                   layer_index: jax.Array | int | None = None) -> jax.Array:
+                   layer_index: jax.Array | int | None = None, k_scale: float = 1.0,
+                   v_scale: float = 1.0) -> jax.Array:
     """Scatter this step's K/V ([T, num_kv_heads, head_dim] each) into their slots; returns the updated cache.
 
-    Padding tokens carry slots inside the null block 0, which no sequence reads.
+    Padding tokens carry slots inside the null block 0, which no sequence reads. The cache holds K / k_scale and
+    V / v_scale in its dtype (kv_quant.quantize: saturated for fp8).
     """
-    num_tokens, num_kv_heads, head_dim = k.shape
-    new = jnp.stack([k, v], axis=2).reshape(num_tokens, 2 * num_kv_heads, head_dim).astype(kv_cache.dtype)
+    new = interleave(k, v, kv_cache.dtype, k_scale, v_scale)
     if layer_index is None:
         nb, bs = kv_cache.shape[:2]
         flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])

@@ -55,12 +55,12 @@ def sharded_ragged_paged_attention(mesh: Mesh, q: jax.Array, kv_cache: jax.Array
                                    sm_scale: float, sliding_window: int | jax.Array | None = None,
                                    soft_cap: float | None = None, layer_index: jax.Array | int | None = None,
                                    backend: str = "auto", interpret=False, platform: str | None = None,
-                                   axis: str = MODEL_AXIS) -> jax.Array:
+                                   axis: str = MODEL_AXIS, k_scale: float = 1.0, v_scale: float = 1.0) -> jax.Array:
     """dispatch.ragged_paged_attention over `mesh`'s `axis` (see the module docstring); the result's head axis
     is split like q's."""
     backend = dispatch.resolve_backend(backend, platform)
     call = functools.partial(dispatch.ragged_paged_attention, sm_scale=sm_scale, soft_cap=soft_cap, backend=backend,
-                             interpret=interpret, platform=platform)
+                             interpret=interpret, platform=platform, k_scale=k_scale, v_scale=v_scale)
     tp = _tp(mesh, axis)
     if backend == "xla" or tp == 1:
         return call(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, sliding_window=sliding_window,
@@ -86,11 +86,13 @@ def sharded_ragged_paged_attention(mesh: Mesh, q: jax.Array, kv_cache: jax.Array
 
 def sharded_write_kv_cache(mesh: Mesh, kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                            layer_index: jax.Array | int | None = None, backend: str = "auto", interpret=False,
-                           platform: str | None = None, axis: str = MODEL_AXIS) -> jax.Array:
+                           platform: str | None = None, axis: str = MODEL_AXIS, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> jax.Array:
     """dispatch.write_kv_cache over `mesh`'s `axis`: each device writes its KV heads into its cache shard, or,
     with a replicated cache, every head into its copy. The cache keeps its sharding (in place when donated)."""
     backend = dispatch.resolve_backend(backend, platform)
-    call = functools.partial(dispatch.write_kv_cache, backend=backend, interpret=interpret, platform=platform)
+    call = functools.partial(dispatch.write_kv_cache, backend=backend, interpret=interpret, platform=platform,
+                             k_scale=k_scale, v_scale=v_scale)
     tp = _tp(mesh, axis)
     if backend == "xla" or tp == 1:
         return call(kv_cache, k, v, slot_mapping, layer_index=layer_index)
