@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from vllm_jax.model_loader.source import ModelSource
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("int8", "fp8")  # online weight quantization at load (model/quantization.py)
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
@@ -55,6 +56,8 @@ class ModelConfig:
     tokenizer: str | None
     seed: int
     max_logprobs: int
+    # --quantization: the layers' linear weights quantized at load (int8 / fp8), or None
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,9 @@ class EngineArgs:
     tokenizer: str | None = None
     served_model_name: str | None = None
     dtype: str = "auto"
+    # vLLM's --quantization: int8 or fp8, quantizing a float checkpoint's linear weights as they load (per output
+    # channel; model/quantization.py). None: the weights stay in `dtype`.
+    quantization: str | None = None
     kv_cache_dtype: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
@@ -272,13 +278,16 @@ class EngineArgs:
             raise ValueError(f"speculative_config.model {speculative.model!r} covers {max_pos} positions "
                              f"(max_position_embeddings), fewer than max_model_len ({target.max_model_len})")
         return dataclasses.replace(target, model=speculative.model, source=source, hf_config=hf_config,
-                                   served_model_name=source.default_name, tokenizer=None)
+                                   served_model_name=source.default_name, tokenizer=None,
+                                   quantization=None)  # --quantization is the target's; the draft stays float
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
         from vllm_jax.pallas_kernels.dispatch import BACKENDS, resolve_backend
 
         _check_choice("dtype", self.dtype, DTYPES)
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ("auto", *BACKENDS))
         resolve_backend(self.attention_backend, platform)  # the other accelerator's kernel is refused here
@@ -314,12 +323,16 @@ class EngineArgs:
         if max_model_len > max_pos:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
+        if self.quantization is not None and source.kind == "orbax":
+            raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
+                             f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "
+                             "the original safetensors or GGUF model")
         return ModelConfig(
             model=self.model or source.path, source=source, hf_config=hf_config, dtype=dtype,
             kv_cache_dtype=self.kv_cache_dtype if self.kv_cache_dtype != "auto" else dtype,
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
-            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)
+            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=self.quantization)
 
     def _scheduler_config(self, max_model_len: int, on_cpu: bool) -> SchedulerConfig:
         """Batch limits and buckets, with the platform's defaults (small on CPU: warm-up compiles each bucket)."""
