@@ -50,3 +50,33 @@ def param_bytes(runner) -> int:
     import jax
 
     return sum(leaf.nbytes for leaf in jax.tree.leaves(runner.params))
+
+
+
+def dequantized_logits(float_runner, quantized_params) -> np.ndarray:
+    """`prompt_logits` of `float_runner` with each quantized weight replaced by values * scale (float32) from
+    `quantized_params` (a runner's params, same layout): the float model a weight-only quantized one computes
+    exactly. The same program runs (same shapes); the runner's own params are put back afterwards."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from vllm_jax.model.quantization import SCALE_SUFFIX, dequantize
+
+    def deq(values, scale):
+        if isinstance(values, tuple):  # per-layer arrays (CPU's LayerSwitch layout)
+            return tuple(deq(v, s) for v, s in zip(values, scale))
+        return jnp.asarray(dequantize(np.asarray(values), np.asarray(scale)))
+
+    layers = nnx.to_pure_dict(quantized_params)["layers"]
+    params = float_runner.device.params
+    original = nnx.to_pure_dict(params)
+    state = nnx.to_pure_dict(params)
+    for name in layers:
+        if name.endswith(SCALE_SUFFIX):
+            weight = name[:-len(SCALE_SUFFIX)]
+            state["layers"][weight] = deq(layers[weight], layers[name])
+    nnx.replace_by_pure_dict(params, state)
+    try:
+        return prompt_logits(float_runner)
+    finally:
+        nnx.replace_by_pure_dict(params, original)
