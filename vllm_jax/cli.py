@@ -36,6 +36,8 @@ ENGINE_FLAG_HELP = {
     "served_model_name": "the model name the API answers to (default: the MODEL argument or the file's stem)",
     "dtype": "weights and activations dtype: auto (float32 on CPU, bfloat16 on TPU/GPU), float32, bfloat16, "
              "float16",
+    "quantization": "quantize the layers' linear weights as they load: int8 or fp8 (per output channel; int8 "
+                    "runs W8A8 on CPU, weight-only on TPU/GPU; default: none)",
     "kv_cache_dtype": "KV-cache dtype: auto (the model dtype), float32, bfloat16, float16, or fp8 / fp8_e4m3 "
                       "(float8_e4m3fn, 1 byte per element)",
     "seed": "seed of the engine's RNG (random seeds for requests that give none)",
@@ -77,7 +79,8 @@ ENGINE_FLAG_HELP = {
                           "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' "
                           "(default: off)",
 }
-_SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"]}
+_SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"],
+                "quantization": ["-q"]}
 
 
 class HelpFormatter(argparse.HelpFormatter):

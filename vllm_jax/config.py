@@ -25,6 +25,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # (pallas_kernels/kv_quant.py). fp8_e5m2 is refused: nothing here is tested with it.
 KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
 _KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
+QUANTIZATIONS = ("int8", "fp8")  # online weight quantization at load (model/quantization.py)
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
@@ -59,6 +60,8 @@ class ModelConfig:
     tokenizer: str | None
     seed: int
     max_logprobs: int
+    # --quantization: the layers' linear weights quantized at load (int8 / fp8), or None
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,9 @@ class EngineArgs:
     tokenizer: str | None = None
     served_model_name: str | None = None
     dtype: str = "auto"
+    # vLLM's --quantization: int8 or fp8, quantizing a float checkpoint's linear weights as they load (per output
+    # channel; model/quantization.py). None: the weights stay in `dtype`.
+    quantization: str | None = None
     kv_cache_dtype: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
@@ -276,13 +282,16 @@ class EngineArgs:
             raise ValueError(f"speculative_config.model {speculative.model!r} covers {max_pos} positions "
                              f"(max_position_embeddings), fewer than max_model_len ({target.max_model_len})")
         return dataclasses.replace(target, model=speculative.model, source=source, hf_config=hf_config,
-                                   served_model_name=source.default_name, tokenizer=None)
+                                   served_model_name=source.default_name, tokenizer=None,
+                                   quantization=None)  # --quantization is the target's; the draft stays float
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
         from vllm_jax.pallas_kernels.dispatch import BACKENDS, resolve_backend
 
         _check_choice("dtype", self.dtype, DTYPES)
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
         if self.kv_cache_dtype == "fp8_e5m2":
             raise ValueError(f"kv_cache_dtype 'fp8_e5m2' is not supported; kv_cache_dtype must be one of "
                              f"{', '.join(KV_CACHE_DTYPES)} (fp8 and fp8_e4m3 are float8_e4m3fn)")
@@ -321,13 +330,17 @@ class EngineArgs:
         if max_model_len > max_pos:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
+        if self.quantization is not None and source.kind == "orbax":
+            raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
+                             f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "
+                             "the original safetensors or GGUF model")
         return ModelConfig(
             model=self.model or source.path, source=source, hf_config=hf_config, dtype=dtype,
             kv_cache_dtype=(dtype if self.kv_cache_dtype == "auto"
                             else _KV_CACHE_DTYPE_NAMES.get(self.kv_cache_dtype, self.kv_cache_dtype)),
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
-            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs)
+            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=self.quantization)
 
     def _scheduler_config(self, max_model_len: int, on_cpu: bool) -> SchedulerConfig:
         """Batch limits and buckets, with the platform's defaults (small on CPU: warm-up compiles each bucket)."""

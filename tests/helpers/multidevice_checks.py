@@ -223,7 +223,27 @@ def check_data_parallel(workdir: Path) -> dict:
     return {"single": single, "dp": outputs, "served": engine.requests_per_replica, "replica_devices": devices}
 
 
-CHECKS = {"tensor_parallel": check_tensor_parallel, "data_parallel": check_data_parallel,
+def check_quantized_tensor_parallel(workdir: Path) -> dict:
+    """int8 (W8A8 on CPU) logits of one prefill step at TP 2 (the test compares them with its own TP 1 run) of the
+    model in WORKDIR/llama (made when missing), and where TP 2 put the scales."""
+    from flax import nnx
+
+    from tests.helpers.quantized_models import make_quant_checkpoint, prompt_logits, quant_runner
+
+    model_dir = workdir / "llama"
+    if not model_dir.is_dir():
+        make_quant_checkpoint(model_dir)
+    runner = quant_runner(model_dir, "int8", tensor_parallel_size=2)
+    result: dict = {"tp2": prompt_logits(runner).tolist()}
+    layers = nnx.to_pure_dict(runner.params)["layers"]
+    result["specs"] = {name: _spec_list(layers[name]) for name in
+                       ("q_proj", "q_proj_scale", "k_proj_scale", "gate_proj_scale", "o_proj", "o_proj_scale",
+                        "down_proj_scale")}
+    result["dtypes"] = {name: str(layers[name][0].dtype) for name in ("q_proj", "q_proj_scale")}
+    return result
+
+
+CHECKS = {"tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel}
 

@@ -21,8 +21,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, decoder_block,
-                                   gated_mlp, init_param, is_unstacked, layer_param_values, rms_norm, rotary_tables)
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
+                                   decoder_block, gated_mlp, init_param, is_unstacked, layer_param_values,
+                                   linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
@@ -36,15 +38,16 @@ def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
 
 
 class DecoderLayers(nnx.Module):
-    """All decoder layers' weights, stacked on axis 0."""
+    """All decoder layers' weights, stacked on axis 0 (the linear ones quantized with `quant`)."""
 
-    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs):
+    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None):
         n, h, i = spec.num_layers, spec.hidden_size, spec.intermediate_size
-        for name, param in attention_params(spec, dtype, rngs).items():
+        params = {**attention_params(spec, dtype, rngs, quant),
+                  **linear_params(rngs, "gate_proj", (n, h, i), dtype, quant),
+                  **linear_params(rngs, "up_proj", (n, h, i), dtype, quant),
+                  **linear_params(rngs, "down_proj", (n, i, h), dtype, quant)}
+        for name, param in params.items():
             setattr(self, name, param)
-        self.gate_proj = init_param(rngs, (n, h, i), dtype)
-        self.up_proj = init_param(rngs, (n, h, i), dtype)
-        self.down_proj = init_param(rngs, (n, i, h), dtype)
         if spec.mlp_bias:
             self.gate_bias = nnx.Param(jnp.zeros((n, i), dtype))
             self.up_bias = nnx.Param(jnp.zeros((n, i), dtype))
@@ -68,15 +71,18 @@ class DecoderLM(nnx.Module):
     aux_hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
-                 platform: str | None = None, mesh: Mesh | None = None):
+                 platform: str | None = None, mesh: Mesh | None = None, quantization: str | None = None):
         """`attention_backend` is resolved against `platform` (what the program is built for; None: jax's
         backend, read here once; the runner passes its config's) into `self.kernels`, static like `spec`. `mesh`
-        (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis."""
+        (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis. `quantization`
+        (int8 / fp8, model/quantization.py): the layers' linear weights are stored quantized, and how their
+        matmuls run is fixed here for `platform` (`self.quantization`, static)."""
         self.spec = spec
         platform = platform or jax.default_backend()
         self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
+        self.quantization = Quantization.for_platform(quantization, platform)
         self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
-        self.layers = self.layers_class(spec, dtype, rngs)
+        self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         if not spec.tie_word_embeddings:
             self.lm_head = init_param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
@@ -122,6 +128,7 @@ class DecoderLM(nnx.Module):
             hidden, kv_cache, aux = carry
             w, layer_index, window = xs
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
+            w = bundle_quantized(w, self.quantization)
             aux = aux.record(layer_index, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
                                              layer_index, window)
@@ -137,7 +144,7 @@ class DecoderLM(nnx.Module):
                       aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
         """The layers as a Python loop over per-layer arrays (--no-scan-layers)."""
         for i in range(self.spec.num_layers):
-            w = {name: value[i] for name, value in layer_weights.items()}
+            w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
             aux = aux.record(i, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
                                              self.spec.sliding_windows[i])

@@ -1,7 +1,8 @@
 """The building blocks every decoder family here shares: parameter init, RMS norm, rotary embedding (with its
 linear and llama3 frequency scalings), linear layers with optional bias, the gated MLP, the attention call
 through `pallas_kernels` (shard_map-wrapped under tensor parallelism: `AttentionKernels`), one pre-norm decoder
-block, and the stacked / per-layer param layouts.
+block, and the stacked / per-layer param layouts. A quantized weight (model/quantization.py) reaches `linear` as a
+`QuantizedWeight`, which dequantizes inside the dot.
 
 All functions are pure (arrays in, arrays out) and follow transformers' order of operations and float32
 islands, which is what keeps logits within 1e-4 of it. Linear weights are [in, out] (x @ W); the loader
@@ -21,6 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
 from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
@@ -38,16 +40,29 @@ def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.0
     return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype))
 
 
-def attention_params(spec: DecoderSpec, dtype, rngs: nnx.Rngs) -> dict[str, nnx.Param]:
-    """The attention half of every layer (norms, q/k/v/o, their biases, q/k norms), stacked on axis 0."""
+def linear_params(rngs: nnx.Rngs, name: str, shape: tuple[int, ...], dtype,
+                  quant: Quantization | None) -> dict[str, nnx.Param]:
+    """A linear weight [..., in, out] under `name`: a normal(0, 0.02) one, or with `quant` its quantized values
+    plus `{name}_scale` [..., out] float32 (model/quantization.py)."""
+    param = init_param(rngs, shape, dtype)
+    if quant is None:
+        return {name: param}
+    values, scale = quantize(param.get_value(), quant.scheme)
+    return {name: nnx.Param(values), scale_name(name): nnx.Param(scale)}
+
+
+def attention_params(spec: DecoderSpec, dtype, rngs: nnx.Rngs,
+                     quant: Quantization | None = None) -> dict[str, nnx.Param]:
+    """The attention half of every layer (norms, q/k/v/o, their biases, q/k norms), stacked on axis 0; q/k/v/o
+    quantized with `quant`."""
     n, h = spec.num_layers, spec.hidden_size
     params = {
         "input_norm": nnx.Param(jnp.ones((n, h), dtype)),
         "post_attention_norm": nnx.Param(jnp.ones((n, h), dtype)),
-        "q_proj": init_param(rngs, (n, h, spec.q_size), dtype),
-        "k_proj": init_param(rngs, (n, h, spec.kv_size), dtype),
-        "v_proj": init_param(rngs, (n, h, spec.kv_size), dtype),
-        "o_proj": init_param(rngs, (n, spec.q_size, h), dtype),
+        **linear_params(rngs, "q_proj", (n, h, spec.q_size), dtype, quant),
+        **linear_params(rngs, "k_proj", (n, h, spec.kv_size), dtype, quant),
+        **linear_params(rngs, "v_proj", (n, h, spec.kv_size), dtype, quant),
+        **linear_params(rngs, "o_proj", (n, spec.q_size, h), dtype, quant),
     }
     if spec.qkv_bias:
         params["q_bias"] = nnx.Param(jnp.zeros((n, spec.q_size), dtype))
@@ -134,15 +149,60 @@ class LayerSwitch:
 
 
 def _dot_nth(n: int, x: jax.Array, arrays: tuple[jax.Array, ...]) -> jax.Array:
-    return jnp.dot(x, arrays[n], preferred_element_type=jnp.float32)
+    return _dot(x, arrays[n])
 
 
-def linear(x: jax.Array, weight: jax.Array | LayerSwitch, bias: jax.Array | None = None) -> jax.Array:
-    """x @ weight (+ bias), accumulated in float32, returned in x's dtype."""
-    if isinstance(weight, LayerSwitch):
-        y = weight.matmul(x)
+_NARROW_WEIGHTS = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
+
+
+def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x @ w: int8 activations (W8A8) accumulate in int32; a quantized weight under float activations is
+    converted to their dtype inside the dot (weight-only); everything else accumulates in float32."""
+    if x.dtype == jnp.int8:
+        return jnp.dot(x, w, preferred_element_type=jnp.int32)
+    if w.dtype in _NARROW_WEIGHTS:
+        w = w.astype(x.dtype)
+    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
+    return weight.matmul(x) if isinstance(weight, LayerSwitch) else _dot(x, weight)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A quantized linear weight inside the forward: values [in, out] (int8 / float8_e4m3fn; or a LayerSwitch over
+    per-layer values), float32 scales [out], and whether the activations are quantized too (W8A8)."""
+
+    values: jax.Array | LayerSwitch
+    scale: jax.Array
+    quantize_activations: bool
+
+
+def bundle_quantized(w: dict, quant: Quantization | None) -> dict:
+    """One layer's weights with each quantized linear and its `_scale` sibling joined into a QuantizedWeight (the
+    dict unchanged without `quant`)."""
+    if quant is None:
+        return w
+    out = dict(w)
+    for name in QUANTIZED_LINEARS:
+        if scale_name(name) in out:
+            out[name] = QuantizedWeight(out[name], out.pop(scale_name(name)), quant.quantize_activations)
+    return out
+
+
+def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight,
+           bias: jax.Array | None = None) -> jax.Array:
+    """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype. A QuantizedWeight is
+    dequantized here: its output is scaled per channel (and per row for W8A8) before the bias."""
+    if isinstance(weight, QuantizedWeight):
+        if weight.quantize_activations:
+            xq, row_scale = quantize_rows(x)
+            y = _matmul(xq, weight.values).astype(jnp.float32) * row_scale * weight.scale
+        else:
+            y = _matmul(x, weight.values) * weight.scale
     else:
-        y = jnp.dot(x, weight, preferred_element_type=jnp.float32)
+        y = _matmul(x, weight)
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(x.dtype)

@@ -14,6 +14,11 @@ by expert, the tokens gathered in that order, and gate/up/down run as `jax.lax.r
 groups (no expert is applied to tokens not routed to it), then the rows are unsorted and combined with the
 routing weights in float32.
 
+Quantized (`--quantization`, model/quantization.py): the experts' values [L, E, in, out] carry scales
+`layers/experts_*_scale` [L, E, out]. The grouped matmuls are weight-only on every platform (the values converted
+to the activation dtype inside `ragged_dot`, each row's output scaled by its expert's channel scales); the router
+stays in the model dtype.
+
 Expert parallelism: `grouped_expert_ffn` takes any contiguous slab of experts (`expert_offset`) and ignores
 assignments to experts outside it, so the same function runs per device under `shard_map` with the expert
 axis of the weights split over a mesh axis; `expert_parallel_ffn` does that (tokens replicated, each device
@@ -39,13 +44,17 @@ from jax.sharding import PartitionSpec as P
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.layers import (LayerContext, Mlp, attention_params, decoder_block, gated_mlp, init_param,
-                                   is_unstacked, layer_param_values)
+from vllm_jax.model.layers import (LayerContext, Mlp, QuantizedWeight, attention_params, bundle_quantized,
+                                   decoder_block, gated_mlp, init_param, is_unstacked, layer_param_values,
+                                   linear_params)
 from vllm_jax.model.moe_spec import MoeSpec
+from vllm_jax.model.quantization import Quantization, scale_name
 
 EXPERT_PARAMS = ("experts_gate", "experts_up", "experts_down")
 DENSE_MLP_PARAMS = ("gate_proj", "up_proj", "down_proj")
-_MLP_PARAMS = frozenset(("router",) + EXPERT_PARAMS + DENSE_MLP_PARAMS)
+_MLP_PARAMS = frozenset(("router",) + EXPERT_PARAMS + DENSE_MLP_PARAMS
+                        + tuple(scale_name(n) for n in EXPERT_PARAMS + DENSE_MLP_PARAMS))
+ExpertScales = tuple[jax.Array, jax.Array, jax.Array]  # gate, up, down: [E_here, out] float32 each
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
@@ -62,11 +71,13 @@ def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
 
 
 def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, w_gate: jax.Array,
-                       w_up: jax.Array, w_down: jax.Array, expert_offset: jax.Array | int = 0) -> jax.Array:
+                       w_up: jax.Array, w_down: jax.Array, expert_offset: jax.Array | int = 0,
+                       scales: ExpertScales | None = None) -> jax.Array:
     """sum_k weights[t, k] * FFN_{expert_ids[t, k]}(x[t]) over the experts held here -> float32 [T, hidden].
 
     x [T, H]; weights [T, k] float32; expert_ids [T, k]; w_gate, w_up [E_here, H, I]; w_down [E_here, I, H],
     holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to other experts add 0.
+    `scales`: the weights are quantized values and these their per-expert channel scales (weight-only).
     """
     t, k = expert_ids.shape
     num_here = w_gate.shape[0]
@@ -76,49 +87,63 @@ def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, 
     order = jnp.argsort(group, stable=True)
     group_sizes = jnp.bincount(group, length=num_here + 1)[:num_here].astype(jnp.int32)
     xs = x[order // k]  # [T*k, H], grouped by expert
-    gate = jax.lax.ragged_dot(xs, w_gate, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
-    up = jax.lax.ragged_dot(xs, w_up, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
-    out = jax.lax.ragged_dot(jax.nn.silu(gate) * up, w_down, group_sizes,
-                             preferred_element_type=jnp.float32).astype(x.dtype)
+    row_expert = jnp.minimum(group[order], num_here - 1)  # rows of other experts: any scale (masked below)
+    s_gate, s_up, s_down = scales if scales is not None else (None, None, None)
+    gate = _grouped_matmul(xs, w_gate, s_gate, group_sizes, row_expert)
+    up = _grouped_matmul(xs, w_up, s_up, group_sizes, row_expert)
+    out = _grouped_matmul(jax.nn.silu(gate) * up, w_down, s_down, group_sizes, row_expert)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=order.dtype))
     out = out[inverse].astype(jnp.float32)  # back to (token, slot) order
     contrib = jnp.where(held[:, None], out * weights.reshape(-1, 1), 0.0)
     return contrib.reshape(t, k, -1).sum(axis=1)
 
 
-def expert_parallel_ffn(mesh: Mesh, axis: str, x: jax.Array, weights: jax.Array, expert_ids: jax.Array,
-                        w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """`grouped_expert_ffn` with the expert axis of the weights split over `mesh` axis `axis`: tokens and
-    routing are replicated, each device runs its own experts, a psum combines the partial outputs."""
+def _grouped_matmul(xs: jax.Array, w: jax.Array, scale: jax.Array | None, group_sizes: jax.Array,
+                    row_expert: jax.Array) -> jax.Array:
+    """One grouped matmul in xs's dtype; quantized values (with `scale`) are converted inside it and each row's
+    output scaled by its expert's channel scales."""
+    if scale is None:
+        return jax.lax.ragged_dot(xs, w, group_sizes, preferred_element_type=jnp.float32).astype(xs.dtype)
+    y = jax.lax.ragged_dot(xs, w.astype(xs.dtype), group_sizes, preferred_element_type=jnp.float32)
+    return (y * scale[row_expert]).astype(xs.dtype)
 
-    def local(x, weights, expert_ids, w_gate, w_up, w_down):
+
+def expert_parallel_ffn(mesh: Mesh, axis: str, x: jax.Array, weights: jax.Array, expert_ids: jax.Array,
+                        w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
+                        scales: ExpertScales | None = None) -> jax.Array:
+    """`grouped_expert_ffn` with the expert axis of the weights (and their scales) split over `mesh` axis `axis`:
+    tokens and routing are replicated, each device runs its own experts, a psum combines the partial outputs."""
+
+    def local(x, weights, expert_ids, w_gate, w_up, w_down, *scales):
         offset = jax.lax.axis_index(axis) * w_gate.shape[0]
-        partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset)
+        partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset, scales or None)
         return jax.lax.psum(partial_out, axis)
 
+    extra = tuple(scales) if scales is not None else ()
     experts = P(axis)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), experts, experts, experts),
-                         out_specs=P())(x, weights, expert_ids, w_gate, w_up, w_down)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P()) + (experts,) * (3 + len(extra)),
+                         out_specs=P())(x, weights, expert_ids, w_gate, w_up, w_down, *extra)
 
 
 class MoeLayers(nnx.Module):
     """Attention params for every layer; expert/router params for the MoE layers; dense MLP params for the rest."""
 
-    def __init__(self, spec: MoeSpec, dtype, rngs: nnx.Rngs):
+    def __init__(self, spec: MoeSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None):
         h, e, i = spec.hidden_size, spec.num_experts, spec.intermediate_size
-        for name, param in attention_params(spec, dtype, rngs).items():
-            setattr(self, name, param)
+        params = attention_params(spec, dtype, rngs, quant)
         m = len(spec.moe_layer_ids)
         if m:
-            self.router = init_param(rngs, (m, h, e), dtype)
-            self.experts_gate = init_param(rngs, (m, e, h, i), dtype)
-            self.experts_up = init_param(rngs, (m, e, h, i), dtype)
-            self.experts_down = init_param(rngs, (m, e, i, h), dtype)
+            params["router"] = init_param(rngs, (m, h, e), dtype)
+            params |= linear_params(rngs, "experts_gate", (m, e, h, i), dtype, quant)
+            params |= linear_params(rngs, "experts_up", (m, e, h, i), dtype, quant)
+            params |= linear_params(rngs, "experts_down", (m, e, i, h), dtype, quant)
         d, di = len(spec.dense_layer_ids), spec.dense_intermediate_size
         if d:
-            self.gate_proj = init_param(rngs, (d, h, di), dtype)
-            self.up_proj = init_param(rngs, (d, h, di), dtype)
-            self.down_proj = init_param(rngs, (d, di, h), dtype)
+            params |= linear_params(rngs, "gate_proj", (d, h, di), dtype, quant)
+            params |= linear_params(rngs, "up_proj", (d, h, di), dtype, quant)
+            params |= linear_params(rngs, "down_proj", (d, di, h), dtype, quant)
+        for name, param in params.items():
+            setattr(self, name, param)
 
 
 class MoeLM(DecoderLM):
@@ -134,8 +159,9 @@ class MoeLM(DecoderLM):
 
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None, expert_mesh: Mesh | None = None,
-                 expert_axis: str = "model"):
-        super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform, mesh=mesh)
+                 expert_axis: str = "model", quantization: str | None = None):
+        super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform, mesh=mesh,
+                         quantization=quantization)
         self.expert_mesh = expert_mesh
         self.expert_axis = expert_axis
 
@@ -144,10 +170,13 @@ class MoeLM(DecoderLM):
         weights, ids = route(x, w["router"], spec.num_experts_per_tok, spec.norm_topk_prob,
                              spec.round_router_weights)
         experts = tuple(w[name] for name in EXPERT_PARAMS)
+        scales = None
+        if isinstance(experts[0], QuantizedWeight):
+            experts, scales = tuple(e.values for e in experts), tuple(e.scale for e in experts)
         if self.expert_mesh is not None and self.expert_mesh.shape[self.expert_axis] > 1:
-            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts)
+            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts, scales)
         else:
-            out = grouped_expert_ffn(x, weights, ids, *experts)
+            out = grouped_expert_ffn(x, weights, ids, *experts, scales=scales)
         return out.astype(x.dtype)
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
@@ -160,12 +189,12 @@ class MoeLM(DecoderLM):
         if is_unstacked(params):
             return self._run_unrolled(ctx, params, attn, hidden, kv_cache, aux)
         for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
-            mlp_params = {name: params[name] for name in _mlp_param_names(is_moe)}
+            mlp_params = {name: params[name] for name in self._mlp_param_names(is_moe)}
 
             def layer(carry, xs, is_moe=is_moe, mlp_params=mlp_params):
                 hidden, kv_cache, aux = carry
                 layer_index, mlp_index, window = xs
-                w = {name: value[layer_index] for name, value in attn.items()}
+                w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
                 mlp = self._mlp(is_moe, {name: value[mlp_index] for name, value in mlp_params.items()})
                 aux = aux.record(layer_index, hidden)
                 hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window)
@@ -182,8 +211,8 @@ class MoeLM(DecoderLM):
         """The same layers as a Python loop over per-layer arrays (see layers.unstack_layers)."""
         for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
             for layer_index, mlp_index in zip(layer_ids, mlp_ids):
-                w = {name: value[layer_index] for name, value in attn.items()}
-                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in _mlp_param_names(is_moe)})
+                w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
+                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in self._mlp_param_names(is_moe)})
                 aux = aux.record(layer_index, hidden)
                 hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index,
                                                  self.spec.sliding_windows[layer_index])
@@ -191,11 +220,13 @@ class MoeLM(DecoderLM):
 
     def _mlp(self, is_moe: bool, w: dict) -> Mlp:
         """The layer's FFN over its own params: the routed experts, or the dense gated MLP."""
+        w = bundle_quantized(w, self.quantization)
         return partial(self._moe_mlp, w) if is_moe else partial(gated_mlp, w)
 
-
-def _mlp_param_names(is_moe: bool) -> tuple[str, ...]:
-    return ("router",) + EXPERT_PARAMS if is_moe else DENSE_MLP_PARAMS
+    def _mlp_param_names(self, is_moe: bool) -> tuple[str, ...]:
+        names = EXPERT_PARAMS if is_moe else DENSE_MLP_PARAMS
+        scales = tuple(scale_name(n) for n in names) if self.quantization is not None else ()
+        return (("router",) if is_moe else ()) + names + scales
 
 
 def _layer_runs(moe_layers: tuple[bool, ...]) -> list[tuple[bool, list[int], list[int]]]:

@@ -27,12 +27,15 @@ from vllm_jax.model_loader.weight_loader import (NP_DTYPES, LoadRequest, Shardin
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
                 attention_backend: str = "auto", platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
                 seed: int = 0, sharding_for: ShardingFor | None = None,
-                model_kwargs: dict | None = None) -> nnx.Module:
+                model_kwargs: dict | None = None, quantization: str | None = None) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
     placed on `sharding_for(path, shape)` (default: the first device). `attention_backend`, `platform` and `mesh`
-    are the model's (DecoderLM.__init__): what its attention calls and the chip the program is built for."""
+    are the model's (DecoderLM.__init__): what its attention calls and the chip the program is built for.
+    `quantization` (int8 / fp8): the layers' linear weights are quantized as each is loaded (model/quantization.py)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
-    extra = model_kwargs or {}
+    extra = dict(model_kwargs or {})
+    if quantization is not None:
+        extra["quantization"] = quantization
 
     def init_model(rngs: nnx.Rngs) -> nnx.Module:
         return entry.model_class(spec, jdtype, rngs=rngs, attention_backend=attention_backend, platform=platform,
@@ -40,7 +43,7 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
 
     graphdef, state = nnx.split(nnx.eval_shape(lambda: init_model(nnx.Rngs(0))))
     shapes = {path: tuple(value.shape) for path, value in flatten_params(nnx.to_pure_dict(state)).items()}
-    request = LoadRequest(spec, shapes, dtype, sharding_for or _first_device, init_model)
+    request = LoadRequest(spec, shapes, dtype, sharding_for or _first_device, init_model, quantization)
     nnx.replace_by_pure_dict(state, unflatten_params(weight_loader_for(source, seed).load(request)))
     return nnx.merge(graphdef, state)
 

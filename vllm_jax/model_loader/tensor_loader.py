@@ -5,12 +5,21 @@ param's `ParamSource` (from the architecture's weight map) reads just that slice
 cast to the target dtype. So no device needs a full host copy of the model. The whole checkpoint is checked
 before any read: a missing, unexpected or mis-shaped tensor is one `ModelSourceError` naming the file and
 the tensor. Loading never executes code: safetensors and GGUF only, no pickle, no remote code.
+
+With `--quantization`, a linear weight with a `_scale` sibling is quantized on the host as it is read
+(`QuantizedReads`): a device's slice of output channels is read over every input row (a channel's scale needs
+them all; a row-parallel weight's device thus reads its layers' whole matrix), one layer at a time in float32,
+and only the int8 / fp8 values and the scales reach the device. No float copy of a quantized weight is placed.
 """
 
 from __future__ import annotations
 
-import jax
+import itertools
 
+import jax
+import numpy as np
+
+from vllm_jax.model.quantization import SCALE_SUFFIX, SCHEMES, quantize
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.source import ModelSourceError
@@ -30,7 +39,8 @@ class TensorLoader:
 
     def load(self, request: LoadRequest) -> dict[ParamPath, jax.Array]:
         sources = {path: src for path, src in param_sources(request.spec).items() if path in request.shapes}
-        unmapped = sorted(set(request.shapes) - set(sources))
+        scales = {path: _scale_path(path) for path in sources if _scale_path(path) in request.shapes}
+        unmapped = sorted(set(request.shapes) - set(sources) - set(scales.values()))
         if unmapped:
             raise AssertionError(f"model params without a checkpoint mapping: {unmapped}")
         check_checkpoint(self.checkpoint, sources, request.shapes)
@@ -38,10 +48,62 @@ class TensorLoader:
         arrays = {}
         for path, src in sources.items():
             shape = request.shapes[path]
+            if path in scales:
+                reads = QuantizedReads(self.checkpoint, src, shape, request.quantization)
+                scale_shape = request.shapes[scales[path]]
+                arrays[path] = jax.make_array_from_callback(shape, request.sharding_for(path, shape), reads.values)
+                arrays[scales[path]] = jax.make_array_from_callback(
+                    scale_shape, request.sharding_for(scales[path], scale_shape), reads.scales)
+                continue
             arrays[path] = jax.make_array_from_callback(
                 shape, request.sharding_for(path, shape),
                 lambda index, src=src, shape=shape: src.read(self.checkpoint, index, shape, np_dtype))
         return arrays
+
+
+def _scale_path(path: ParamPath) -> ParamPath:
+    return path[:-1] + (path[-1] + SCALE_SUFFIX,)
+
+
+class QuantizedReads:
+    """One quantized weight's device slices: `values(index)` for the values [*stack, in, out], `scales(index)` for
+    the scales [*stack, out]. Each slice of stack positions and output channels is read and quantized once (the
+    values' and the scales' callbacks, and devices that differ only in their input rows, share it), layer by layer
+    in float32."""
+
+    def __init__(self, checkpoint: Checkpoint, src: ParamSource, shape: tuple[int, ...], scheme: str | None):
+        if scheme not in SCHEMES:
+            raise AssertionError(f"a quantized param needs a quantization scheme; got {scheme!r}")
+        self.checkpoint, self.src, self.shape, self.scheme = checkpoint, src, shape, scheme
+        self._done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def values(self, index: tuple[slice, ...]) -> np.ndarray:
+        index = _full_index(index, len(self.shape))
+        values, _ = self._quantized(index[:-2] + index[-1:])
+        return values[..., index[-2], :]
+
+    def scales(self, index: tuple[slice, ...]) -> np.ndarray:
+        return self._quantized(_full_index(index, len(self.shape) - 1))[1]
+
+    def _quantized(self, stack_and_out: tuple[slice, ...]) -> tuple[np.ndarray, np.ndarray]:
+        dims = self.shape[:-2] + self.shape[-1:]
+        ranges = [range(*s.indices(n)) for s, n in zip(stack_and_out, dims)]
+        key = tuple((r.start, r.stop, r.step) for r in ranges)
+        if key not in self._done:
+            *stack, out = ranges
+            values = np.empty([len(r) for r in stack] + [self.shape[-2], len(out)], SCHEMES[self.scheme].dtype)
+            scales = np.empty([len(r) for r in stack] + [len(out)], np.float32)
+            for local, position in zip(itertools.product(*(range(len(r)) for r in stack)),
+                                       itertools.product(*stack)):
+                one = tuple(slice(p, p + 1) for p in position) + (slice(None), stack_and_out[-1])
+                w = self.src.read(self.checkpoint, one, self.shape, np.float32)[(0,) * len(position)]
+                values[local], scales[local] = quantize(w, self.scheme)
+            self._done[key] = (values, scales)
+        return self._done[key]
+
+
+def _full_index(index: tuple[slice, ...], ndim: int) -> tuple[slice, ...]:
+    return tuple(index) + (slice(None),) * (ndim - len(index))
 
 
 def check_checkpoint(checkpoint: Checkpoint, sources: dict[ParamPath, ParamSource],

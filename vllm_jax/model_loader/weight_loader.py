@@ -37,6 +37,9 @@ class LoadRequest:
     dtype: str  # a key of NP_DTYPES
     sharding_for: ShardingFor
     init_model: Callable[[nnx.Rngs], nnx.Module]  # the model with its own random init (for random weights)
+    # --quantization (model/quantization.py): the linear weights with a `{name}_scale` sibling in `shapes` are
+    # quantized at load, from the float checkpoint
+    quantization: str | None = None
 
 
 class WeightLoader(Protocol):

@@ -6,6 +6,8 @@ all-reduces. The KV cache is split on its (interleaved K/V) head axis like k/v. 
 number of KV heads, k/v projections and the KV cache are replicated instead: every device computes and stores
 all KV heads (correct, memory-costlier). A dim that tp does not divide stays replicated rather than erroring.
 Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
+A quantized weight's scales (`{name}_scale`, one per output channel: model/quantization.py) are split like its
+output dim: with a column-parallel weight, replicated with a row-parallel one.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(o_proj|down_proj)$", _ROW),
     (r"^layers/experts_(gate|up)$", _COLUMN),  # MoE [L, E, H, I] without EP: split I
     (r"^layers/experts_down$", _ROW),  # [L, E, I, H]
-    (r".*", None),  # norms, o/down biases, router, q/k norms: replicated
+    (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_scale$", -1),  # [.., out]
+    (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
-_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias)$")
+_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale)$")
 _EXPERT_PARAMS = re.compile(r"^layers/experts_")
 
 

@@ -69,7 +69,8 @@ class AbstractEngine:
                 raise ValueError("speculative_config method 'eagle3' runs with tensor_parallel_size 1 only")
             head = _abstract_head(config, backend, mesh)
         aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head else ()
-        graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers)
+        graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers,
+                                           quantization=config.model_config.quantization)
         speculator = head
         if config.draft_model_config is not None:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)
@@ -151,11 +152,13 @@ class AbstractEngine:
 
 
 def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str, mesh: Mesh,
-                    aux_layers: tuple[int, ...] = ()) -> tuple[nnx.GraphDef, nnx.State]:
+                    aux_layers: tuple[int, ...] = (), *,
+                    quantization: str | None = None) -> tuple[nnx.GraphDef, nnx.State]:
     """The model as the runner builds it (model_loader.build_model's arguments), every param a ShapeDtypeStruct
-    on its partition rule's sharding, laid out for the platform's layer loop (`aux_layers`: EAGLE-3's)."""
+    on its partition rule's sharding, laid out for the platform's layer loop (`aux_layers`: EAGLE-3's;
+    `quantization`: the target's --quantization, quantized values and their scales)."""
     mc, pc = config.model_config, config.parallel_config
-    kwargs = {}
+    kwargs = {} if quantization is None else {"quantization": quantization}
     if pc.tensor_parallel_size > 1 and backend != "xla":
         kwargs["mesh"] = mesh  # the Pallas kernels run inside shard_map over it
     if pc.enable_expert_parallel and getattr(spec, "num_experts", None):

@@ -107,7 +107,7 @@ class ModelRunner:
         head = load_eagle3(config, self.spec, self.mesh, self.attention_backend) if method == "eagle3" else None
         aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
         graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
-                                            aux_layers)
+                                            aux_layers, quantization=mc.quantization)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
@@ -171,9 +171,11 @@ class ModelRunner:
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
     def _load_model(self, model_entry: object, spec: DecoderSpec, source: ModelSource | None,
-                    aux_layers: tuple[int, ...] = ()) -> tuple[nnx.GraphDef, nnx.State]:
+                    aux_layers: tuple[int, ...] = (), *,
+                    quantization: str | None = None) -> tuple[nnx.GraphDef, nnx.State]:
         """A model's graph and its sharded params (random ones without a source), laid out for the layer loop
-        this platform runs; `aux_layers`: the layers whose input states its forward also returns (EAGLE-3)."""
+        this platform runs; `aux_layers`: the layers whose input states its forward also returns (EAGLE-3);
+        `quantization`: --quantization, the target's only (a draft model stays in the model dtype)."""
         config, mc = self.config, self.config.model_config
         # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
         sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend != "xla"
@@ -181,7 +183,7 @@ class ModelRunner:
                             attention_backend=self.attention_backend, platform=config.platform,
                             mesh=self.mesh if sharded_kernels else None, seed=mc.seed,
                             sharding_for=functools.partial(self._param_sharding, spec),
-                            model_kwargs=self._expert_parallel_kwargs(spec))
+                            model_kwargs=self._expert_parallel_kwargs(spec), quantization=quantization)
         # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers

@@ -1,0 +1,97 @@
+"""Quantized linear weights: `--quantization int8 | fp8` (docs/architecture.md, "Quantized weights").
+
+A quantized weight is two sibling params: the values, `layers/q_proj` [L, in, out] in int8 or float8_e4m3fn, and
+`layers/q_proj_scale` [L, out] float32, one symmetric scale per output channel (absmax of the channel over the
+input dim / the format's largest value: 127 for int8, 448 for e4m3). w ~= values * scale[None, :].
+
+How the matmul runs is fixed when the model is built (`Quantization`, static like the attention kernels):
+- int8 on CPU: W8A8. Each row of the activation is quantized to int8 on the fly (its absmax / 127), the dot
+  accumulates int8 x int8 in int32, and the result is scaled by (row scale x channel scale). XLA:CPU materializes
+  a converted weight before a float dot, so weight-only int8 is slower there than float32; the int8 dot is
+  2-5x faster than float32 at 2..512 rows (measured, docs/architecture.md).
+- int8 on TPU / GPU, fp8 everywhere: weight-only. The weight is converted to the activation dtype inside the
+  dot (XLA fuses the convert into the dot on TPU / GPU) and the output is scaled per channel. On CPU fp8 is
+  correct but not fast.
+
+The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+SCALE_SUFFIX = "_scale"
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    name: str
+    dtype: np.dtype  # storage dtype of the values
+    qmax: float  # largest magnitude the values hold: scale = channel absmax / qmax
+
+
+SCHEMES: dict[str, QuantScheme] = {
+    "int8": QuantScheme("int8", np.dtype(np.int8), 127.0),
+    "fp8": QuantScheme("fp8", np.dtype(ml_dtypes.float8_e4m3fn), 448.0),
+}
+
+# The linear weights a dense or MoE layer quantizes (their [.., in, out] values get a [.., out] scale). The router,
+# norms, biases, embedding and LM head stay in the model dtype.
+QUANTIZED_LINEARS = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                               "experts_gate", "experts_up", "experts_down"))
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """A model's quantization, static (part of the graphdef): the scheme and whether activations are quantized
+    too (W8A8: int8 on CPU)."""
+
+    scheme: str
+    quantize_activations: bool
+
+    @classmethod
+    def for_platform(cls, scheme: str | None, platform: str) -> Quantization | None:
+        if scheme is None:
+            return None
+        if scheme not in SCHEMES:
+            raise ValueError(f"quantization must be one of {', '.join(SCHEMES)}; got {scheme!r}")
+        return cls(scheme, quantize_activations=scheme == "int8" and platform == "cpu")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return SCHEMES[self.scheme].dtype
+
+
+def scale_name(name: str) -> str:
+    return name + SCALE_SUFFIX
+
+
+def quantize(w, scheme: str):
+    """(values, float32 scales) of a weight [..., in, out], one symmetric scale per output channel (reduced over
+    axis -2). A numpy weight gives numpy arrays, a jax one jax arrays. An all-zero channel gets scale 1 (values 0)."""
+    xp = np if isinstance(w, np.ndarray) else jnp
+    s = SCHEMES[scheme]
+    w = w.astype(np.float32)
+    amax = xp.max(xp.abs(w), axis=-2)
+    scale = xp.where(amax > 0, amax / s.qmax, 1.0).astype(np.float32)
+    scaled = xp.clip(w / scale[..., None, :], -s.qmax, s.qmax)
+    if s.dtype == np.int8:
+        scaled = xp.round(scaled)
+    return scaled.astype(s.dtype), scale
+
+
+def dequantize(values, scale):
+    """float32 values * scale: the weight a quantized pair stands for."""
+    return values.astype(np.float32) * scale[..., None, :]
+
+
+def quantize_rows(x):
+    """Per-row symmetric int8 quantization of an activation [T, in]: (int8 values, float32 row scales [T, 1])."""
+    xf = x.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+    return jnp.clip(jnp.round(xf / scale), -127, 127).astype(jnp.int8), scale
