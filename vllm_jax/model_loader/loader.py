@@ -16,6 +16,8 @@ from flax import nnx
 from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.orbax_io import ConvertedLoader
+from vllm_jax.model_loader.prequantized import read_prequantized_config
+from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
 from vllm_jax.model_loader.random_weights import RandomWeights
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 from vllm_jax.model_loader.source import ModelSource
@@ -56,7 +58,11 @@ def weight_loader_for(source: ModelSource | None, seed: int = 0) -> WeightLoader
         return ConvertedLoader(Path(source.path))
     if source.kind == "gguf":
         return TensorLoader(GGUFCheckpoint(source.path))
-    return TensorLoader(SafetensorsCheckpoint(Path(source.path)))
+    checkpoint = SafetensorsCheckpoint(Path(source.path))
+    prequantized = read_prequantized_config(source.path)
+    if prequantized is not None:  # its quantized tensors read dequantized unless kept quantized
+        return TensorLoader(PrequantizedCheckpoint(checkpoint, prequantized))
+    return TensorLoader(checkpoint)
 
 
 def _first_device(path: tuple[str, ...], shape: tuple[int, ...]) -> jax.sharding.Sharding:
