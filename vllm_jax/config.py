@@ -65,6 +65,8 @@ class ModelConfig:
     # the layers' linear weights' scheme (int8 / fp8), or None: --quantization's (quantized at load) or a
     # pre-quantized checkpoint's (read as stored: model_loader/prequantized.py)
     quantization: str | None = None
+    # grouped scales' input rows (a block-fp8 checkpoint's block width: model/quantization.py), or None
+    quantization_group_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ class EngineArgs:
                              f"(max_position_embeddings), fewer than max_model_len ({target.max_model_len})")
         return dataclasses.replace(target, model=speculative.model, source=source, hf_config=hf_config,
                                    served_model_name=source.default_name, tokenizer=None,
-                                   quantization=None)  # --quantization is the target's; the draft stays float
+                                   quantization=None, quantization_group_size=None)  # the draft stays float
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
@@ -337,12 +339,13 @@ class EngineArgs:
             raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
                              f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "
                              "the original safetensors or GGUF model")
-        quantization = self.quantization
+        quantization, group_size = self.quantization, None
         if source.kind == "hf":  # a pre-quantized checkpoint's scheme comes from its config.json, as in vLLM
             from vllm_jax.model_loader.prequantized import read_prequantized_config, resolve_quantization
 
-            quantization = resolve_quantization(self.quantization, read_prequantized_config(source.path),
-                                                source.path)
+            prequantized = read_prequantized_config(source.path)
+            quantization = resolve_quantization(self.quantization, prequantized, source.path)
+            group_size = prequantized.group_size if prequantized is not None else None
         elif self.quantization == "compressed-tensors":
             raise ValueError(f"quantization 'compressed-tensors' reads a pre-quantized HF checkpoint; {source.path} "
                              f"is a {source.kind} model")
@@ -352,7 +355,8 @@ class EngineArgs:
                             else _KV_CACHE_DTYPE_NAMES.get(self.kv_cache_dtype, self.kv_cache_dtype)),
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
-            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=quantization)
+            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=quantization,
+            quantization_group_size=group_size)
 
     def _scheduler_config(self, max_model_len: int, on_cpu: bool) -> SchedulerConfig:
         """Batch limits and buckets, with the platform's defaults (small on CPU: warm-up compiles each bucket)."""

@@ -40,6 +40,11 @@ class PrequantizedConfig:
     block: tuple[int, int] | None = None  # [out, in] block of a block scale
     ignore: tuple[str, ...] = ()  # module names, or `re:` patterns, stored unquantized
 
+    @property
+    def group_size(self) -> int | None:
+        """Input rows per grouped scale: a block's width (a block scale is repeated over its output rows)."""
+        return None if self.block is None else self.block[1]
+
     def is_ignored(self, module: str) -> bool:
         for entry in self.ignore:
             if entry.startswith("re:") and re.match(entry[3:], module):

@@ -4,8 +4,10 @@
 weight returns it dequantized (values x scale, float32), which is what every param outside QUANTIZED_LINEARS and
 a model built without quantization need. The linears kept quantized read their stored values and per-channel
 scales through `StoredQuantizedReads` instead: a channel scale [out, 1] is taken as is, a tensor scale is
-broadcast over out (exact), and the int8 / fp8 bits are placed untouched. A block-scaled weight has no exact
-per-channel form; the tensor loader requantizes its dequantized values per channel (`QuantizedReads`).
+broadcast over out, a [b_out x b_in] block scale becomes a grouped scale [in // g, out] (repeated over its output
+rows: model/quantization.py), all exact, and the int8 / fp8 bits are placed untouched. MoE experts keep
+per-channel scales, so a block-scaled expert has no exact form: the tensor loader requantizes its dequantized
+values per channel (`QuantizedReads`; docs/architecture.md says so).
 
 `check` runs before any read: every scale matches its weight, every quantized linear has a scale, every stored
 int8 / fp8 tensor has one: one ModelSourceError naming the tensor otherwise.
@@ -55,7 +57,7 @@ class PrequantizedCheckpoint:
         if name not in self._scale_of:
             return self.inner.read(name, index)
         values = self.inner.read(name, index).astype(np.float32)
-        return values * self._full_scale(name)[index]
+        return values * self._scale_at(name, index)
 
     # ---- stored values and scales ----------------------------------------------------------------------------
 
@@ -81,22 +83,35 @@ class PrequantizedCheckpoint:
         scale = self.inner.read(self._scale_of[name], ()).astype(np.float32)
         return np.broadcast_to(scale.reshape(-1), (out,)).copy() if scale.size == 1 else scale.reshape(out)
 
-    def _full_scale(self, name: str) -> np.ndarray:
-        """The scale broadcast to the weight's [out, in] (a view where it can be)."""
+    def grouped_scales(self, name: str, groups: int) -> np.ndarray:
+        """float32 [groups, out]: the scale of each run of in // groups input rows and output channel (a block
+        scale repeated over its output rows and the groups inside it; a channel or tensor scale over the groups)."""
         out, inp = self.inner.shape(name)
+        rows = np.arange(out)
+        cols = np.arange(groups) * (inp // groups)
+        return np.ascontiguousarray(self._scale_at(name, (rows, cols), outer=True).T)
+
+    def _scale_at(self, name: str, index: tuple, outer: bool = False) -> np.ndarray:
+        """The scale of the weight's [index] elements (slices; with `outer`, row and column index arrays),
+        broadcastable to them: no [out, in] copy of a block scale is made."""
+        out, inp = self.inner.shape(name)
+        rows, cols = (index if outer else
+                      tuple(np.arange(n)[i] for i, n in zip(tuple(index) + (slice(None),) * 2, (out, inp))))
         scale = self.inner.read(self._scale_of[name], ()).astype(np.float32)
         if self.layout(name) == "block":
             b_out, b_in = self.config.block
-            scale = np.repeat(np.repeat(scale, b_out, axis=0), b_in, axis=1)[:out, :inp]
-            return scale
-        return np.broadcast_to(scale.reshape(-1, 1) if scale.size > 1 else scale.reshape(1, 1), (out, inp))
+            return scale[np.ix_(rows // b_out, cols // b_in)]
+        if scale.size == 1:
+            return np.broadcast_to(scale.reshape(1, 1), (len(rows), len(cols)))
+        return np.broadcast_to(scale.reshape(-1, 1)[rows], (len(rows), len(cols)))
 
     # ---- checks, before any read -----------------------------------------------------------------------------
 
-    def check(self, quantized: dict[ParamPath, ParamSource]) -> set[ParamPath]:
-        """Validate every scale and stored dtype; `quantized`: the params our model keeps quantized, by source.
-        -> those whose tensors keep their stored bits (channel / tensor scales); the rest (block scales) are
-        requantized per channel from their dequantized values."""
+    def check(self, quantized: dict[ParamPath, ParamSource], grouped: set[ParamPath]) -> set[ParamPath]:
+        """Validate every scale and stored dtype; `quantized`: the params our model keeps quantized, by source;
+        `grouped`: those with grouped scales. -> those whose tensors keep their stored bits (grouped params, and
+        channel / tensor scales); the rest (block scales under per-channel ones: MoE experts) are requantized per
+        channel from their dequantized values."""
         for name, scale_name in sorted(self._scale_of.items()):
             self._check_scale(name, scale_name)
         for name in sorted(self._names - set(self._scale_of)):
@@ -118,7 +133,7 @@ class PrequantizedCheckpoint:
                     raise ModelSourceError(f"{self.where(name)}: tensor {name!r} has no scale "
                                            f"{module}.{self.config.scale_suffix} ({self.config.describe()})")
                 layouts.add(self.layout(name))
-            if "block" not in layouts:
+            if path in grouped or "block" not in layouts:
                 stored.add(path)
         return stored
 
@@ -155,22 +170,29 @@ class StoredQuantizedReads:
     in the stored int8 / fp8 bits, `scales(index)` [*stack, out] float32 (channel scales as stored, a tensor's
     scale broadcast). The same callbacks as `tensor_loader.QuantizedReads`, without a float copy or rounding."""
 
-    def __init__(self, checkpoint: PrequantizedCheckpoint, src: ParamSource, shape: tuple[int, ...], scheme: str):
-        self.checkpoint, self.src, self.shape = checkpoint, src, shape
+    def __init__(self, checkpoint: PrequantizedCheckpoint, src: ParamSource, shape: tuple[int, ...], scheme: str,
+                 groups: int | None = None):
+        self.checkpoint, self.src, self.shape, self.groups = checkpoint, src, shape, groups
         self.dtype = SCHEMES[scheme].dtype
 
     def values(self, index: tuple[slice, ...]) -> np.ndarray:
         return self.src.read(_StoredValues(self.checkpoint), index, self.shape, self.dtype)
 
     def scales(self, index: tuple[slice, ...]) -> np.ndarray:
-        index = tuple(index) + (slice(None),) * (len(self.shape) - 1 - len(index))
-        stack_index, out_index = index[:-1], index[-1]
+        """[*stack, out] per channel, or [*stack, groups, out] grouped, for `index`."""
+        trailing = 1 if self.groups is None else 2
+        index = tuple(index) + (slice(None),) * (len(self.shape) - 2 + trailing - len(index))
+        stack_index, own_index = index[:-trailing], index[-trailing:]
         ranges = [range(*s.indices(n)) for s, n in zip(stack_index, self.shape[:-2])]
-        pieces = [self.checkpoint.channel_scales(self.src.names[position])[out_index]
-                  for position in itertools.product(*ranges)]
+        pieces = []
+        for position in itertools.product(*ranges):
+            name = self.src.names[position]
+            scale = (self.checkpoint.channel_scales(name) if self.groups is None
+                     else self.checkpoint.grouped_scales(name, self.groups))
+            pieces.append(scale[own_index])
         if not ranges:
             return pieces[0]
-        return np.stack(pieces).reshape(*(len(r) for r in ranges), -1)
+        return np.stack(pieces).reshape(*(len(r) for r in ranges), *pieces[0].shape)
 
 
 class _StoredValues:

@@ -50,16 +50,21 @@ class TensorLoader:
             raise AssertionError(f"model params without a checkpoint mapping: {unmapped}")
         check_checkpoint(self.checkpoint, sources, request.shapes)
         stored: set[ParamPath] = set()
+        # a scale with its values' rank is grouped ([*stack, in // g, out]: model/quantization.py)
+        grouped = {path for path, scale in scales.items() if len(request.shapes[scale]) == len(request.shapes[path])}
         if isinstance(self.checkpoint, PrequantizedCheckpoint):
-            stored = self.checkpoint.check({path: sources[path] for path in scales})
+            stored = self.checkpoint.check({path: sources[path] for path in scales}, grouped)
+        elif grouped:
+            raise AssertionError(f"grouped scales are read from pre-quantized checkpoints only: {sorted(grouped)}")
         np_dtype = NP_DTYPES[request.dtype]
         arrays = {}
         for path, src in sources.items():
             shape = request.shapes[path]
             if path in scales:
-                reads = (StoredQuantizedReads(self.checkpoint, src, shape, request.quantization) if path in stored
-                         else QuantizedReads(self.checkpoint, src, shape, request.quantization))
                 scale_shape = request.shapes[scales[path]]
+                reads = (StoredQuantizedReads(self.checkpoint, src, shape, request.quantization,
+                                              scale_shape[-2] if path in grouped else None) if path in stored
+                         else QuantizedReads(self.checkpoint, src, shape, request.quantization))
                 arrays[path] = jax.make_array_from_callback(shape, request.sharding_for(path, shape), reads.values)
                 arrays[scales[path]] = jax.make_array_from_callback(
                     scale_shape, request.sharding_for(scales[path], scale_shape), reads.scales)
