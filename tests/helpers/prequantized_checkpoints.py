@@ -12,6 +12,7 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
@@ -87,23 +88,29 @@ def expand_scale(scale: np.ndarray, shape: tuple[int, int], layout: str) -> np.n
     return np.broadcast_to(scale.reshape(-1, 1) if scale.size > 1 else scale.reshape(1, 1), shape)
 
 
-def make_prequantized(float_dir: Path, out_dir: Path, scheme: str) -> tuple[Path, Path]:
-    """Write `out_dir`/`scheme` (the pre-quantized checkpoint) and `out_dir`/`scheme`_dequantized (float32, the
-    weights it stands for) from the float checkpoint in `float_dir`. -> (pre-quantized, dequantized) dirs."""
+def make_prequantized(float_dir: Path, out_dir: Path, scheme: str, name: str | None = None,
+                      edit: Callable[[dict[str, np.ndarray]], None] | None = None) -> tuple[Path, Path]:
+    """Write `out_dir`/`name` (the pre-quantized checkpoint; `name` defaults to the scheme) and
+    `out_dir`/`name`_dequantized (float32, the weights it stands for) from the float checkpoint in `float_dir`;
+    `edit` may alter the pre-quantized tensors before they are saved (bad-input tests).
+    -> (pre-quantized, dequantized) dirs."""
     from safetensors.numpy import load_file, save_file
 
     config, dtype, layout, suffix, scale_dtype = SCHEMES[scheme]
     tensors = load_file(str(float_dir / "model.safetensors"))
     quantized, dequantized = {}, {}
-    for name, w in tensors.items():
-        if not LINEAR.match(name):
-            quantized[name] = dequantized[name] = w
+    for tensor, w in tensors.items():
+        if not LINEAR.match(tensor):
+            quantized[tensor] = dequantized[tensor] = w
             continue
         values, scale = quantize_hf(w.astype(np.float32), dtype, layout, scale_dtype)
-        quantized[name] = values
-        quantized[name[:-len("weight")] + suffix] = scale
-        dequantized[name] = values.astype(np.float32) * expand_scale(scale.astype(np.float32), w.shape, layout)
-    pq_dir, deq_dir = out_dir / scheme, out_dir / f"{scheme}_dequantized"
+        quantized[tensor] = values
+        quantized[tensor[:-len("weight")] + suffix] = scale
+        dequantized[tensor] = values.astype(np.float32) * expand_scale(scale.astype(np.float32), w.shape, layout)
+    if edit is not None:
+        edit(quantized)
+    name = name or scheme
+    pq_dir, deq_dir = out_dir / name, out_dir / f"{name}_dequantized"
     for target, weights, quant in ((pq_dir, quantized, config), (deq_dir, dequantized, None)):
         shutil.copytree(float_dir, target, ignore=shutil.ignore_patterns("*.safetensors"))
         save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
