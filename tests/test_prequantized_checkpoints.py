@@ -57,6 +57,18 @@ def tp1_block_logits():
     return {}
 
 
+@pytest.fixture(scope="module")
+def runners(workdir):
+    """One runner per scheme, built on first use and shared by the tests."""
+    cache: dict = {}
+
+    def get(scheme: str):
+        if scheme not in cache:
+            cache[scheme] = quant_runner(workdir / scheme, None)
+        return cache[scheme]
+    return get
+
+
 def _config(model_dir, **args):
     return EngineArgs(model=str(model_dir), max_model_len=64, **args).create_config().model_config
 
@@ -101,9 +113,9 @@ def test_compressed_tensors_flag_on_a_float_checkpoint_is_an_error(workdir):
 # ---- logits ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scheme", ["ct_fp8_channel", "ct_fp8_tensor", "fp8_block"])
-def test_fp8_logits_equal_the_float_model_over_the_dequantized_weights(workdir, float_runner, tp1_block_logits,
-                                                                       scheme):
-    runner = quant_runner(workdir / scheme, None)
+def test_fp8_logits_equal_the_float_model_over_the_dequantized_weights(workdir, float_runner, runners,
+                                                                       tp1_block_logits, scheme):
+    runner = runners(scheme)
     layers = nnx.to_pure_dict(runner.params)["layers"]
     assert layers["q_proj"][0].dtype == jnp.float8_e4m3fn
     if scheme == "fp8_block":  # grouped [in // g, out]: 64-wide inputs one group, down (256) two
@@ -118,20 +130,20 @@ def test_fp8_logits_equal_the_float_model_over_the_dequantized_weights(workdir, 
         tp1_block_logits["fp8_block"] = logits
 
 
-def test_stored_values_keep_their_bits(workdir):
+def test_stored_values_keep_their_bits(workdir, runners):
     """No requantization: the placed values are the checkpoint's bytes (transposed to [in, out])."""
     from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 
     for scheme in ("ct_int8_channel", "fp8_block"):
         stored = SafetensorsCheckpoint(workdir / scheme)
-        runner = quant_runner(workdir / scheme, None)
+        runner = runners(scheme)
         values = np.asarray(nnx.to_pure_dict(runner.params)["layers"]["down_proj"][1])
         raw = stored.read("model.layers.1.mlp.down_proj.weight", ())
         np.testing.assert_array_equal(values.view(np.uint8), raw.T.view(np.uint8))
 
 
-def test_int8_w8a8_logits_within_bound_and_a_wrong_scale_is_caught(workdir, float_runner):
-    runner = quant_runner(workdir / "ct_int8_channel", None)
+def test_int8_w8a8_logits_within_bound_and_a_wrong_scale_is_caught(workdir, float_runner, runners):
+    runner = runners("ct_int8_channel")
     layers = nnx.to_pure_dict(runner.params)["layers"]
     assert layers["q_proj"][0].dtype == jnp.int8 and layers["q_proj_scale"][0].shape == (64,)
     _check_weights_are_the_checkpoints(runner, workdir / "ct_int8_channel")
@@ -160,9 +172,33 @@ def test_a_float_model_of_a_prequantized_checkpoint_is_dequantized(workdir):
                                   reference["model.layers.1.mlp.down_proj.weight"].T)
 
 
-def test_tp2_equals_tp1_for_block_fp8(workdir, tp1_block_logits):
+def test_block_fp8_moe_experts_are_requantized_per_channel(tmp_path):
+    """Mixtral (4 experts, [256, 64] / [64, 256] each): attention read exactly with grouped scales; the experts
+    keep per-channel scales, so their blocks are dequantized and requantized per channel (fp8 rounding, the one
+    inexact case), exactly as `quantize` does it; the logits are the float model's over the placed weights."""
+    from vllm_jax.model.quantization import quantize
+
+    pq, deq = make_prequantized(make_float_checkpoint(tmp_path / "float", "mixtral"), tmp_path, "fp8_block",
+                                name="mixtral")
+    runner = quant_runner(pq, None)
+    layers = nnx.to_pure_dict(runner.params)["layers"]
+    assert layers["q_proj_scale"].shape == (2, 1, 64) and layers["experts_down_scale"].shape == (2, 4, 64)
+    assert layers["router"].dtype == jnp.float32
+    reference = _dequantized_checkpoint(pq)
+    np.testing.assert_array_equal(dequantize(np.asarray(layers["o_proj"][1]), np.asarray(layers["o_proj_scale"][1])),
+                                  reference["model.layers.1.self_attn.o_proj.weight"].T)
+    w2 = reference["model.layers.1.block_sparse_moe.experts.3.w2.weight"].T
+    values, scale = quantize(w2, "fp8")
+    np.testing.assert_array_equal(np.asarray(layers["experts_down"][1, 3]).view(np.uint8), values.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(layers["experts_down_scale"][1, 3]), scale)
+    assert not np.array_equal(dequantize(values, scale), w2)  # requantized: not the checkpoint's weights exactly
+    np.testing.assert_allclose(prompt_logits(runner), dequantized_logits(quant_runner(deq, None), runner.params),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_tp2_equals_tp1_for_block_fp8(workdir, runners, tp1_block_logits):
     if "fp8_block" not in tp1_block_logits:
-        tp1_block_logits["fp8_block"] = prompt_logits(quant_runner(workdir / "fp8_block", None))
+        tp1_block_logits["fp8_block"] = prompt_logits(runners("fp8_block"))
     result = run_check("prequantized_tensor_parallel", workdir)
     np.testing.assert_allclose(np.array(result["tp2"]), tp1_block_logits["fp8_block"], rtol=1e-4, atol=1e-4)
     assert result["dtypes"] == {"q_proj": "float8_e4m3fn", "down_proj_scale": "float32"}

@@ -23,7 +23,8 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 # 2 layers, width 64, FFN 256 (gate/up [256, 64], down [64, 256]: two 128-blocks on one axis), untied LM head
 PREQUANT_MODEL = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, tie_word_embeddings=False)
-LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj"
+                    r"|block_sparse_moe\.experts\.\d+\.w[123])\.weight$")  # Mixtral's experts; its router stays
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
@@ -59,8 +60,8 @@ SCHEMES = {
 }
 
 
-def make_float_checkpoint(path: Path) -> Path:
-    make_tiny_checkpoint("llama", path, seed=5, **PREQUANT_MODEL)
+def make_float_checkpoint(path: Path, arch: str = "llama") -> Path:
+    make_tiny_checkpoint(arch, path, seed=5, **PREQUANT_MODEL)
     return path
 
 
