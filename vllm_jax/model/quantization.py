@@ -78,15 +78,15 @@ class Quantization:
             return None
         return in_dim // group_rows(in_dim, self.group_size)
 
+    @property
+    def dtype(self) -> np.dtype:
+        return SCHEMES[self.scheme].dtype
+
 
 def group_rows(in_dim: int, group_size: int) -> int:
     """The input rows one grouped scale covers: the group size, or where it does not divide the input dim (a
     checkpoint's last block is partial) the largest divisor of both, so no group straddles two blocks."""
     return group_size if in_dim % group_size == 0 else math.gcd(in_dim, group_size)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return SCHEMES[self.scheme].dtype
 
 
 def scale_name(name: str) -> str:

@@ -12,8 +12,9 @@ them all; a row-parallel weight's device thus reads its layers' whole matrix), o
 and only the int8 / fp8 values and the scales reach the device. No float copy of a quantized weight is placed.
 
 A pre-quantized checkpoint (`prequantized_checkpoint.PrequantizedCheckpoint`) is checked as a whole first; its
-channel- and tensor-scaled linears are placed with their stored bits (`StoredQuantizedReads`), its block-scaled
-ones requantized per channel from their dequantized values (`QuantizedReads`).
+linears are placed with their stored bits and their scales as per-channel or grouped ones (`StoredQuantizedReads`),
+except block-scaled MoE experts (per-channel scales only), requantized from their dequantized values
+(`QuantizedReads`).
 """
 
 from __future__ import annotations
