@@ -105,6 +105,25 @@ def test_quantization_comes_from_the_checkpoint(workdir, scheme, ours, group):
         _config(workdir / scheme, quantization=other)
 
 
+def test_compressed_tensors_block_config_and_regex_ignore(tmp_path):
+    """llm-compressor's FP8_BLOCK preset (block weights, dynamic per-group activations, `re:` ignores) reads as the
+    fp8 block format does: a 128-row grouped scale."""
+    from tests.helpers.prequantized_checkpoints import ct_config
+    from vllm_jax.model_loader.prequantized import read_prequantized_config
+
+    cfg = ct_config("float", "block", "float-quantized", True)
+    group = cfg["config_groups"]["group_0"]
+    group["weights"]["block_structure"] = [128, 128]
+    group["input_activations"].update(strategy="group", group_size=128)
+    cfg["ignore"] = ["re:.*gate$", "lm_head", "model.embed_tokens"]
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": cfg}))
+    read = read_prequantized_config(tmp_path)
+    assert (read.method, read.scheme, read.strategies, read.block, read.group_size) == (
+        "compressed-tensors", "fp8", frozenset({"block"}), (128, 128), 128)
+    assert read.is_ignored("model.layers.3.mlp.gate") and read.is_ignored("lm_head")
+    assert not read.is_ignored("model.layers.3.mlp.gate_proj")
+
+
 def test_compressed_tensors_flag_on_a_float_checkpoint_is_an_error(workdir):
     with pytest.raises(ValueError, match="reads a pre-quantized checkpoint.*no quantization_config"):
         _config(workdir / "float", quantization="compressed-tensors")
