@@ -161,6 +161,34 @@ def test_stored_values_keep_their_bits(workdir, runners):
         np.testing.assert_array_equal(values.view(np.uint8), raw.T.view(np.uint8))
 
 
+def test_fp8_per_tensor_checkpoint_without_blocks(workdir, tmp_path):
+    """`quant_method: fp8` without `weight_block_size` (per-tensor `weight_scale`, dynamic activations) reads as
+    compressed-tensors' tensor strategy does."""
+    fp8 = tmp_path / "fp8_tensor"
+    shutil.copytree(workdir / "ct_fp8_tensor", fp8)
+    set_quantization_config(fp8, {"activation_scheme": "dynamic", "quant_method": "fp8"})
+    assert (_config(fp8).quantization, _config(fp8).quantization_group_size) == ("fp8", None)
+    (tmp_path / "fp8_tensor_dequantized").symlink_to(workdir / "ct_fp8_tensor_dequantized")
+    _check_weights_are_the_checkpoints(quant_runner(fp8, None), fp8)
+
+
+def test_an_ignored_layer_linear_is_refused(workdir, tmp_path, monkeypatch):
+    """A linear we keep quantized in every layer, left float by `ignore` in one: named, nothing placed."""
+    name = "model.layers.1.self_attn.o_proj.weight"
+
+    def edit(tensors):
+        tensors[name] = tensors[name].astype(np.float32) * tensors.pop(name + "_scale").astype(np.float32)
+
+    bad, _ = make_prequantized(workdir / "float", tmp_path, "ct_fp8_channel", name="ignored", edit=edit)
+    cfg = json.loads((bad / "config.json").read_text())["quantization_config"]
+    cfg["ignore"].append("re:.*layers\\.1\\.self_attn\\.o_proj$")
+    set_quantization_config(bad, cfg)
+    monkeypatch.setattr(jax, "make_array_from_callback", _refuse_placement)
+    with pytest.raises(ModelSourceError, match=r"model.layers.1.self_attn.o_proj is on the quantization_config's "
+                                               r"ignore list"):
+        quant_runner(bad, None)
+
+
 def test_int8_w8a8_logits_within_bound_and_a_wrong_scale_is_caught(workdir, float_runner, runners):
     runner = runners("ct_int8_channel")
     layers = nnx.to_pure_dict(runner.params)["layers"]

@@ -128,8 +128,8 @@ class PrequantizedCheckpoint:
                     if self.config.is_ignored(module):
                         raise ModelSourceError(
                             f"{self.where(name)}: {module} is on the quantization_config's ignore list (stored in "
-                            "float) while the other layers' same linear is quantized; a model whose layers mix "
-                            "quantized and float linears is not supported")
+                            "float), but every layer's q/k/v/o and gate/up/down (and MoE experts) are kept "
+                            "quantized here; a checkpoint that leaves some of them float is not supported")
                     raise ModelSourceError(f"{self.where(name)}: tensor {name!r} has no scale "
                                            f"{module}.{self.config.scale_suffix} ({self.config.describe()})")
                 layouts.add(self.layout(name))
