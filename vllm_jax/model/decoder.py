@@ -123,8 +123,10 @@ class DecoderLM(nnx.Module):
             return self._run_unrolled(ctx, layer_weights, hidden, kv_cache, aux)
         per_layer, stacked = {}, layer_weights
         if is_unstacked(layer_weights):  # matrices go through LayerSwitch; vectors (norms, biases) restack
+            # grouped scales [in // g, out] (block fp8) restack: linear weights each layer's partial sums by them
+            grouped = self.quantization is not None and self.quantization.group_size is not None
             per_layer = {name: value for name, value in layer_weights.items()
-                         if value[0].ndim == 2 and not name.endswith(SCALE_SUFFIX)}  # grouped scales restack
+                         if value[0].ndim == 2 and not (grouped and name.endswith(SCALE_SUFFIX))}
             stacked = {name: jnp.stack(value) for name, value in layer_weights.items() if name not in per_layer}
 
         def layer(carry, xs):
