@@ -24,7 +24,7 @@ from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
                                    decoder_block, gated_mlp, init_param, is_unstacked, layer_param_values,
                                    linear_params, rms_norm, rotary_tables)
-from vllm_jax.model.quantization import Quantization
+from vllm_jax.model.quantization import SCALE_SUFFIX, Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
@@ -71,16 +71,18 @@ class DecoderLM(nnx.Module):
     aux_hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
-                 platform: str | None = None, mesh: Mesh | None = None, quantization: str | None = None):
+                 platform: str | None = None, mesh: Mesh | None = None, quantization: str | None = None,
+                 quantization_group_size: int | None = None):
         """`attention_backend` is resolved against `platform` (what the program is built for; None: jax's
         backend, read here once; the runner passes its config's) into `self.kernels`, static like `spec`. `mesh`
         (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis. `quantization`
         (int8 / fp8, model/quantization.py): the layers' linear weights are stored quantized, and how their
-        matmuls run is fixed here for `platform` (`self.quantization`, static)."""
+        matmuls run is fixed here for `platform` (`self.quantization`, static); `quantization_group_size`: grouped
+        scales over that many input rows (a block-fp8 checkpoint's, model_loader/prequantized.py)."""
         self.spec = spec
         platform = platform or jax.default_backend()
         self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
-        self.quantization = Quantization.for_platform(quantization, platform)
+        self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
         self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
         self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
@@ -121,7 +123,10 @@ class DecoderLM(nnx.Module):
             return self._run_unrolled(ctx, layer_weights, hidden, kv_cache, aux)
         per_layer, stacked = {}, layer_weights
         if is_unstacked(layer_weights):  # matrices go through LayerSwitch; vectors (norms, biases) restack
-            per_layer = {name: value for name, value in layer_weights.items() if value[0].ndim == 2}
+            # grouped scales [in // g, out] (block fp8) restack: linear weights each layer's partial sums by them
+            grouped = self.quantization is not None and self.quantization.group_size is not None
+            per_layer = {name: value for name, value in layer_weights.items()
+                         if value[0].ndim == 2 and not (grouped and name.endswith(SCALE_SUFFIX))}
             stacked = {name: jnp.stack(value) for name, value in layer_weights.items() if name not in per_layer}
 
         def layer(carry, xs):

@@ -43,11 +43,15 @@ def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.0
 def linear_params(rngs: nnx.Rngs, name: str, shape: tuple[int, ...], dtype,
                   quant: Quantization | None) -> dict[str, nnx.Param]:
     """A linear weight [..., in, out] under `name`: a normal(0, 0.02) one, or with `quant` its quantized values
-    plus `{name}_scale` [..., out] float32 (model/quantization.py)."""
+    plus `{name}_scale` [..., out] float32 (model/quantization.py); with grouped scales [..., in // g, out] (the
+    channel's scale repeated: the same weight)."""
     param = init_param(rngs, shape, dtype)
     if quant is None:
         return {name: param}
     values, scale = quantize(param.get_value(), quant.scheme)
+    groups = quant.scale_groups(name, shape[-2])
+    if groups is not None:
+        scale = jnp.broadcast_to(scale[..., None, :], (*scale.shape[:-1], groups, scale.shape[-1]))
     return {name: nnx.Param(values), scale_name(name): nnx.Param(scale)}
 
 
@@ -144,12 +148,17 @@ class LayerSwitch:
     index: jax.Array
 
     def matmul(self, x: jax.Array) -> jax.Array:
-        branches = [partial(_dot_nth, n) for n in range(len(self.arrays))]
+        return self.apply(_dot, x)
+
+    def apply(self, fn: Callable[[jax.Array, jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+        """fn(x, W[layer]) as a switch over the layers."""
+        branches = [partial(_apply_nth, fn, n) for n in range(len(self.arrays))]
         return jax.lax.switch(self.index, branches, x, self.arrays)
 
 
-def _dot_nth(n: int, x: jax.Array, arrays: tuple[jax.Array, ...]) -> jax.Array:
-    return _dot(x, arrays[n])
+def _apply_nth(fn: Callable[[jax.Array, jax.Array], jax.Array], n: int, x: jax.Array,
+               arrays: tuple[jax.Array, ...]) -> jax.Array:
+    return fn(x, arrays[n])
 
 
 _NARROW_WEIGHTS = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
@@ -169,10 +178,20 @@ def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
     return weight.matmul(x) if isinstance(weight, LayerSwitch) else _dot(x, weight)
 
 
+def _grouped_dot(x: jax.Array, w: jax.Array, groups: int) -> jax.Array:
+    """float32 [..., groups, out]: each run of in // groups input rows' share of x @ w (weight-only: the values
+    converted to x's dtype inside the dot), for grouped scales to weight before the sum."""
+    rows = w.shape[0] // groups
+    xg = x.reshape(*x.shape[:-1], groups, rows)
+    wg = w.astype(x.dtype).reshape(groups, rows, w.shape[1])
+    return jnp.einsum("...gk,gko->...go", xg, wg, preferred_element_type=jnp.float32)
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A quantized linear weight inside the forward: values [in, out] (int8 / float8_e4m3fn; or a LayerSwitch over
-    per-layer values), float32 scales [out], and whether the activations are quantized too (W8A8)."""
+    per-layer values), float32 scales [out] (per channel) or [in // g, out] (grouped, weight-only), and whether the
+    activations are quantized too (W8A8)."""
 
     values: jax.Array | LayerSwitch
     scale: jax.Array
@@ -196,7 +215,12 @@ def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight,
     """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype. A QuantizedWeight is
     dequantized here: its output is scaled per channel (and per row for W8A8) before the bias."""
     if isinstance(weight, QuantizedWeight):
-        if weight.quantize_activations:
+        if weight.scale.ndim == 2:  # grouped scales [in // g, out]: weight each group's partial sums, then add
+            groups = weight.scale.shape[0]
+            dot = partial(_grouped_dot, groups=groups)
+            parts = weight.values.apply(dot, x) if isinstance(weight.values, LayerSwitch) else dot(x, weight.values)
+            y = jnp.sum(parts * weight.scale, axis=-2)
+        elif weight.quantize_activations:
             xq, row_scale = quantize_rows(x)
             y = _matmul(xq, weight.values).astype(jnp.float32) * row_scale * weight.scale
         else:

@@ -14,10 +14,17 @@ How the matmul runs is fixed when the model is built (`Quantization`, static lik
   correct but not fast.
 
 The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
+
+Grouped scales (a pre-quantized checkpoint's [128 out x 128 in] fp8 blocks, model_loader/prequantized.py): with a
+group size g, a dense layer's scale is `layers/q_proj_scale` [L, in // g, out], one scale per output channel and
+run of g input rows (a block scale repeated over its 128 output channels: exact), and
+w ~= values * scale[k // g, :] for input row k. The scale's rank tells the two apart (values' rank: grouped, one
+less: per channel). MoE experts keep per-channel scales.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -47,23 +54,39 @@ QUANTIZED_LINEARS = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "gate_pro
 
 @dataclass(frozen=True)
 class Quantization:
-    """A model's quantization, static (part of the graphdef): the scheme and whether activations are quantized
-    too (W8A8: int8 on CPU)."""
+    """A model's quantization, static (part of the graphdef): the scheme, whether activations are quantized
+    too (W8A8: int8 on CPU), and the input group size of grouped scales (None: one scale per output channel)."""
 
     scheme: str
     quantize_activations: bool
+    group_size: int | None = None
 
     @classmethod
-    def for_platform(cls, scheme: str | None, platform: str) -> Quantization | None:
+    def for_platform(cls, scheme: str | None, platform: str, group_size: int | None = None) -> Quantization | None:
         if scheme is None:
             return None
         if scheme not in SCHEMES:
             raise ValueError(f"quantization must be one of {', '.join(SCHEMES)}; got {scheme!r}")
-        return cls(scheme, quantize_activations=scheme == "int8" and platform == "cpu")
+        if group_size is not None and scheme != "fp8":
+            raise ValueError(f"grouped scales are read for fp8 only; got {scheme!r} with group size {group_size}")
+        return cls(scheme, quantize_activations=scheme == "int8" and platform == "cpu" and group_size is None,
+                   group_size=group_size)
+
+    def scale_groups(self, name: str, in_dim: int) -> int | None:
+        """How many input groups `name`'s scale has (None: per output channel; experts always are)."""
+        if self.group_size is None or name.startswith("experts_"):
+            return None
+        return in_dim // group_rows(in_dim, self.group_size)
 
     @property
     def dtype(self) -> np.dtype:
         return SCHEMES[self.scheme].dtype
+
+
+def group_rows(in_dim: int, group_size: int) -> int:
+    """The input rows one grouped scale covers: the group size, or where it does not divide the input dim (a
+    checkpoint's last block is partial) the largest divisor of both, so no group straddles two blocks."""
+    return group_size if in_dim % group_size == 0 else math.gcd(in_dim, group_size)
 
 
 def scale_name(name: str) -> str:
@@ -85,7 +108,10 @@ def quantize(w, scheme: str):
 
 
 def dequantize(values, scale):
-    """float32 values * scale: the weight a quantized pair stands for."""
+    """float32 values * scale: the weight a quantized pair stands for (per-channel or grouped scales)."""
+    if scale.ndim == values.ndim:  # grouped: [.., in // g, out]
+        rows = values.shape[-2] // scale.shape[-2]
+        return values.astype(np.float32) * np.repeat(np.asarray(scale), rows, axis=-2)
     return values.astype(np.float32) * scale[..., None, :]
 
 

@@ -7,7 +7,9 @@ number of KV heads, k/v projections and the KV cache are replicated instead: eve
 all KV heads (correct, memory-costlier). A dim that tp does not divide stays replicated rather than erroring.
 Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
 A quantized weight's scales (`{name}_scale`, one per output channel: model/quantization.py) are split like its
-output dim: with a column-parallel weight, replicated with a row-parallel one.
+output dim: with a column-parallel weight, replicated with a row-parallel one. Grouped scales ([L, in // g, out],
+a block-fp8 checkpoint's) are split like the whole weight: on out when column-parallel, on the input groups when
+row-parallel.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_scale$", -1),  # [.., out]
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
+_ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
 _KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale)$")
 _EXPERT_PARAMS = re.compile(r"^layers/experts_")
 
@@ -67,6 +70,8 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
         return _spec_at(len(shape), 1, shape, tp)  # [L, E, ...]: split the experts
     if _KV_PARAMS.match(name) and not kv_heads_sharded(spec, tp):
         return P()
+    if _ROW_SCALES.match(name) and len(shape) == 3:  # grouped [L, in // g, out]: the groups follow the input dim
+        return _spec_at(3, 1, shape, tp)
     for pattern, dim in PARAM_RULES:
         if re.match(pattern, name):
             return P() if dim is None else _spec_at(len(shape), len(shape) + dim, shape, tp)
