@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,37 +50,48 @@ def model(tmp_path_factory) -> Path:
     return path
 
 
-def test_default_cache_stores_every_program_and_a_restart_loads_them_all(model, tmp_path):
-    env = {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
-    cold = _start(model, env)
-    assert cold["cache_dir"] == str(tmp_path / "root" / "compile")
-    assert cold["compiled"] == cold["plan"] and cold["loaded"] == 0
-    stored = sorted(p.name for p in (tmp_path / "root" / "compile" / "programs").rglob("*.exe"))
-    assert len(stored) == cold["plan"]
-    warm = _start(model, env)
+@pytest.fixture(scope="module")
+def cold(model, tmp_path_factory) -> tuple[Path, dict]:
+    """One cold start's cache root (every warm-up program stored) and its report, shared by the tests below; a
+    test that changes the cache works on its own copy."""
+    root = tmp_path_factory.mktemp("cold") / "root"
+    return root, _start(model, {"VLLM_JAX_CACHE_ROOT": str(root)})
+
+
+def _copy(root: Path, tmp_path: Path) -> dict[str, str]:
+    shutil.copytree(root, tmp_path / "root")
+    return {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
+
+
+def test_default_cache_stores_every_program_and_a_restart_loads_them_all(model, cold):
+    root, first = cold
+    assert first["cache_dir"] == str(root / "compile")
+    assert first["compiled"] == first["plan"] and first["loaded"] == 0
+    stored = sorted(p.name for p in (root / "compile" / "programs").rglob("*.exe"))
+    assert len(stored) == first["plan"]
+    warm = _start(model, {"VLLM_JAX_CACHE_ROOT": str(root)})
     assert warm["compiled"] == 0 and warm["loaded"] == warm["plan"]  # nothing traced, nothing compiled
-    assert warm["tokens"] == cold["tokens"]
+    assert warm["tokens"] == first["tokens"]
     assert f"0 compiled, {warm['plan']} loaded from the compilation cache" in warm["stderr"]
-    assert sorted(p.name for p in (tmp_path / "root" / "compile" / "programs").rglob("*.exe")) == stored
+    assert sorted(p.name for p in (root / "compile" / "programs").rglob("*.exe")) == stored
 
 
-def test_a_different_config_does_not_reuse_programs(model, tmp_path):
-    env = {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
-    first = _start(model, env)
-    other = _start(model, env, max_logprobs=3)  # the logprobs sampler variant has another static K
+def test_a_different_config_does_not_reuse_programs(model, cold, tmp_path):
+    root, first = cold
+    other = _start(model, _copy(root, tmp_path), max_logprobs=3)  # the logprobs sampler variant has another K
     assert other["loaded"] == 0 and other["compiled"] == other["plan"]
     assert other["tokens"] == first["tokens"]
 
 
-def test_a_corrupt_stored_program_is_recompiled(model, tmp_path):
-    env = {"VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")}
-    cold = _start(model, env)
+def test_a_corrupt_stored_program_is_recompiled(model, cold, tmp_path):
+    root, first = cold
+    env = _copy(root, tmp_path)
     victim = sorted((tmp_path / "root" / "compile" / "programs").rglob("forward-*.exe"))[0]
     victim.write_bytes(victim.read_bytes()[:100])
     warm = _start(model, env)
     assert warm["loaded"] == warm["plan"] - 1 and warm["compiled"] == 1
     assert "dropping unreadable stored program" in warm["stderr"]
-    assert warm["tokens"] == cold["tokens"]
+    assert warm["tokens"] == first["tokens"]
 
 
 def test_compilation_cache_dir_moves_it_and_no_compilation_cache_turns_it_off(model, tmp_path):

@@ -20,11 +20,20 @@ from tests.helpers.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
-    from vllm_jax import LLM, SamplingParams
+    """Greedy tokens of `prompts()` and the LLMEngine that made them. No warm-up: these checks compare tokens
+    and placements, and compiling every bucket on 8 fake devices (interpret-mode kernels worst) dominated their
+    time; only the programs this workload runs are compiled."""
+    from vllm_jax import EngineArgs, SamplingParams
+    from vllm_jax.engine.llm_engine import LLMEngine
 
-    llm = LLM(model_dir, **{**ENGINE_ARGS, **args})
-    outs = llm.generate(prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs], llm
+    engine = LLMEngine(EngineArgs(model=model_dir, **{**ENGINE_ARGS, **args}).create_config(), warmup=False)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    for i, prompt in enumerate(prompts()):
+        engine.add_request(str(i), prompt, params)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
+    return [tokens[str(i)] for i in range(len(prompts()))], engine
 
 
 def _spec_list(value) -> list:
@@ -38,10 +47,10 @@ def _spec_list(value) -> list:
     return parts
 
 
-def _specs(llm) -> dict[str, list]:
+def _specs(engine) -> dict[str, list]:
     from flax import nnx
 
-    runner = llm.llm_engine.runner
+    runner = engine.runner
     state = nnx.to_pure_dict(runner.params)
     specs = {"kv_cache": _spec_list(runner.kv_cache)}
     specs["embed_tokens"] = _spec_list(state["embed_tokens"])
@@ -87,8 +96,10 @@ def check_tensor_parallel(workdir: Path) -> dict:
 
 
 def check_pallas_tensor_parallel(workdir: Path) -> dict:
-    """Greedy tokens through each Pallas kernel (interpret mode) at TP 1, 2 and 4 for the tiny Llama (2 KV heads:
-    split at tp 2, replicated at tp 4); which primitives each TP forward traces to (the kernel inside shard_map,
+    """Greedy tokens through each Pallas kernel (interpret mode) for the tiny Llama (2 KV heads: split at tp 2,
+    replicated at tp 4): the TPU kernel at TP 1 and 4, the GPU kernel at TP 1 and 2 (the attention-level checks,
+    tests/helpers/kernel_sharding_checks.py, cover both layouts for both kernels; interpret-mode engines are the
+    slowest part of the suite); which primitives each TP forward traces to (the kernel inside shard_map,
     not a GSPMD-partitioned kernel), the MoE model's too; and a KV-head layout the kernels cannot split (6 KV
     heads, tp 4) refused at start-up under a Pallas backend, accepted under xla."""
     from vllm_jax import EngineArgs
@@ -97,9 +108,9 @@ def check_pallas_tensor_parallel(workdir: Path) -> dict:
     result: dict = {}
     llama = workdir / "llama"
     make_tiny_checkpoint("llama", llama, seed=1)
-    for backend in ("pallas_tpu", "pallas_gpu"):
-        for tp in (1, 2, 4):
-            tokens, engine = _greedy_unwarmed(str(llama), tensor_parallel_size=tp, attention_backend=backend)
+    for backend, tps in (("pallas_tpu", (1, 4)), ("pallas_gpu", (1, 2))):
+        for tp in tps:
+            tokens, engine = _greedy(str(llama), tensor_parallel_size=tp, attention_backend=backend)
             result[f"{backend}_tp{tp}"] = tokens
             result[f"{backend}_tp{tp}_traced"] = _forward_primitives(engine.runner)
     moe = workdir / "qwen3_moe"
@@ -116,22 +127,6 @@ def check_pallas_tensor_parallel(workdir: Path) -> dict:
         except ValueError as exc:
             result[f"kv6_tp4_{backend}"] = str(exc)
     return result
-
-
-def _greedy_unwarmed(model_dir: str, **args) -> tuple[list[list[int]], object]:
-    """`_greedy` through an LLMEngine without warm-up: interpret-mode kernels compile slowly, so only the programs
-    this workload runs are compiled."""
-    from vllm_jax import EngineArgs, SamplingParams
-    from vllm_jax.engine.llm_engine import LLMEngine
-
-    engine = LLMEngine(EngineArgs(model=model_dir, **{**ENGINE_ARGS, **args}).create_config(), warmup=False)
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    for i, prompt in enumerate(prompts()):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
-    return [tokens[str(i)] for i in range(len(prompts()))], engine
 
 
 def _forward_primitives(runner) -> dict[str, bool]:
@@ -160,11 +155,11 @@ def check_orbax_restore_into_another_mesh(workdir: Path) -> dict:
     converted, _ = convert(str(model_dir), str(workdir / "converted"))
     direct_tokens, direct = _greedy(str(model_dir))
     restored_tokens, restored = _greedy(str(converted), tensor_parallel_size=2)
-    a = nnx.to_pure_dict(direct.llm_engine.runner.params)
-    b = nnx.to_pure_dict(restored.llm_engine.runner.params)
+    a = nnx.to_pure_dict(direct.runner.params)
+    b = nnx.to_pure_dict(restored.runner.params)
     same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(_leaves(a), _leaves(b)))
     return {"direct": direct_tokens, "restored_tp2": restored_tokens, "params_equal": same,
-            "restored_specs": _specs(restored), "source_kind": restored.llm_engine.config.model_config.source.kind}
+            "restored_specs": _specs(restored), "source_kind": restored.config.model_config.source.kind}
 
 
 def _leaves(tree: dict) -> list:
@@ -185,7 +180,7 @@ def check_expert_parallel(workdir: Path) -> dict:
         result[f"{arch}_tp4"] = _greedy(str(model_dir), tensor_parallel_size=4)[0]
         tokens, llm = _greedy(str(model_dir), tensor_parallel_size=4, enable_expert_parallel=True)
         result[f"{arch}_tp4_ep"] = tokens
-        experts = nnx.to_pure_dict(llm.llm_engine.runner.params)["layers"]["experts_gate"]
+        experts = nnx.to_pure_dict(llm.runner.params)["layers"]["experts_gate"]
         result[f"{arch}_ep_spec"] = _spec_list(experts)
     return result
 
