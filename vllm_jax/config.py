@@ -25,7 +25,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # (pallas_kernels/kv_quant.py). fp8_e5m2 is refused: nothing here is tested with it.
 KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
 _KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
-QUANTIZATIONS = ("int8", "fp8")  # online weight quantization at load (model/quantization.py)
+# int8 / fp8: online weight quantization at load; gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as they are
+# (model/quantization.py, model/grouped_quant.py)
+QUANTIZATIONS = ("int8", "fp8", "gguf")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
@@ -60,8 +62,17 @@ class ModelConfig:
     tokenizer: str | None
     seed: int
     max_logprobs: int
-    # --quantization: the layers' linear weights quantized at load (int8 / fp8), or None
+    # --quantization: the layers' linear weights quantized at load (int8 / fp8), a GGUF's blocks kept (gguf), or None
     quantization: str | None = None
+
+    @property
+    def model_quantization(self) -> Any:
+        """What the model is built with: `quantization`, or for gguf the file's kept formats (KeptFormats)."""
+        if self.quantization != "gguf":
+            return self.quantization
+        from vllm_jax.model_loader.gguf_file.kept import kept_formats
+
+        return kept_formats(self.source.path)
 
 
 @dataclass(frozen=True)
@@ -330,6 +341,9 @@ class EngineArgs:
         if max_model_len > max_pos:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
+        if self.quantization == "gguf" and source.kind != "gguf":
+            raise ValueError(f"quantization 'gguf' keeps a GGUF file's quantized blocks; {source.path} is not a GGUF "
+                             "file (for a float checkpoint use --quantization int8 or fp8)")
         if self.quantization is not None and source.kind == "orbax":
             raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
                              f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "

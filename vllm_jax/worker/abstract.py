@@ -70,7 +70,7 @@ class AbstractEngine:
             head = _abstract_head(config, backend, mesh)
         aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head else ()
         graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers,
-                                           quantization=config.model_config.quantization)
+                                           quantization=config.model_config.model_quantization)
         speculator = head
         if config.draft_model_config is not None:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)

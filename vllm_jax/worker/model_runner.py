@@ -107,7 +107,7 @@ class ModelRunner:
         head = load_eagle3(config, self.spec, self.mesh, self.attention_backend) if method == "eagle3" else None
         aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
         graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
-                                            aux_layers, quantization=mc.quantization)
+                                            aux_layers, quantization=mc.model_quantization)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
