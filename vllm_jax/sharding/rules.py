@@ -7,7 +7,12 @@ number of KV heads, k/v projections and the KV cache are replicated instead: eve
 all KV heads (correct, memory-costlier). A dim that tp does not divide stays replicated rather than erroring.
 Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
 A quantized weight's scales (`{name}_scale`, one per output channel: model/quantization.py) are split like its
-output dim: with a column-parallel weight, replicated with a row-parallel one.
+output dim: with a column-parallel weight, replicated with a row-parallel one. Weights kept in GGUF blocks
+(model/grouped_quant.py) have scales and mins per group of 32 input rows, [.., in // 32, out]: column-parallel they
+split on out like the values; row-parallel on the group axis, as the values split on their (packed) input rows,
+so each device holds whole groups whenever tp divides the group count. When tp divides the rows but not the
+groups (576 rows = 18 groups at tp 4), the scales stay replicated (`_spec_at`) while the values split: GSPMD still
+computes the same product, at the cost of resharding. The embedding's [V, H // 32] scales split on vocab like it.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from vllm_jax.sharding.mesh import MODEL_AXIS
 # (regex on "a/b" param path, index of the dim to shard counted from the END, or None = replicate)
 _COLUMN, _ROW = -1, -2
 PARAM_RULES: list[tuple[str, int | None]] = [
-    (r"^embed_tokens$", -2),  # [V, H]: vocab-parallel
-    (r"^lm_head$", _COLUMN),  # [H, V]: vocab-parallel
+    (r"^embed_tokens(_scale|_min)?$", -2),  # [V, H] (kept: [V, H // 32] scales): vocab-parallel
+    (r"^lm_head(_scale|_min)?$", _COLUMN),  # [H, V] (kept: [H // 32, V] scales): vocab-parallel
     (r"^layers/(q_proj|gate_proj|up_proj)$", _COLUMN),
     (r"^layers/(k_proj|v_proj)$", _COLUMN),  # replicated when tp does not divide num_kv_heads (below)
     (r"^layers/(q_bias|gate_bias|up_bias)$", -1),
@@ -32,10 +37,14 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(o_proj|down_proj)$", _ROW),
     (r"^layers/experts_(gate|up)$", _COLUMN),  # MoE [L, E, H, I] without EP: split I
     (r"^layers/experts_down$", _ROW),  # [L, E, I, H]
-    (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_scale$", -1),  # [.., out]
+    (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_(scale|min)$", -1),  # [.., out]
+    (r"^layers/(o_proj|down_proj)_min$", _ROW),  # kept GGUF blocks: [L, in // 32, out], split the groups
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
-_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale)$")
+_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale|k_proj_min|v_proj_min)$")
+# a row-parallel weight's scales: per channel [L, out] replicated, per group (kept GGUF blocks) [L, in // 32, out]
+# split on the groups
+_ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
 _EXPERT_PARAMS = re.compile(r"^layers/experts_")
 
 
@@ -67,6 +76,8 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
         return _spec_at(len(shape), 1, shape, tp)  # [L, E, ...]: split the experts
     if _KV_PARAMS.match(name) and not kv_heads_sharded(spec, tp):
         return P()
+    if _ROW_SCALES.match(name):
+        return _spec_at(len(shape), len(shape) + _ROW, shape, tp) if len(shape) == 3 else P()
     for pattern, dim in PARAM_RULES:
         if re.match(pattern, name):
             return P() if dim is None else _spec_at(len(shape), len(shape) + dim, shape, tp)
