@@ -23,12 +23,14 @@ from jax.sharding import Mesh
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
-                                   decoder_block, gated_mlp, grouped_dot, grouped_params, init_param, is_unstacked,
-                                   layer_param_values, linear_params, rms_norm, rotary_tables)
+                                   decoder_block, gated_mlp, grouped_dot, grouped_dot_rows, grouped_params, init_param,
+                                   is_unstacked, layer_param_values, linear_params, rms_norm, rotary_tables)
 from vllm_jax.model.quantization import KeptFormats, Quantization, scale_name
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
+
+HEAD_CHUNK_ROWS = 1024  # CPU: a kept tied LM head's vocab rows per chunk (layers.grouped_dot_rows)
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
@@ -143,8 +145,8 @@ class DecoderLM(nnx.Module):
         embed_fmt = self._kept_format("embed_tokens")
         if embed_fmt is None:
             return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
-        table = dequantize_grouped(*self._kept_parts("embed_tokens"), embed_fmt, axis=-1)
-        return jnp.dot(last, table.astype(last.dtype).T, preferred_element_type=jnp.float32)
+        chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
+        return grouped_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
 
     def _kept_format(self, name: str) -> str | None:
         quant = self.quantization

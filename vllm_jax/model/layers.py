@@ -194,6 +194,27 @@ def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
     return weight.matmul(x) if isinstance(weight, LayerSwitch) else _dot(x, weight)
 
 
+def grouped_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
+                     chunk_rows: int | None) -> jax.Array:
+    """float32 x @ E^T for a table E [V, H] kept in GGUF blocks grouped along H (the tied LM head). With
+    `chunk_rows` (CPU) the rows go in chunks through a loop: XLA:CPU writes a dequantized operand out before its
+    dot, and a chunk's (1024 x 576 float32 on the default model) stays in cache where the whole table's (113 MB)
+    does not (measured 17 ms vs 124 ms for the default model's head at 2 rows, float32 105 ms)."""
+    v = values.shape[0]
+    if not chunk_rows or v % chunk_rows or v == chunk_rows:
+        table = dequantize_grouped(values, scale, minimum, fmt, axis=-1).astype(x.dtype)
+        return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
+    n = v // chunk_rows
+    parts = tuple(None if a is None else a.reshape(n, chunk_rows, *a.shape[1:]) for a in (values, scale, minimum))
+
+    def chunk(p):
+        table = dequantize_grouped(*p, fmt, axis=-1).astype(x.dtype)
+        return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
+
+    out = jax.lax.map(chunk, parts)  # [n, T, chunk_rows]
+    return out.transpose(1, 0, 2).reshape(x.shape[0], v)
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A quantized linear weight inside the forward: values [in, out] (int8 / float8_e4m3fn; or a LayerSwitch over
