@@ -109,6 +109,19 @@ def test_logits_within_bound_of_the_dequantizing_loader_and_a_wrong_scale_is_cau
     runner.device.params = params
 
 
+@pytest.mark.parametrize("layout", ["unrolled", "stacked"])
+def test_other_layer_layouts_equal_the_dequantizing_loader(files, monkeypatch, layout):
+    """The CPU default (a scan over per-layer arrays through LayerSwitch) is tested above; here --no-scan-layers
+    (a loop over per-layer QuantizedWeights) and the stacked scan TPU / GPU run (sliced per layer)."""
+    from vllm_jax.model.decoder import DecoderLM
+
+    reference = prompt_logits(quant_runner(files["Q4_1"], None))
+    if layout == "stacked":
+        monkeypatch.setattr(DecoderLM, "switched_scan", False)
+    runner = quant_runner(files["Q4_1"], "gguf", scan_layers=layout != "unrolled")
+    assert relative_error(prompt_logits(runner), reference) < LOGIT_BOUND
+
+
 def test_tp2_equals_tp1_kept_q4_1(files, tp1_logits):
     if "Q4_1" not in tp1_logits:
         tp1_logits["Q4_1"] = prompt_logits(quant_runner(files["Q4_1"], "gguf"))
