@@ -25,9 +25,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # (pallas_kernels/kv_quant.py). fp8_e5m2 is refused: nothing here is tested with it.
 KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
 _KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
-# int8 / fp8: online weight quantization at load; gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as they are
-# (model/quantization.py, model/grouped_quant.py)
-QUANTIZATIONS = ("int8", "fp8", "gguf")
+# int8 / fp8: online weight quantization at load (model/quantization.py), or a pre-quantized checkpoint's scheme;
+# compressed-tensors: a pre-quantized checkpoint's own (model_loader/prequantized.py; so is fp8's block format);
+# gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as they are (model/grouped_quant.py)
+QUANTIZATIONS = ("int8", "fp8", "compressed-tensors", "gguf")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
@@ -62,8 +63,11 @@ class ModelConfig:
     tokenizer: str | None
     seed: int
     max_logprobs: int
-    # --quantization: the layers' linear weights quantized at load (int8 / fp8), a GGUF's blocks kept (gguf), or None
+    # the layers' linear weights' scheme (int8 / fp8), or None: --quantization's (quantized at load) or a
+    # pre-quantized checkpoint's (read as stored: model_loader/prequantized.py); gguf: a GGUF's blocks kept
     quantization: str | None = None
+    # grouped scales' input rows (a block-fp8 checkpoint's block width: model/quantization.py), or None
+    quantization_group_size: int | None = None
 
     @property
     def model_quantization(self) -> Any:
@@ -294,7 +298,7 @@ class EngineArgs:
                              f"(max_position_embeddings), fewer than max_model_len ({target.max_model_len})")
         return dataclasses.replace(target, model=speculative.model, source=source, hf_config=hf_config,
                                    served_model_name=source.default_name, tokenizer=None,
-                                   quantization=None)  # --quantization is the target's; the draft stays float
+                                   quantization=None, quantization_group_size=None)  # the draft stays float
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
@@ -348,13 +352,24 @@ class EngineArgs:
             raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
                              f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "
                              "the original safetensors or GGUF model")
+        quantization, group_size = self.quantization, None
+        if source.kind == "hf":  # a pre-quantized checkpoint's scheme comes from its config.json, as in vLLM
+            from vllm_jax.model_loader.prequantized import read_prequantized_config, resolve_quantization
+
+            prequantized = read_prequantized_config(source.path)
+            quantization = resolve_quantization(self.quantization, prequantized, source.path)
+            group_size = prequantized.group_size if prequantized is not None else None
+        elif self.quantization == "compressed-tensors":
+            raise ValueError(f"quantization 'compressed-tensors' reads a pre-quantized HF checkpoint; {source.path} "
+                             f"is a {source.kind} model")
         return ModelConfig(
             model=self.model or source.path, source=source, hf_config=hf_config, dtype=dtype,
             kv_cache_dtype=(dtype if self.kv_cache_dtype == "auto"
                             else _KV_CACHE_DTYPE_NAMES.get(self.kv_cache_dtype, self.kv_cache_dtype)),
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
-            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=self.quantization)
+            tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=quantization,
+            quantization_group_size=group_size)
 
     def _scheduler_config(self, max_model_len: int, on_cpu: bool) -> SchedulerConfig:
         """Batch limits and buckets, with the platform's defaults (small on CPU: warm-up compiles each bucket)."""

@@ -259,7 +259,22 @@ def check_gguf_kept_tensor_parallel(workdir: Path) -> dict:
     return {"tp2": prompt_logits(runner).tolist(), "specs": specs}
 
 
+def check_prequantized_tensor_parallel(workdir: Path) -> dict:
+    """Logits of one prefill step at TP 2 of the block-fp8 checkpoint WORKDIR/fp8_block (written by the test), and
+    where TP 2 put its values and grouped scales."""
+    from flax import nnx
+
+    from tests.helpers.quantized_models import prompt_logits, quant_runner
+
+    runner = quant_runner(workdir / "fp8_block", None, tensor_parallel_size=2)
+    layers = nnx.to_pure_dict(runner.params)["layers"]
+    names = ("q_proj", "q_proj_scale", "k_proj_scale", "o_proj", "o_proj_scale", "down_proj", "down_proj_scale")
+    return {"tp2": prompt_logits(runner).tolist(), "specs": {name: _spec_list(layers[name]) for name in names},
+            "dtypes": {name: str(layers[name][0].dtype) for name in ("q_proj", "down_proj_scale")}}
+
+
 CHECKS = {"tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
+          "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel}

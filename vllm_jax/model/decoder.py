@@ -23,14 +23,14 @@ from jax.sharding import Mesh
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
-                                   decoder_block, gated_mlp, grouped_dot, grouped_dot_rows, grouped_params, init_param,
+                                   decoder_block, gated_mlp, gguf_dot, gguf_dot_rows, grouped_params, init_param,
                                    is_unstacked, layer_param_values, linear_params, rms_norm, rotary_tables)
-from vllm_jax.model.quantization import KeptFormats, Quantization, scale_name
+from vllm_jax.model.quantization import SCALE_SUFFIX, KeptFormats, Quantization, scale_name
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
 
-HEAD_CHUNK_ROWS = 1024  # CPU: a kept tied LM head's vocab rows per chunk (layers.grouped_dot_rows)
+HEAD_CHUNK_ROWS = 1024  # CPU: a kept tied LM head's vocab rows per chunk (layers.gguf_dot_rows)
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
@@ -75,19 +75,20 @@ class DecoderLM(nnx.Module):
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None,
-                 quantization: str | KeptFormats | None = None):
+                 quantization: str | KeptFormats | None = None, quantization_group_size: int | None = None):
         """`attention_backend` is resolved against `platform` (what the program is built for; None: jax's
         backend, read here once; the runner passes its config's) into `self.kernels`, static like `spec`. `mesh`
         (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis. `quantization`
         (int8 / fp8, model/quantization.py): the layers' linear weights are stored quantized, and how their
-        matmuls run is fixed here for `platform` (`self.quantization`, static). A `KeptFormats` (--quantization
-        gguf) keeps the file's blocks for the params it names, the embedding / LM head included."""
+        matmuls run is fixed here for `platform` (`self.quantization`, static); `quantization_group_size`: grouped
+        scales over that many input rows (a block-fp8 checkpoint's, model_loader/prequantized.py). A `KeptFormats`
+        (--quantization gguf) keeps the file's blocks for the params it names, the embedding / LM head included."""
         self.spec = spec
         platform = platform or jax.default_backend()
         self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
-        self.quantization = Quantization.for_platform(quantization, platform)
+        self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
         quant = self.quantization
-        embed_fmt = quant.format_of("embed_tokens") if quant is not None and quant.grouped else None
+        embed_fmt = quant.format_of("embed_tokens") if quant is not None and quant.gguf_kept else None
         if embed_fmt:  # [V, H] kept in GGUF blocks, grouped along hidden
             for name, param in grouped_params("embed_tokens", (spec.vocab_size, spec.hidden_size), embed_fmt,
                                               axis=-1).items():
@@ -97,7 +98,7 @@ class DecoderLM(nnx.Module):
         self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         if not spec.tie_word_embeddings:
-            head_quant = quant if quant is not None and quant.grouped else None
+            head_quant = quant if quant is not None and quant.gguf_kept else None
             for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
                                              head_quant).items():
                 setattr(self, name, param)
@@ -141,16 +142,16 @@ class DecoderLM(nnx.Module):
             head_fmt = self._kept_format("lm_head")
             if head_fmt is None:
                 return jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
-            return grouped_dot(last, *self._kept_parts("lm_head"), head_fmt)
+            return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
         embed_fmt = self._kept_format("embed_tokens")
         if embed_fmt is None:
             return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
         chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
-        return grouped_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
+        return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
 
     def _kept_format(self, name: str) -> str | None:
         quant = self.quantization
-        return quant.format_of(name) if quant is not None and quant.grouped else None
+        return quant.format_of(name) if quant is not None and quant.gguf_kept else None
 
     def _kept_parts(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """(values, scale, min or None) of a param kept in GGUF blocks."""
@@ -168,7 +169,10 @@ class DecoderLM(nnx.Module):
             return self._run_unrolled(ctx, layer_weights, hidden, kv_cache, aux)
         per_layer, stacked = {}, layer_weights
         if is_unstacked(layer_weights):  # matrices go through LayerSwitch; vectors (norms, biases) restack
-            per_layer = {name: value for name, value in layer_weights.items() if value[0].ndim == 2}
+            # grouped scales [in // g, out] (block fp8) restack: linear weights each layer's partial sums by them
+            grouped = self.quantization is not None and self.quantization.group_size is not None
+            per_layer = {name: value for name, value in layer_weights.items()
+                         if value[0].ndim == 2 and not (grouped and name.endswith(SCALE_SUFFIX))}
             stacked = {name: jnp.stack(value) for name, value in layer_weights.items() if name not in per_layer}
 
         def layer(carry, xs):

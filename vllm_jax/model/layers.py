@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -44,16 +44,20 @@ def init_param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, scale: float = 0.0
 def linear_params(rngs: nnx.Rngs, name: str, shape: tuple[int, ...], dtype,
                   quant: Quantization | None) -> dict[str, nnx.Param]:
     """A linear weight [..., in, out] under `name`: a normal(0, 0.02) one, or with `quant` its quantized values
-    plus `{name}_scale` [..., out] float32 (model/quantization.py); kept GGUF blocks (`quant.grouped`) are values,
-    `_scale` and `_min` grouped along the input dim (model/grouped_quant.py), or a float param when the file does
-    not keep `name`."""
-    if quant is not None and quant.grouped:
+    plus `{name}_scale` [..., out] float32 (model/quantization.py); with grouped scales [..., in // g, out] (the
+    channel's scale repeated: the same weight). Kept GGUF blocks (`quant.gguf_kept`) are values, `_scale` and
+    `_min` grouped along the input dim (model/grouped_quant.py), or a float param when the file does not keep
+    `name`."""
+    if quant is not None and quant.gguf_kept:
         fmt = quant.format_of(name)
         return grouped_params(name, shape, fmt, axis=-2) if fmt else {name: init_param(rngs, shape, dtype)}
     param = init_param(rngs, shape, dtype)
     if quant is None:
         return {name: param}
     values, scale = quantize(param.get_value(), quant.scheme)
+    groups = quant.scale_groups(name, shape[-2])
+    if groups is not None:
+        scale = jnp.broadcast_to(scale[..., None, :], (*scale.shape[:-1], groups, scale.shape[-1]))
     return {name: nnx.Param(values), scale_name(name): nnx.Param(scale)}
 
 
@@ -158,18 +162,24 @@ class LayerSwitch:
     fmt: str | None = None  # kept GGUF format of `arrays` (model/grouped_quant.py), static
 
     def matmul(self, x: jax.Array) -> jax.Array:
-        branches = [partial(_dot_nth, n, self.fmt) for n in range(len(self.arrays))]
+        return self.apply(_dot if self.fmt is None else partial(_gguf_dot_parts, fmt=self.fmt), x)
+
+    def apply(self, fn: Callable[[jax.Array, Any], jax.Array], x: jax.Array) -> jax.Array:
+        """fn(x, W[layer]) as a switch over the layers."""
+        branches = [partial(_apply_nth, fn, n) for n in range(len(self.arrays))]
         return jax.lax.switch(self.index, branches, x, self.arrays)
 
 
-def _dot_nth(n: int, fmt: str | None, x: jax.Array, arrays: tuple) -> jax.Array:
-    if fmt is not None:
-        return grouped_dot(x, *arrays[n], fmt)
-    return _dot(x, arrays[n])
+def _apply_nth(fn: Callable[[jax.Array, Any], jax.Array], n: int, x: jax.Array, arrays: tuple) -> jax.Array:
+    return fn(x, arrays[n])
 
 
-def grouped_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
-                 fmt: str) -> jax.Array:
+def _gguf_dot_parts(x: jax.Array, parts: tuple, fmt: str) -> jax.Array:
+    return gguf_dot(x, *parts, fmt)
+
+
+def gguf_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
+             fmt: str) -> jax.Array:
     """x @ W for W kept in GGUF blocks: dequantized to float32 (exactly the dequantizing loader's weight), cast
     to x's dtype and dotted in one fusion; weight-only on every platform (docs/architecture.md: on CPU faster
     than W8A8 over groups, whose int8 dot is batched over 32-wide groups)."""
@@ -194,8 +204,8 @@ def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
     return weight.matmul(x) if isinstance(weight, LayerSwitch) else _dot(x, weight)
 
 
-def grouped_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
-                     chunk_rows: int | None) -> jax.Array:
+def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
+                  chunk_rows: int | None) -> jax.Array:
     """float32 x @ E^T for a table E [V, H] kept in GGUF blocks grouped along H (the tied LM head). With
     `chunk_rows` (CPU) the rows go in chunks through a loop: XLA:CPU writes a dequantized operand out before its
     dot, and a chunk's (1024 x 576 float32 on the default model) stays in cache where the whole table's (113 MB)
@@ -215,11 +225,21 @@ def grouped_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum:
     return out.transpose(1, 0, 2).reshape(x.shape[0], v)
 
 
+def _grouped_dot(x: jax.Array, w: jax.Array, groups: int) -> jax.Array:
+    """float32 [..., groups, out]: each run of in // groups input rows' share of x @ w (weight-only: the values
+    converted to x's dtype inside the dot), for grouped scales to weight before the sum."""
+    rows = w.shape[0] // groups
+    xg = x.reshape(*x.shape[:-1], groups, rows)
+    wg = w.astype(x.dtype).reshape(groups, rows, w.shape[1])
+    return jnp.einsum("...gk,gko->...go", xg, wg, preferred_element_type=jnp.float32)
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A quantized linear weight inside the forward: values [in, out] (int8 / float8_e4m3fn; or a LayerSwitch over
-    per-layer values), float32 scales [out], and whether the activations are quantized too (W8A8). Kept GGUF
-    blocks (`fmt` set): values, float16 scales and mins [in // 32, out] (model/grouped_quant.py)."""
+    per-layer values), float32 scales [out] (per channel) or [in // g, out] (grouped, weight-only), and whether the
+    activations are quantized too (W8A8). Kept GGUF blocks (`fmt` set): values, float16 scales and mins
+    [in // 32, out] (model/grouped_quant.py)."""
 
     values: jax.Array | LayerSwitch
     scale: jax.Array
@@ -239,7 +259,7 @@ def bundle_quantized(w: dict, quant: Quantization | None) -> dict:
         if scale_name(name) not in out:
             continue
         values, scale, minimum = out[name], out.pop(scale_name(name)), out.pop(min_name(name), None)
-        fmt = quant.format_of(name) if quant.grouped else None
+        fmt = quant.format_of(name) if quant.gguf_kept else None
         if isinstance(values, LayerSwitch) and fmt is not None:
             parts = [values.arrays, scale.arrays] + ([minimum.arrays] if minimum is not None else [])
             arrays = tuple(layer + ((None,) if minimum is None else ()) for layer in zip(*parts))
@@ -254,9 +274,14 @@ def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight,
     """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype. A QuantizedWeight is
     dequantized here: its output is scaled per channel (and per row for W8A8) before the bias."""
     if isinstance(weight, QuantizedWeight) and weight.fmt is not None:
-        y = grouped_dot(x, weight.values, weight.scale, weight.minimum, weight.fmt)
+        y = gguf_dot(x, weight.values, weight.scale, weight.minimum, weight.fmt)
     elif isinstance(weight, QuantizedWeight):
-        if weight.quantize_activations:
+        if weight.scale.ndim == 2:  # grouped scales [in // g, out]: weight each group's partial sums, then add
+            groups = weight.scale.shape[0]
+            dot = partial(_grouped_dot, groups=groups)
+            parts = weight.values.apply(dot, x) if isinstance(weight.values, LayerSwitch) else dot(x, weight.values)
+            y = jnp.sum(parts * weight.scale, axis=-2)
+        elif weight.quantize_activations:
             xq, row_scale = quantize_rows(x)
             y = _matmul(xq, weight.values).astype(jnp.float32) * row_scale * weight.scale
         else:

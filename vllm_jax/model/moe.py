@@ -159,9 +159,10 @@ class MoeLM(DecoderLM):
 
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None, expert_mesh: Mesh | None = None,
-                 expert_axis: str = "model", quantization: str | None = None):
+                 expert_axis: str = "model", quantization: str | None = None,
+                 quantization_group_size: int | None = None):
         super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform, mesh=mesh,
-                         quantization=quantization)
+                         quantization=quantization, quantization_group_size=quantization_group_size)
         self.expert_mesh = expert_mesh
         self.expert_axis = expert_axis
 

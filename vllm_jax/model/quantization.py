@@ -18,10 +18,17 @@ plus float16 scales per group of 32 input rows): `Quantization.formats` names th
 read from the file; those weights are dequantized inside the dot on every platform (docs/architecture.md).
 
 The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
+
+Grouped scales (a pre-quantized checkpoint's [128 out x 128 in] fp8 blocks, model_loader/prequantized.py): with a
+group size g, a dense layer's scale is `layers/q_proj_scale` [L, in // g, out], one scale per output channel and
+run of g input rows (a block scale repeated over its 128 output channels: exact), and
+w ~= values * scale[k // g, :] for input row k. The scale's rank tells the two apart (values' rank: grouped, one
+less: per channel). MoE experts keep per-channel scales.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -64,14 +71,17 @@ class KeptFormats:
 @dataclass(frozen=True)
 class Quantization:
     """A model's quantization, static (part of the graphdef): the scheme, whether activations are quantized
-    too (W8A8: int8 on CPU) and, for gguf, the kept params' formats."""
+    too (W8A8: int8 on CPU), the input group size of grouped scales (None: one scale per output channel) and,
+    for gguf, the kept params' formats."""
 
     scheme: str
     quantize_activations: bool
+    group_size: int | None = None
     formats: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def for_platform(cls, scheme: str | KeptFormats | None, platform: str) -> Quantization | None:
+    def for_platform(cls, scheme: str | KeptFormats | None, platform: str,
+                     group_size: int | None = None) -> Quantization | None:
         if scheme is None:
             return None
         if isinstance(scheme, KeptFormats):
@@ -80,19 +90,35 @@ class Quantization:
             raise ValueError("quantization 'gguf' needs the file's formats (KeptFormats), read from a GGUF file")
         if scheme not in SCHEMES:
             raise ValueError(f"quantization must be one of {', '.join(SCHEMES)}; got {scheme!r}")
-        return cls(scheme, quantize_activations=scheme == "int8" and platform == "cpu")
+        if group_size is not None and scheme != "fp8":
+            raise ValueError(f"grouped scales are read for fp8 only; got {scheme!r} with group size {group_size}")
+        return cls(scheme, quantize_activations=scheme == "int8" and platform == "cpu" and group_size is None,
+                   group_size=group_size)
+
+    def scale_groups(self, name: str, in_dim: int) -> int | None:
+        """How many input groups `name`'s scale has (None: per output channel; experts always are)."""
+        if self.group_size is None or name.startswith("experts_"):
+            return None
+        return in_dim // group_rows(in_dim, self.group_size)
 
     def format_of(self, name: str) -> str | None:
         """gguf: the format `name` is kept in, or None (a float param)."""
         return dict(self.formats).get(name)
 
     @property
-    def grouped(self) -> bool:
+    def gguf_kept(self) -> bool:
+        """GGUF blocks kept (model/grouped_quant.py), as opposed to per-channel or block-fp8 grouped scales."""
         return self.scheme == GGUF
 
     @property
     def dtype(self) -> np.dtype:
         return SCHEMES[self.scheme].dtype
+
+
+def group_rows(in_dim: int, group_size: int) -> int:
+    """The input rows one grouped scale covers: the group size, or where it does not divide the input dim (a
+    checkpoint's last block is partial) the largest divisor of both, so no group straddles two blocks."""
+    return group_size if in_dim % group_size == 0 else math.gcd(in_dim, group_size)
 
 
 def scale_name(name: str) -> str:
@@ -114,7 +140,10 @@ def quantize(w, scheme: str):
 
 
 def dequantize(values, scale):
-    """float32 values * scale: the weight a quantized pair stands for."""
+    """float32 values * scale: the weight a quantized pair stands for (per-channel or grouped scales)."""
+    if scale.ndim == values.ndim:  # grouped: [.., in // g, out]
+        rows = values.shape[-2] // scale.shape[-2]
+        return values.astype(np.float32) * np.repeat(np.asarray(scale), rows, axis=-2)
     return values.astype(np.float32) * scale[..., None, :]
 
 

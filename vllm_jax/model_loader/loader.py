@@ -18,6 +18,8 @@ from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader
 from vllm_jax.model_loader.orbax_io import ConvertedLoader
+from vllm_jax.model_loader.prequantized import read_prequantized_config
+from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
 from vllm_jax.model_loader.random_weights import RandomWeights
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 from vllm_jax.model_loader.source import ModelSource
@@ -29,16 +31,20 @@ from vllm_jax.model_loader.weight_loader import (NP_DTYPES, LoadRequest, Shardin
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
                 attention_backend: str = "auto", platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
                 seed: int = 0, sharding_for: ShardingFor | None = None,
-                model_kwargs: dict | None = None, quantization: str | KeptFormats | None = None) -> nnx.Module:
+                model_kwargs: dict | None = None, quantization: str | KeptFormats | None = None,
+                quantization_group_size: int | None = None) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
     placed on `sharding_for(path, shape)` (default: the first device). `attention_backend`, `platform` and `mesh`
     are the model's (DecoderLM.__init__): what its attention calls and the chip the program is built for.
-    `quantization` (int8 / fp8): the layers' linear weights are quantized as each is loaded (model/quantization.py);
-    a `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are (gguf_file/kept.py)."""
+    `quantization` (int8 / fp8): the layers' linear weights are quantized as each is loaded (model/quantization.py),
+    or read quantized from a pre-quantized checkpoint; `quantization_group_size`: its grouped scales' input rows.
+    A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are (gguf_file/kept.py)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     extra = dict(model_kwargs or {})
     if quantization is not None:
         extra["quantization"] = quantization
+    if quantization_group_size is not None:
+        extra["quantization_group_size"] = quantization_group_size
 
     def init_model(rngs: nnx.Rngs) -> nnx.Module:
         return entry.model_class(spec, jdtype, rngs=rngs, attention_backend=attention_backend, platform=platform,
@@ -68,7 +74,11 @@ def weight_loader_for(source: ModelSource | None, seed: int = 0, kept: KeptForma
         return ConvertedLoader(Path(source.path))
     if source.kind == "gguf":
         return TensorLoader(GGUFCheckpoint(source.path))
-    return TensorLoader(SafetensorsCheckpoint(Path(source.path)))
+    checkpoint = SafetensorsCheckpoint(Path(source.path))
+    prequantized = read_prequantized_config(source.path)
+    if prequantized is not None:  # its quantized tensors read dequantized unless kept quantized
+        return TensorLoader(PrequantizedCheckpoint(checkpoint, prequantized))
+    return TensorLoader(checkpoint)
 
 
 def _first_device(path: tuple[str, ...], shape: tuple[int, ...]) -> jax.sharding.Sharding:

@@ -1,10 +1,15 @@
-"""An HF directory's safetensors shards as a `Checkpoint`: memory-mapped, a read touches only its slice."""
+"""An HF directory's safetensors shards as a `Checkpoint`: memory-mapped, a read touches only its slice.
+
+safetensors' numpy reader cannot build float8 arrays (numpy has no such dtype), so a pre-quantized checkpoint's
+F8_E4M3 tensors are memory-mapped here from the file's own header as ml_dtypes.float8_e4m3fn."""
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from vllm_jax.model_loader.source import ModelSourceError
@@ -35,14 +40,34 @@ class SafetensorsCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handles[self._file_of[name]].get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        """The stored dtype as safetensors names it (F32, BF16, I8, F8_E4M3, ...)."""
+        return self._handles[self._file_of[name]].get_slice(name).get_dtype()
+
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         try:
+            if self.dtype(name) in _MAPPED_DTYPES:
+                return np.asarray(self._mapped(name)[index])
             return np.asarray(self._handles[self._file_of[name]].get_slice(name)[index])
         except Exception as exc:
             raise ModelSourceError(f"{self.where(name)}: cannot read tensor {name!r} ({exc})") from exc
 
     def where(self, name: str) -> str:
         return self._file_of.get(name, self.path)
+
+    def _mapped(self, name: str) -> np.ndarray:
+        """The tensor as a read-only memory map (no bytes read until sliced)."""
+        file = self._file_of[name]
+        with open(file, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            entry = json.loads(f.read(header_len))[name]
+        start, end = entry["data_offsets"]
+        raw = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + header_len + start, shape=(end - start,))
+        return raw.view(_MAPPED_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+
+
+# dtypes safetensors' numpy reader refuses, read through a memory map instead
+_MAPPED_DTYPES = {"F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn)}
 
 
 def safetensors_files(directory: Path) -> list[Path]:

@@ -10,6 +10,11 @@ With `--quantization`, a linear weight with a `_scale` sibling is quantized on t
 (`QuantizedReads`): a device's slice of output channels is read over every input row (a channel's scale needs
 them all; a row-parallel weight's device thus reads its layers' whole matrix), one layer at a time in float32,
 and only the int8 / fp8 values and the scales reach the device. No float copy of a quantized weight is placed.
+
+A pre-quantized checkpoint (`prequantized_checkpoint.PrequantizedCheckpoint`) is checked as a whole first; its
+linears are placed with their stored bits and their scales as per-channel or grouped ones (`StoredQuantizedReads`),
+except block-scaled MoE experts (per-channel scales only), requantized from their dequantized values
+(`QuantizedReads`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from vllm_jax.model.quantization import SCALE_SUFFIX, SCHEMES, quantize
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.param_source import ParamSource
+from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint, StoredQuantizedReads
 from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath
 from vllm_jax.model_loader.weight_maps import param_sources
@@ -44,13 +50,22 @@ class TensorLoader:
         if unmapped:
             raise AssertionError(f"model params without a checkpoint mapping: {unmapped}")
         check_checkpoint(self.checkpoint, sources, request.shapes)
+        stored: set[ParamPath] = set()
+        # a scale with its values' rank is grouped ([*stack, in // g, out]: model/quantization.py)
+        grouped = {path for path, scale in scales.items() if len(request.shapes[scale]) == len(request.shapes[path])}
+        if isinstance(self.checkpoint, PrequantizedCheckpoint):
+            stored = self.checkpoint.check({path: sources[path] for path in scales}, grouped)
+        elif grouped:
+            raise AssertionError(f"grouped scales are read from pre-quantized checkpoints only: {sorted(grouped)}")
         np_dtype = NP_DTYPES[request.dtype]
         arrays = {}
         for path, src in sources.items():
             shape = request.shapes[path]
             if path in scales:
-                reads = QuantizedReads(self.checkpoint, src, shape, request.quantization)
                 scale_shape = request.shapes[scales[path]]
+                reads = (StoredQuantizedReads(self.checkpoint, src, shape, request.quantization,
+                                              scale_shape[-2] if path in grouped else None) if path in stored
+                         else QuantizedReads(self.checkpoint, src, shape, request.quantization))
                 arrays[path] = jax.make_array_from_callback(shape, request.sharding_for(path, shape), reads.values)
                 arrays[scales[path]] = jax.make_array_from_callback(
                     scale_shape, request.sharding_for(scales[path], scale_shape), reads.scales)

@@ -7,12 +7,13 @@ number of KV heads, k/v projections and the KV cache are replicated instead: eve
 all KV heads (correct, memory-costlier). A dim that tp does not divide stays replicated rather than erroring.
 Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
 A quantized weight's scales (`{name}_scale`, one per output channel: model/quantization.py) are split like its
-output dim: with a column-parallel weight, replicated with a row-parallel one. Weights kept in GGUF blocks
-(model/grouped_quant.py) have scales and mins per group of 32 input rows, [.., in // 32, out]: column-parallel they
-split on out like the values; row-parallel on the group axis, as the values split on their (packed) input rows,
-so each device holds whole groups whenever tp divides the group count. When tp divides the rows but not the
-groups (576 rows = 18 groups at tp 4), the scales stay replicated (`_spec_at`) while the values split: GSPMD still
-computes the same product, at the cost of resharding. The embedding's [V, H // 32] scales split on vocab like it.
+output dim: with a column-parallel weight, replicated with a row-parallel one. Grouped scales ([L, in // g, out],
+a block-fp8 checkpoint's; a kept GGUF's, whose Q4_1 also has `{name}_min` of the same shape: model/grouped_quant.py)
+are split like the whole weight: on out when column-parallel, on the input groups when row-parallel, as the values
+split on their (packed) input rows, so each device holds whole groups whenever tp divides the group count. When
+tp divides the rows but not the groups (576 rows = 18 groups at tp 4), the scales stay replicated (`_spec_at`)
+while the values split: GSPMD still computes the same product, at the cost of resharding. A kept embedding's
+[V, H // 32] scales split on vocab like it.
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(o_proj|down_proj)_min$", _ROW),  # kept GGUF blocks: [L, in // 32, out], split the groups
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
-_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale|k_proj_min|v_proj_min)$")
-# a row-parallel weight's scales: per channel [L, out] replicated, per group (kept GGUF blocks) [L, in // 32, out]
-# split on the groups
 _ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
+_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale|k_proj_min|v_proj_min)$")
 _EXPERT_PARAMS = re.compile(r"^layers/experts_")
 
 
@@ -76,8 +75,8 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
         return _spec_at(len(shape), 1, shape, tp)  # [L, E, ...]: split the experts
     if _KV_PARAMS.match(name) and not kv_heads_sharded(spec, tp):
         return P()
-    if _ROW_SCALES.match(name):
-        return _spec_at(len(shape), len(shape) + _ROW, shape, tp) if len(shape) == 3 else P()
+    if _ROW_SCALES.match(name) and len(shape) == 3:  # grouped [L, in // g, out]: the groups follow the input dim
+        return _spec_at(3, 1, shape, tp)
     for pattern, dim in PARAM_RULES:
         if re.match(pattern, name):
             return P() if dim is None else _spec_at(len(shape), len(shape) + dim, shape, tp)

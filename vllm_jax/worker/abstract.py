@@ -160,6 +160,8 @@ def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str
     `quantization`: the target's --quantization, quantized values and their scales)."""
     mc, pc = config.model_config, config.parallel_config
     kwargs = {} if quantization is None else {"quantization": quantization}
+    if quantization is not None and mc.quantization_group_size is not None:
+        kwargs["quantization_group_size"] = mc.quantization_group_size
     if pc.tensor_parallel_size > 1 and backend != "xla":
         kwargs["mesh"] = mesh  # the Pallas kernels run inside shard_map over it
     if pc.enable_expert_parallel and getattr(spec, "num_experts", None):

@@ -189,7 +189,8 @@ def program_store(config: EngineConfig, cache_dir: str | None, devices: list, st
     avals = jax.tree.map(lambda x: (x.shape, str(x.dtype), repr(x.sharding)), state)
     draft = config.draft_model_config
     fingerprint = [mc.hf_config.to_json_string(), draft.hf_config.to_json_string() if draft else "",
-                   repr(config.speculative_config), mc.dtype, str(mc.quantization), mc.kv_cache_dtype,
+                   repr(config.speculative_config), mc.dtype, str(mc.quantization), str(mc.quantization_group_size),
+                   mc.kv_cache_dtype,
                    str(mc.max_model_len),
                    str(mc.max_logprobs), repr(config.cache_config.block_size), repr(config.scheduler_config),
                    repr(config.parallel_config), config.attention_backend, config.platform, str(config.scan_layers),

@@ -185,7 +185,8 @@ class ModelRunner:
                             attention_backend=self.attention_backend, platform=config.platform,
                             mesh=self.mesh if sharded_kernels else None, seed=mc.seed,
                             sharding_for=functools.partial(self._param_sharding, spec),
-                            model_kwargs=self._expert_parallel_kwargs(spec), quantization=quantization)
+                            model_kwargs=self._expert_parallel_kwargs(spec), quantization=quantization,
+                            quantization_group_size=mc.quantization_group_size if quantization else None)
         # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers
