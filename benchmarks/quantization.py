@@ -1,14 +1,17 @@
 """--quantization on the default model: decode tok/s, param bytes and greedy agreement vs float32, in one run.
 
-Each scheme (float32, int8, fp8 by default) gets its own engine, all alive at once; the timed runs interleave
-the schemes round by round and keep each one's best round, so the ratios come from the same minutes of a noisy
-machine. Batch 1 decodes one request at a time, batch N decodes N requests together (greedy, ignore_eos, a short
-chat prompt, so the time is decode). Reported per scheme: output tok/s and its ratio to float32, the params'
-device bytes (embedding and LM head included: they stay float), the weight bytes a decode step reads per output
-token (params / batch), and how the README's example prompts' answers compare with the first scheme's (float32):
-the greedy tokens' common prefix (one early flip makes the rest differ), and the teacher-forced top-1 agreement
-(each scheme reads float32's greedy answers as prompts, with prompt_logprobs=1, and its argmax at each answer
-position is compared with float32's token there), which does not compound a flip.
+`--schemes none gguf` compares the default GGUF dequantized to float32 with its blocks kept (Q4_1 layers, Q8_0
+embedding and tied LM head: --quantization gguf).
+
+Each scheme (float32, int8, fp8 by default) gets its own engine, all alive at once; the timed runs interleave the
+schemes round by round and keep each one's best round, so the ratios come from the same minutes of a noisy machine.
+Batch 1 decodes one request at a time, batch N decodes N requests together (greedy, ignore_eos, a short chat prompt,
+so the time is decode). Reported per scheme: output tok/s and its ratio to float32, the params' device bytes
+(embedding and LM head included: float for int8 / fp8, kept for gguf), the weight bytes a decode step reads per
+output token (params / batch), and how the README's example prompts' answers compare with the first scheme's
+(float32): the greedy tokens' common prefix (one early flip makes the rest differ), and the teacher-forced top-1
+agreement (each scheme reads float32's greedy answers as prompts, with prompt_logprobs=1, and its argmax at each
+answer position is compared with float32's token there), which does not compound a flip.
 
     python benchmarks/quantization.py [--model PATH] [--schemes none int8 fp8] [--batch 8] [--max-tokens 64]
                                       [--rounds 3] [--json out.json]
@@ -66,7 +69,8 @@ def _teacher_forced(llm: LLM, prompts: list[list[int]], answers: list[list[int]]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
-    parser.add_argument("--schemes", nargs="+", default=["none", "int8", "fp8"], help="none is float32")
+    parser.add_argument("--schemes", nargs="+", default=["none", "int8", "fp8"],
+                        help="none is float32; int8, fp8, gguf (a GGUF's blocks kept)")
     parser.add_argument("--batch", type=int, default=8, help="the larger batch (batch 1 always runs)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)

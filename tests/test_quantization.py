@@ -88,7 +88,8 @@ def test_w8a8_and_weight_only_linear_stay_within_their_worst_case_bounds():
 
 
 def test_unknown_quantization_is_a_value_error_naming_the_flag():
-    with pytest.raises(ValueError, match=r"quantization must be one of int8, fp8, compressed-tensors; got 'int4'"):
+    with pytest.raises(ValueError, match=r"quantization must be one of int8, fp8, compressed-tensors, gguf; "
+                                         r"got 'int4'"):
         EngineArgs(model=None, quantization="int4").create_config()
 
 

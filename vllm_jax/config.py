@@ -26,8 +26,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
 _KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 # int8 / fp8: online weight quantization at load (model/quantization.py), or a pre-quantized checkpoint's scheme;
-# compressed-tensors: a pre-quantized checkpoint's own (model_loader/prequantized.py; so is fp8's block format)
-QUANTIZATIONS = ("int8", "fp8", "compressed-tensors")
+# compressed-tensors: a pre-quantized checkpoint's own (model_loader/prequantized.py; so is fp8's block format);
+# gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as they are (model/grouped_quant.py)
+QUANTIZATIONS = ("int8", "fp8", "compressed-tensors", "gguf")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # lowering names of the gpu platform
@@ -63,10 +64,19 @@ class ModelConfig:
     seed: int
     max_logprobs: int
     # the layers' linear weights' scheme (int8 / fp8), or None: --quantization's (quantized at load) or a
-    # pre-quantized checkpoint's (read as stored: model_loader/prequantized.py)
+    # pre-quantized checkpoint's (read as stored: model_loader/prequantized.py); gguf: a GGUF's blocks kept
     quantization: str | None = None
     # grouped scales' input rows (a block-fp8 checkpoint's block width: model/quantization.py), or None
     quantization_group_size: int | None = None
+
+    @property
+    def model_quantization(self) -> Any:
+        """What the model is built with: `quantization`, or for gguf the file's kept formats (KeptFormats)."""
+        if self.quantization != "gguf":
+            return self.quantization
+        from vllm_jax.model_loader.gguf_file.kept import kept_formats
+
+        return kept_formats(self.source.path)
 
 
 @dataclass(frozen=True)
@@ -335,6 +345,9 @@ class EngineArgs:
         if max_model_len > max_pos:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's max_position_embeddings ({max_pos})")
+        if self.quantization == "gguf" and source.kind != "gguf":
+            raise ValueError(f"quantization 'gguf' keeps a GGUF file's quantized blocks; {source.path} is not a GGUF "
+                             "file (for a float checkpoint use --quantization int8 or fp8)")
         if self.quantization is not None and source.kind == "orbax":
             raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
                              f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "

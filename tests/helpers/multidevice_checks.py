@@ -238,6 +238,22 @@ def check_quantized_tensor_parallel(workdir: Path) -> dict:
     return result
 
 
+def check_gguf_kept_tensor_parallel(workdir: Path) -> dict:
+    """--quantization gguf logits of one prefill step at TP 2 of WORKDIR/q4_1.gguf (the test writes it and
+    compares with its own TP 1 run), and where TP 2 put the values, scales and mins."""
+    from flax import nnx
+
+    from tests.helpers.quantized_models import prompt_logits, quant_runner
+
+    runner = quant_runner(workdir / "q4_1.gguf", "gguf", tensor_parallel_size=2)
+    state = nnx.to_pure_dict(runner.params)
+    layers = state["layers"]
+    names = ("q_proj", "q_proj_scale", "q_proj_min", "o_proj", "o_proj_scale", "down_proj_min")
+    specs = {name: _spec_list(layers[name]) for name in names}
+    specs.update({name: _spec_list(state[name]) for name in ("embed_tokens", "embed_tokens_scale")})
+    return {"tp2": prompt_logits(runner).tolist(), "specs": specs}
+
+
 def check_prequantized_tensor_parallel(workdir: Path) -> dict:
     """Logits of one prefill step at TP 2 of the block-fp8 checkpoint WORKDIR/fp8_block (written by the test), and
     where TP 2 put its values and grouped scales."""
@@ -253,7 +269,8 @@ def check_prequantized_tensor_parallel(workdir: Path) -> dict:
 
 
 CHECKS = {"tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
-          "prequantized_tensor_parallel": check_prequantized_tensor_parallel, "data_parallel": check_data_parallel,
+          "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
+          "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel}
 

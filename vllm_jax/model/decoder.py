@@ -21,13 +21,16 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
+from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
-                                   decoder_block, gated_mlp, init_param, is_unstacked, layer_param_values,
-                                   linear_params, rms_norm, rotary_tables)
-from vllm_jax.model.quantization import SCALE_SUFFIX, Quantization
+                                   decoder_block, gated_mlp, gguf_dot, gguf_dot_rows, grouped_params, init_param,
+                                   is_unstacked, layer_param_values, linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.quantization import SCALE_SUFFIX, KeptFormats, Quantization, scale_name
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
+
+HEAD_CHUNK_ROWS = 1024  # CPU: a kept tied LM head's vocab rows per chunk (layers.gguf_dot_rows)
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
@@ -71,23 +74,34 @@ class DecoderLM(nnx.Module):
     aux_hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
-                 platform: str | None = None, mesh: Mesh | None = None, quantization: str | None = None,
-                 quantization_group_size: int | None = None):
+                 platform: str | None = None, mesh: Mesh | None = None,
+                 quantization: str | KeptFormats | None = None, quantization_group_size: int | None = None):
         """`attention_backend` is resolved against `platform` (what the program is built for; None: jax's
         backend, read here once; the runner passes its config's) into `self.kernels`, static like `spec`. `mesh`
         (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis. `quantization`
         (int8 / fp8, model/quantization.py): the layers' linear weights are stored quantized, and how their
         matmuls run is fixed here for `platform` (`self.quantization`, static); `quantization_group_size`: grouped
-        scales over that many input rows (a block-fp8 checkpoint's, model_loader/prequantized.py)."""
+        scales over that many input rows (a block-fp8 checkpoint's, model_loader/prequantized.py). A `KeptFormats`
+        (--quantization gguf) keeps the file's blocks for the params it names, the embedding / LM head included."""
         self.spec = spec
         platform = platform or jax.default_backend()
         self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
         self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
-        self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
+        quant = self.quantization
+        embed_fmt = quant.format_of("embed_tokens") if quant is not None and quant.gguf_kept else None
+        if embed_fmt:  # [V, H] kept in GGUF blocks, grouped along hidden
+            for name, param in grouped_params("embed_tokens", (spec.vocab_size, spec.hidden_size), embed_fmt,
+                                              axis=-1).items():
+                setattr(self, name, param)
+        else:
+            self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
         self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         if not spec.tie_word_embeddings:
-            self.lm_head = init_param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
+            head_quant = quant if quant is not None and quant.gguf_kept else None
+            for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
+                                             head_quant).items():
+                setattr(self, name, param)
 
     def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, ...]:
         """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row; with
@@ -95,8 +109,7 @@ class DecoderLM(nnx.Module):
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
-        head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
+        logits = self._lm_head(last)
         if aux is None:
             return kv_cache, logits
         return kv_cache, logits, aux
@@ -106,12 +119,45 @@ class DecoderLM(nnx.Module):
         """-> (updated kv_cache, the last layer's output [T, hidden], the aux hidden states [T, K * hidden] or
         None without `aux_hidden_layers`): the forward without the LM head (a draft model's catch-up writes its
         KV cache only)."""
-        hidden = self.embed_tokens[...][inputs.input_ids]
+        hidden = self._embed(inputs.input_ids)
         cos, sin = rotary_tables(self.spec, inputs.positions)
         ctx = LayerContext(cos, sin, inputs, self.kernels)
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
+
+    def _embed(self, ids: jax.Array) -> jax.Array:
+        """The embedding rows of `ids`; kept GGUF blocks gather their rows' values and scales, then dequantize."""
+        embed_fmt = self._kept_format("embed_tokens")
+        if embed_fmt is None:
+            return self.embed_tokens[...][ids]
+        rows = dequantize_grouped(*(None if part is None else part[ids] for part in self._kept_parts("embed_tokens")),
+                                  embed_fmt, axis=-1)
+        return rows.astype(self.final_norm[...].dtype)
+
+    def _lm_head(self, last: jax.Array) -> jax.Array:
+        """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
+        inside the dot (groups along hidden, the contracted dim, either way)."""
+        if not self.spec.tie_word_embeddings:
+            head_fmt = self._kept_format("lm_head")
+            if head_fmt is None:
+                return jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
+            return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
+        embed_fmt = self._kept_format("embed_tokens")
+        if embed_fmt is None:
+            return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
+        chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
+        return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
+
+    def _kept_format(self, name: str) -> str | None:
+        quant = self.quantization
+        return quant.format_of(name) if quant is not None and quant.gguf_kept else None
+
+    def _kept_parts(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """(values, scale, min or None) of a param kept in GGUF blocks."""
+        minimum = getattr(self, min_name(name), None)
+        return (getattr(self, name)[...], getattr(self, scale_name(name))[...],
+                None if minimum is None else minimum[...])
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
                     aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:

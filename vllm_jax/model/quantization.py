@@ -13,6 +13,10 @@ How the matmul runs is fixed when the model is built (`Quantization`, static lik
   dot (XLA fuses the convert into the dot on TPU / GPU) and the output is scaled per channel. On CPU fp8 is
   correct but not fast.
 
+`--quantization gguf` keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks instead (model/grouped_quant.py: values
+plus float16 scales per group of 32 input rows): `Quantization.formats` names the params kept and their format,
+read from the file; those weights are dequantized inside the dot on every platform (docs/architecture.md).
+
 The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
 
 Grouped scales (a pre-quantized checkpoint's [128 out x 128 in] fp8 blocks, model_loader/prequantized.py): with a
@@ -52,19 +56,38 @@ QUANTIZED_LINEARS = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "gate_pro
                                "experts_gate", "experts_up", "experts_down"))
 
 
+GGUF = "gguf"  # --quantization gguf: keep the file's quantized blocks (model/grouped_quant.py)
+
+
+@dataclass(frozen=True)
+class KeptFormats:
+    """What `--quantization gguf` keeps of one file: (param name, format) for each kept weight, e.g.
+    ("q_proj", "q4_1"), ("embed_tokens", "q8_0"). Read from the file before the model is built
+    (model_loader/gguf_file/kept.py); every other param stays in the model dtype."""
+
+    formats: tuple[tuple[str, str], ...]
+
+
 @dataclass(frozen=True)
 class Quantization:
     """A model's quantization, static (part of the graphdef): the scheme, whether activations are quantized
-    too (W8A8: int8 on CPU), and the input group size of grouped scales (None: one scale per output channel)."""
+    too (W8A8: int8 on CPU), the input group size of grouped scales (None: one scale per output channel) and,
+    for gguf, the kept params' formats."""
 
     scheme: str
     quantize_activations: bool
     group_size: int | None = None
+    formats: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def for_platform(cls, scheme: str | None, platform: str, group_size: int | None = None) -> Quantization | None:
+    def for_platform(cls, scheme: str | KeptFormats | None, platform: str,
+                     group_size: int | None = None) -> Quantization | None:
         if scheme is None:
             return None
+        if isinstance(scheme, KeptFormats):
+            return cls(GGUF, quantize_activations=False, formats=scheme.formats)
+        if scheme == GGUF:
+            raise ValueError("quantization 'gguf' needs the file's formats (KeptFormats), read from a GGUF file")
         if scheme not in SCHEMES:
             raise ValueError(f"quantization must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         if group_size is not None and scheme != "fp8":
@@ -77,6 +100,15 @@ class Quantization:
         if self.group_size is None or name.startswith("experts_"):
             return None
         return in_dim // group_rows(in_dim, self.group_size)
+
+    def format_of(self, name: str) -> str | None:
+        """gguf: the format `name` is kept in, or None (a float param)."""
+        return dict(self.formats).get(name)
+
+    @property
+    def gguf_kept(self) -> bool:
+        """GGUF blocks kept (model/grouped_quant.py), as opposed to per-channel or block-fp8 grouped scales."""
+        return self.scheme == GGUF
 
     @property
     def dtype(self) -> np.dtype:

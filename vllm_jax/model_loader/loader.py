@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
+from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader
 from vllm_jax.model_loader.orbax_io import ConvertedLoader
 from vllm_jax.model_loader.prequantized import read_prequantized_config
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
@@ -29,13 +31,14 @@ from vllm_jax.model_loader.weight_loader import (NP_DTYPES, LoadRequest, Shardin
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
                 attention_backend: str = "auto", platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
                 seed: int = 0, sharding_for: ShardingFor | None = None,
-                model_kwargs: dict | None = None, quantization: str | None = None,
+                model_kwargs: dict | None = None, quantization: str | KeptFormats | None = None,
                 quantization_group_size: int | None = None) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
     placed on `sharding_for(path, shape)` (default: the first device). `attention_backend`, `platform` and `mesh`
     are the model's (DecoderLM.__init__): what its attention calls and the chip the program is built for.
     `quantization` (int8 / fp8): the layers' linear weights are quantized as each is loaded (model/quantization.py),
-    or read quantized from a pre-quantized checkpoint; `quantization_group_size`: its grouped scales' input rows."""
+    or read quantized from a pre-quantized checkpoint; `quantization_group_size`: its grouped scales' input rows.
+    A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are (gguf_file/kept.py)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     extra = dict(model_kwargs or {})
     if quantization is not None:
@@ -49,15 +52,24 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
 
     graphdef, state = nnx.split(nnx.eval_shape(lambda: init_model(nnx.Rngs(0))))
     shapes = {path: tuple(value.shape) for path, value in flatten_params(nnx.to_pure_dict(state)).items()}
-    request = LoadRequest(spec, shapes, dtype, sharding_for or _first_device, init_model, quantization)
-    nnx.replace_by_pure_dict(state, unflatten_params(weight_loader_for(source, seed).load(request)))
+    kept = quantization if isinstance(quantization, KeptFormats) else None
+    request = LoadRequest(spec, shapes, dtype, sharding_for or _first_device, init_model,
+                          None if kept else quantization)
+    nnx.replace_by_pure_dict(state, unflatten_params(weight_loader_for(source, seed, kept).load(request)))
     return nnx.merge(graphdef, state)
 
 
-def weight_loader_for(source: ModelSource | None, seed: int = 0) -> WeightLoader:
-    """The loader for the source's format (random weights from `seed` when there is no source)."""
+def weight_loader_for(source: ModelSource | None, seed: int = 0, kept: KeptFormats | None = None) -> WeightLoader:
+    """The loader for the source's format (random weights from `seed` when there is no source; a GGUF's blocks
+    placed as they are with `kept`)."""
     if source is None:
+        if kept is not None:
+            raise ValueError("quantization 'gguf' keeps a GGUF file's blocks; random weights have none")
         return RandomWeights(seed)
+    if kept is not None:
+        if source.kind != "gguf":
+            raise ValueError(f"quantization 'gguf' keeps a GGUF file's blocks; {source.path} is not a GGUF file")
+        return KeptGGUFLoader(source.path, kept)
     if source.kind == "orbax":
         return ConvertedLoader(Path(source.path))
     if source.kind == "gguf":

@@ -8,8 +8,12 @@ all KV heads (correct, memory-costlier). A dim that tp does not divide stays rep
 Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
 A quantized weight's scales (`{name}_scale`, one per output channel: model/quantization.py) are split like its
 output dim: with a column-parallel weight, replicated with a row-parallel one. Grouped scales ([L, in // g, out],
-a block-fp8 checkpoint's) are split like the whole weight: on out when column-parallel, on the input groups when
-row-parallel.
+a block-fp8 checkpoint's; a kept GGUF's, whose Q4_1 also has `{name}_min` of the same shape: model/grouped_quant.py)
+are split like the whole weight: on out when column-parallel, on the input groups when row-parallel, as the values
+split on their (packed) input rows, so each device holds whole groups whenever tp divides the group count. When
+tp divides the rows but not the groups (576 rows = 18 groups at tp 4), the scales stay replicated (`_spec_at`)
+while the values split: GSPMD still computes the same product, at the cost of resharding. A kept embedding's
+[V, H // 32] scales split on vocab like it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from vllm_jax.sharding.mesh import MODEL_AXIS
 # (regex on "a/b" param path, index of the dim to shard counted from the END, or None = replicate)
 _COLUMN, _ROW = -1, -2
 PARAM_RULES: list[tuple[str, int | None]] = [
-    (r"^embed_tokens$", -2),  # [V, H]: vocab-parallel
-    (r"^lm_head$", _COLUMN),  # [H, V]: vocab-parallel
+    (r"^embed_tokens(_scale|_min)?$", -2),  # [V, H] (kept: [V, H // 32] scales): vocab-parallel
+    (r"^lm_head(_scale|_min)?$", _COLUMN),  # [H, V] (kept: [H // 32, V] scales): vocab-parallel
     (r"^layers/(q_proj|gate_proj|up_proj)$", _COLUMN),
     (r"^layers/(k_proj|v_proj)$", _COLUMN),  # replicated when tp does not divide num_kv_heads (below)
     (r"^layers/(q_bias|gate_bias|up_bias)$", -1),
@@ -34,11 +38,12 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(o_proj|down_proj)$", _ROW),
     (r"^layers/experts_(gate|up)$", _COLUMN),  # MoE [L, E, H, I] without EP: split I
     (r"^layers/experts_down$", _ROW),  # [L, E, I, H]
-    (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_scale$", -1),  # [.., out]
+    (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_(scale|min)$", -1),  # [.., out]
+    (r"^layers/(o_proj|down_proj)_min$", _ROW),  # kept GGUF blocks: [L, in // 32, out], split the groups
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
 _ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
-_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale)$")
+_KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale|k_proj_min|v_proj_min)$")
 _EXPERT_PARAMS = re.compile(r"^layers/experts_")
 
 

@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.eagle3_head import Eagle3Head
 from vllm_jax.model.eagle3_spec import Eagle3Spec
+from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, flatten_params, unflatten_params
@@ -70,7 +71,7 @@ class AbstractEngine:
             head = _abstract_head(config, backend, mesh)
         aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head else ()
         graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers,
-                                           quantization=config.model_config.quantization)
+                                           quantization=config.model_config.model_quantization)
         speculator = head
         if config.draft_model_config is not None:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)
@@ -153,7 +154,7 @@ class AbstractEngine:
 
 def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str, mesh: Mesh,
                     aux_layers: tuple[int, ...] = (), *,
-                    quantization: str | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+                    quantization: str | KeptFormats | None = None) -> tuple[nnx.GraphDef, nnx.State]:
     """The model as the runner builds it (model_loader.build_model's arguments), every param a ShapeDtypeStruct
     on its partition rule's sharding, laid out for the platform's layer loop (`aux_layers`: EAGLE-3's;
     `quantization`: the target's --quantization, quantized values and their scales)."""

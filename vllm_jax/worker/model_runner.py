@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.layers import unstack_layers
+from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
@@ -107,7 +108,7 @@ class ModelRunner:
         head = load_eagle3(config, self.spec, self.mesh, self.attention_backend) if method == "eagle3" else None
         aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
         graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
-                                            aux_layers, quantization=mc.quantization)
+                                            aux_layers, quantization=mc.model_quantization)
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
@@ -172,10 +173,11 @@ class ModelRunner:
 
     def _load_model(self, model_entry: object, spec: DecoderSpec, source: ModelSource | None,
                     aux_layers: tuple[int, ...] = (), *,
-                    quantization: str | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+                    quantization: str | KeptFormats | None = None) -> tuple[nnx.GraphDef, nnx.State]:
         """A model's graph and its sharded params (random ones without a source), laid out for the layer loop
         this platform runs; `aux_layers`: the layers whose input states its forward also returns (EAGLE-3);
-        `quantization`: --quantization, the target's only (a draft model stays in the model dtype)."""
+        `quantization`: --quantization (for gguf the file's KeptFormats), the target's only (a draft model stays in
+        the model dtype)."""
         config, mc = self.config, self.config.model_config
         # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
         sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend != "xla"

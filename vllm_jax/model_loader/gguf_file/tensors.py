@@ -42,9 +42,10 @@ _SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 class GGUFCheckpoint:
     """All tensors dequantized up front: GGUF blocks cannot be sliced before dequantization."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, skip: frozenset[str] = frozenset()):
+        """`skip`: HF names left out (tensors kept quantized, gguf_file/kept.py): neither read nor listed."""
         self.path = path
-        self._tensors = dict(iter_gguf_tensors(path))
+        self._tensors = dict(iter_gguf_tensors(path, skip))
 
     def names(self) -> set[str]:
         return set(self._tensors)
@@ -59,8 +60,8 @@ class GGUFCheckpoint:
         return self.path
 
 
-def iter_gguf_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF parameter name, float32 array in HF layout) for every tensor, dequantized one at a time."""
+def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF parameter name, float32 array in HF layout) for every tensor but `skip`'s, dequantized one at a time."""
     import gguf
 
     reader = open_gguf(path)
@@ -75,6 +76,8 @@ def iter_gguf_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
         name = _hf_name(tensor.name)
         if name is None:
             raise ModelSourceError(f"{path}: tensor {tensor.name} has no HF counterpart for architecture {arch}")
+        if name in skip:
+            continue
         if tensor.tensor_type not in supported:
             raise ModelSourceError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which "
                                    f"this engine cannot dequantize (supported: {', '.join(_SUPPORTED_TYPES)})")

@@ -1,0 +1,132 @@
+"""`--quantization gguf`: a GGUF's Q8_0 / Q4_0 / Q4_1 weights placed as they are stored, re-laid out for x @ W
+(model/grouped_quant.py) with no dequantization; every other tensor goes through the dequantizing loader.
+
+Which params are kept (`kept_formats`) is decided per param of the model, before it is built: a layer weight is
+kept when all its layers share one kept type (a stack holds one format); the embedding and an untied LM head
+when their tensor has a kept type. A param in another type (F32 / F16 / BF16, or a stack mixing types) is
+dequantized like today; a type the dequantizing loader cannot read (Q6_K, Q4_K, ...) is its error naming the
+tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from vllm_jax.model.grouped_quant import FORMATS, GROUP, min_name
+from vllm_jax.model.quantization import KeptFormats, scale_name
+from vllm_jax.model_loader.decoder_weights import LAYER_TENSORS
+from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
+from vllm_jax.model_loader.gguf_file.tensors import GGUFCheckpoint, _hf_name, _unpermute
+from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.tensor_loader import TensorLoader
+from vllm_jax.model_loader.weight_loader import LoadRequest, ParamPath
+
+_KEPT_LAYER_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_GLOBAL_TENSORS = {"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
+_BLOCK_BYTES = {"q8_0": 2 + GROUP, "q4_0": 2 + GROUP // 2, "q4_1": 4 + GROUP // 2}
+
+
+def kept_formats(path: str) -> KeptFormats:
+    """The params this file's quantized blocks can be kept for, and their formats."""
+    reader = open_gguf(path)
+    types = {_hf_name(t.name): t.tensor_type.name.lower() for t in reader.tensors}
+    num_layers = field(reader, f"{architecture(reader)}.block_count") or 0
+    formats = []
+    for name in _KEPT_LAYER_WEIGHTS:
+        kinds = {types.get(_layer_tensor(name, i)) for i in range(num_layers)}
+        if len(kinds) == 1 and (kind := kinds.pop()) in FORMATS:
+            formats.append((name, kind))
+    for name, hf_name in _GLOBAL_TENSORS.items():
+        if types.get(hf_name) in FORMATS:
+            formats.append((name, types[hf_name]))
+    return KeptFormats(tuple(formats))
+
+
+def _layer_tensor(name: str, layer: int) -> str:
+    return f"model.layers.{layer}.{LAYER_TENSORS[name][0]}"
+
+
+class KeptGGUFLoader:
+    """Kept params from the file's blocks; the rest through `TensorLoader` over the dequantizing GGUFCheckpoint,
+    which skips the kept tensors (never dequantized)."""
+
+    def __init__(self, path: str, formats: KeptFormats):
+        self.path, self.formats = path, dict(formats.formats)
+
+    def load(self, request: LoadRequest) -> dict[ParamPath, jax.Array]:
+        reader = open_gguf(self.path)
+        tensors = {_hf_name(t.name): t for t in reader.tensors}
+        kept = {self._param_path(name): name for name in self.formats
+                if self._param_path(name) in request.shapes}
+        family = {p for path in kept for p in (path, _sibling(path, scale_name), _sibling(path, min_name))}
+        skip = {hf for name in kept.values() for hf in self._hf_names(name, request.spec.num_layers)}
+        rest = dataclasses.replace(request, quantization=None,
+                                   shapes={p: s for p, s in request.shapes.items() if p not in family})
+        arrays = TensorLoader(GGUFCheckpoint(self.path, skip=frozenset(skip))).load(rest)
+        unpermute = _unpermute_heads(reader)
+        for path, name in kept.items():
+            hf_names = self._hf_names(name, request.spec.num_layers)
+            parts = [_repack(self.path, tensors[hf], self.formats[name], unpermute.get(hf.split(".")[-2]),
+                             transpose=name != "embed_tokens") for hf in hf_names]
+            stacked = {part: np.stack([p[part] for p in parts]) if path[0] == "layers" else parts[0][part]
+                       for part in parts[0]}
+            targets = {"values": path, "scale": _sibling(path, scale_name), "min": _sibling(path, min_name)}
+            for part, host in stacked.items():
+                target = targets[part]
+                if request.shapes.get(target) != host.shape:
+                    raise ModelSourceError(f"{self.path}: tensor {hf_names[0]} gives {part} of shape {host.shape} "
+                                           f"but the model expects {request.shapes.get(target)}")
+                arrays[target] = jax.make_array_from_callback(
+                    host.shape, request.sharding_for(target, host.shape), lambda index, host=host: host[index])
+        return arrays
+
+    @staticmethod
+    def _param_path(name: str) -> ParamPath:
+        return (name,) if name in _GLOBAL_TENSORS else ("layers", name)
+
+    @staticmethod
+    def _hf_names(name: str, num_layers: int) -> list[str]:
+        if name in _GLOBAL_TENSORS:
+            return [_GLOBAL_TENSORS[name]]
+        return [_layer_tensor(name, i) for i in range(num_layers)]
+
+
+def _sibling(path: ParamPath, rename) -> ParamPath:
+    return path[:-1] + (rename(path[-1]),)
+
+
+def _unpermute_heads(reader: Any) -> dict[str, int]:
+    """HF projection name -> the head count llama.cpp permuted its rows by (llama-family q/k only)."""
+    arch = architecture(reader)
+    if not ARCHITECTURES[arch][2]:
+        return {}
+    heads = field(reader, f"{arch}.attention.head_count")
+    return {"q_proj": heads, "k_proj": field(reader, f"{arch}.attention.head_count_kv", heads)}
+
+
+def _repack(path: str, tensor: Any, fmt: str, heads: int | None, transpose: bool) -> dict[str, np.ndarray]:
+    """One GGUF tensor's blocks as {"values", "scale"[, "min"]}: HF rows [out, ...] (q/k rows un-permuted like
+    the dequantizing loader), transposed to [in, out] for a linear weight."""
+    if tensor.tensor_type.name.lower() != fmt:
+        raise ModelSourceError(f"{path}: tensor {tensor.name} is {tensor.tensor_type.name}, expected {fmt.upper()}")
+    cols = int(tensor.shape[0])  # ggml lists the fastest (input) dim first
+    rows = int(np.prod([int(n) for n in tensor.shape[1:]]))
+    raw = np.asarray(tensor.data).reshape(-1).view(np.uint8)
+    if cols % GROUP or raw.size != rows * cols // GROUP * _BLOCK_BYTES[fmt]:
+        raise ModelSourceError(f"{path}: tensor {tensor.name} ({fmt.upper()}, {rows} x {cols}) has {raw.size} bytes "
+                               "of blocks, which do not match its shape")
+    blocks = raw.reshape(rows, cols // GROUP, _BLOCK_BYTES[fmt])
+    parts = {"scale": blocks[..., 0:2].copy().view(np.float16)[..., 0]}
+    start = 2
+    if fmt == "q4_1":
+        parts["min"] = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+        start = 4
+    qs = np.ascontiguousarray(blocks[..., start:])  # a block's bytes are already our packing (grouped_quant.py)
+    parts["values"] = qs.view(np.int8).reshape(rows, cols) if fmt == "q8_0" else qs.reshape(rows, cols // 2)
+    if heads:
+        parts = {k: _unpermute(v, heads) for k, v in parts.items()}
+    return {k: np.ascontiguousarray(v.T) if transpose else v for k, v in parts.items()}
