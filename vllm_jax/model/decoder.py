@@ -21,20 +21,22 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
-                                   decoder_block, gated_mlp, init_param, is_unstacked, layer_param_values,
-                                   linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_lora,
+                                   bundle_quantized, decoder_block, gated_mlp, init_param, is_unstacked,
+                                   layer_param_values, linear_params, rms_norm, rotary_tables)
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
 
 
-def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
-            inputs: StepInputs) -> tuple[jax.Array, ...]:
+def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
+            lora: dict | None = None) -> tuple[jax.Array, ...]:
     """Any model here as a pure function of its split state: -> (updated kv_cache, float32 logits [S, vocab]),
-    plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set."""
-    return nnx.merge(graphdef, state)(kv_cache, inputs)
+    plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set. `lora`: the
+    stacked adapter slots (worker/lora_slots.py), read through `inputs.lora_slots`; None: no LoRA."""
+    model = nnx.merge(graphdef, state)
+    return model(kv_cache, inputs) if lora is None else model(kv_cache, inputs, lora=lora)
 
 
 class DecoderLayers(nnx.Module):
@@ -87,11 +89,12 @@ class DecoderLM(nnx.Module):
         if not spec.tie_word_embeddings:
             self.lm_head = init_param(rngs, (spec.hidden_size, spec.vocab_size), dtype)
 
-    def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, ...]:
+    def __call__(self, kv_cache: jax.Array, inputs: StepInputs, lora: dict | None = None) -> tuple[jax.Array, ...]:
         """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row; with
-        `aux_hidden_layers` set, (kv_cache, logits, aux hidden states [T, K * hidden]) for every token."""
+        `aux_hidden_layers` set, (kv_cache, logits, aux hidden states [T, K * hidden]) for every token. `lora`:
+        target -> (a [L, N, in, R], b [L, N, R, out]) adapter slots, chosen per token by `inputs.lora_slots`."""
         spec = self.spec
-        kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs)
+        kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
         head = self.embed_tokens[...].T if spec.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(last, head, preferred_element_type=jnp.float32)
@@ -99,14 +102,18 @@ class DecoderLM(nnx.Module):
             return kv_cache, logits
         return kv_cache, logits, aux
 
-    def hidden_states(self, kv_cache: jax.Array,
-                      inputs: StepInputs) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    def hidden_states(self, kv_cache: jax.Array, inputs: StepInputs,
+                      lora: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """-> (updated kv_cache, the last layer's output [T, hidden], the aux hidden states [T, K * hidden] or
         None without `aux_hidden_layers`): the forward without the LM head (a draft model's catch-up writes its
         KV cache only)."""
         hidden = self.embed_tokens[...][inputs.input_ids]
         cos, sin = rotary_tables(self.spec, inputs.positions)
         ctx = LayerContext(cos, sin, inputs, self.kernels)
+        if lora:
+            num_slots = next(iter(lora.values()))[0].shape[1]
+            ctx = LayerContext(cos, sin, inputs, self.kernels, lora,
+                               jax.nn.one_hot(inputs.lora_slots, num_slots, dtype=jnp.float32))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
@@ -126,9 +133,9 @@ class DecoderLM(nnx.Module):
 
         def layer(carry, xs):
             hidden, kv_cache, aux = carry
-            w, layer_index, window = xs
+            w, layer_index, window, lora = xs
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
-            w = bundle_quantized(w, self.quantization)
+            w = bundle_lora(bundle_quantized(w, self.quantization), lora, ctx.lora_mask)
             aux = aux.record(layer_index, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
                                              layer_index, window)
@@ -136,7 +143,7 @@ class DecoderLM(nnx.Module):
 
         num_layers = self.spec.num_layers
         windows = jnp.asarray(np.array(self.spec.sliding_windows, dtype=np.int32))
-        xs = (stacked, jnp.arange(num_layers, dtype=jnp.int32), windows)
+        xs = (stacked, jnp.arange(num_layers, dtype=jnp.int32), windows, ctx.lora)
         (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
         return hidden, kv_cache, aux
 
@@ -145,6 +152,8 @@ class DecoderLM(nnx.Module):
         """The layers as a Python loop over per-layer arrays (--no-scan-layers)."""
         for i in range(self.spec.num_layers):
             w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
+            if ctx.lora:
+                w = bundle_lora(w, {name: (a[i], b[i]) for name, (a, b) in ctx.lora.items()}, ctx.lora_mask)
             aux = aux.record(i, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
                                              self.spec.sliding_windows[i])

@@ -191,10 +191,46 @@ def bundle_quantized(w: dict, quant: Quantization | None) -> dict:
     return out
 
 
-def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight,
+@dataclass(frozen=True)
+class LoRAWeight:
+    """A base linear weight plus one layer's stacked adapter slots: a [N, in, R], b [N, R, out] (N = max_loras + 1,
+    slot 0 zeros, scaling folded into b) and the step's one-hot slot of every token, [T, N].
+
+    The delta is computed for all slots at once and masked per token: (x @ a) is [T, N, R], the mask keeps each
+    token's own slot, and the [T, N * R] result meets b reshaped to [N * R, out] in one dot. That is two dense
+    dots of N * R columns, no [T, in, R] gather of per-token adapters (docs/architecture.md, "LoRA adapters")."""
+
+    base: jax.Array | LayerSwitch | QuantizedWeight
+    a: jax.Array
+    b: jax.Array
+    mask: jax.Array
+
+    def delta(self, x: jax.Array) -> jax.Array:
+        """[T, out] float32: each token's B(A(x)) under its own slot."""
+        xa = jnp.einsum("ti,nir->tnr", x, self.a.astype(x.dtype), preferred_element_type=jnp.float32)
+        xa = (xa * self.mask[:, :, None]).astype(self.b.dtype)
+        return jnp.einsum("tnr,nro->to", xa, self.b, preferred_element_type=jnp.float32)
+
+
+def bundle_lora(w: dict, lora: dict | None, mask: jax.Array | None) -> dict:
+    """One layer's weights with each adapted linear wrapped in a LoRAWeight (unchanged without `lora`).
+    `lora`: target name -> (a [N, in, R], b [N, R, out]) of this layer."""
+    if not lora:
+        return w
+    out = dict(w)
+    for name, (a, b) in lora.items():
+        out[name] = LoRAWeight(out[name], a, b, mask)
+    return out
+
+
+def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight | LoRAWeight,
            bias: jax.Array | None = None) -> jax.Array:
     """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype. A QuantizedWeight is
-    dequantized here: its output is scaled per channel (and per row for W8A8) before the bias."""
+    dequantized here: its output is scaled per channel (and per row for W8A8) before the bias. A LoRAWeight adds
+    its adapters' delta to the base output."""
+    if isinstance(weight, LoRAWeight):
+        y = linear(x, weight.base, bias).astype(jnp.float32) + weight.delta(x)
+        return y.astype(x.dtype)
     if isinstance(weight, QuantizedWeight):
         if weight.quantize_activations:
             xq, row_scale = quantize_rows(x)
@@ -253,12 +289,15 @@ class AttentionKernels:
 @dataclass(frozen=True)
 class LayerContext:
     """What every layer of one step reads besides its weights: the rotary tables, the step's batch and the
-    attention kernels."""
+    attention kernels; with LoRA, the stacked adapter slots (target -> (a [L, N, in, R], b [L, N, R, out])) and
+    each token's one-hot slot [T, N]."""
 
     cos: jax.Array
     sin: jax.Array
     inputs: StepInputs
     kernels: AttentionKernels
+    lora: dict | None = None
+    lora_mask: jax.Array | None = None
 
 
 def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_cache: jax.Array,
