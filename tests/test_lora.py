@@ -26,7 +26,7 @@ from vllm_jax import LLM, EngineArgs, LoRARequest, SamplingParams
 from vllm_jax.lora.adapter import TargetShapes, load_peft_adapter
 from vllm_jax.lora.config import LoRAConfig, parse_lora_modules
 from vllm_jax.lora.slots import LoRASlots
-from vllm_jax.model.layers import LoRAWeight, linear
+from vllm_jax.model.layers import LoRAMask, LoRAWeight, linear
 from vllm_jax.paged_kv.block_hash import extend_block_hashes
 from vllm_jax.worker.input_batch import InputBatch
 
@@ -208,10 +208,13 @@ def test_lora_delta_equals_per_token_adapter_product():
     b = rng.standard_normal((n, r, fout)).astype(np.float32)
     a[0], b[0] = 0, 0
     slots = rng.integers(0, n, t).astype(np.int32)
-    mask = jax.nn.one_hot(jnp.asarray(slots), n, dtype=jnp.float32)
-    got = np.asarray(linear(jnp.asarray(x), LoRAWeight(jnp.asarray(w), jnp.asarray(a), jnp.asarray(b), mask)))
-    want = x @ w + np.einsum("ti,tir,tro->to", x, a[slots], b[slots])
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    def run(slots):
+        weight = LoRAWeight(jnp.asarray(w), jnp.asarray(a), jnp.asarray(b), LoRAMask.of(jnp.asarray(slots), n))
+        return np.asarray(jax.jit(lambda x: linear(x, weight))(jnp.asarray(x)))
+
+    np.testing.assert_allclose(run(slots), x @ w + np.einsum("ti,tir,tro->to", x, a[slots], b[slots]),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run(np.zeros(t, np.int32)), x @ w, rtol=1e-4, atol=1e-4)  # no adapter: skipped
 
 
 def test_loader_folds_scaling_into_b(tmp_path):

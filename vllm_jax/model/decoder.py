@@ -21,9 +21,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_lora,
-                                   bundle_quantized, decoder_block, gated_mlp, init_param, is_unstacked,
-                                   layer_param_values, linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, LoRAMask, attention_params,
+                                   bundle_lora, bundle_quantized, decoder_block, gated_mlp, init_param,
+                                   is_unstacked, layer_param_values, linear_params, rms_norm, rotary_tables)
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
@@ -112,8 +112,7 @@ class DecoderLM(nnx.Module):
         ctx = LayerContext(cos, sin, inputs, self.kernels)
         if lora:
             num_slots = next(iter(lora.values()))[0].shape[1]
-            ctx = LayerContext(cos, sin, inputs, self.kernels, lora,
-                               jax.nn.one_hot(inputs.lora_slots, num_slots, dtype=jnp.float32))
+            ctx = LayerContext(cos, sin, inputs, self.kernels, lora, LoRAMask.of(inputs.lora_slots, num_slots))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
@@ -133,9 +132,9 @@ class DecoderLM(nnx.Module):
 
         def layer(carry, xs):
             hidden, kv_cache, aux = carry
-            w, layer_index, window, lora = xs
+            w, layer_index, window = xs
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
-            w = bundle_lora(bundle_quantized(w, self.quantization), lora, ctx.lora_mask)
+            w = bundle_lora(bundle_quantized(w, self.quantization), ctx.lora, ctx.lora_mask, layer_index)
             aux = aux.record(layer_index, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
                                              layer_index, window)
@@ -143,7 +142,7 @@ class DecoderLM(nnx.Module):
 
         num_layers = self.spec.num_layers
         windows = jnp.asarray(np.array(self.spec.sliding_windows, dtype=np.int32))
-        xs = (stacked, jnp.arange(num_layers, dtype=jnp.int32), windows, ctx.lora)
+        xs = (stacked, jnp.arange(num_layers, dtype=jnp.int32), windows)
         (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
         return hidden, kv_cache, aux
 
@@ -152,8 +151,7 @@ class DecoderLM(nnx.Module):
         """The layers as a Python loop over per-layer arrays (--no-scan-layers)."""
         for i in range(self.spec.num_layers):
             w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
-            if ctx.lora:
-                w = bundle_lora(w, {name: (a[i], b[i]) for name, (a, b) in ctx.lora.items()}, ctx.lora_mask)
+            w = bundle_lora(w, ctx.lora, ctx.lora_mask, i)
             aux = aux.record(i, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
                                              self.spec.sliding_windows[i])
