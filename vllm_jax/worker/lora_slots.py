@@ -39,7 +39,7 @@ def _base_axes(params: nnx.State, name: str) -> tuple:
     array = value[0] if isinstance(value, tuple) else value
     sharding = getattr(array, "sharding", None)
     spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
-    spec = (None,) * (array.ndim - len(spec)) + spec
+    spec = spec + (None,) * (array.ndim - len(spec))  # a PartitionSpec may leave out trailing dims
     return spec[-2], spec[-1]
 
 
