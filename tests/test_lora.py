@@ -7,6 +7,7 @@ compared with peft running that adapter alone. Two engines in all (warm-up domin
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import math
@@ -23,6 +24,7 @@ from safetensors.numpy import load_file, save_file
 
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, LoRARequest, SamplingParams
+from vllm_jax.cli import add_engine_args, engine_args_from_namespace
 from vllm_jax.lora.adapter import TargetShapes, load_peft_adapter
 from vllm_jax.lora.config import LoRAConfig, parse_lora_modules
 from vllm_jax.lora.slots import LoRASlots
@@ -275,6 +277,12 @@ def test_flags_and_modules():
         LoRAConfig.create(0, 16, None, None)
     with pytest.raises(ValueError, match="lora_modules needs enable_lora"):
         EngineArgs(model="x", lora_modules=["a=/x"])._lora_config(None)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    ns = parser.parse_args(["--enable-lora", "--max-loras", "4", "--lora-modules", "a=/x", "b=/y"])
+    args = engine_args_from_namespace(ns, "m")
+    assert (args.enable_lora, args.max_loras, args._lora_config(None).lora_modules) == (
+        True, 4, (LoRARequest("a", 1, "/x"), LoRARequest("b", 2, "/y")))
 
 
 def test_without_lora_the_step_carries_no_slot_array():

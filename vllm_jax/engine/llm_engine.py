@@ -100,6 +100,7 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling
         self._in_flight: _Dispatched | None = None  # async scheduling: the step whose result is not read yet
         self.last_step: StepRecord | None = None
+        self._lora_names: dict[int, str] = {}  # LoRA adapter id -> its name, as first seen
         self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
 
     @classmethod
@@ -144,7 +145,13 @@ class LLMEngine:
             raise ValueError(f"lora_request must be a LoRARequest; got {type(lora_request).__name__}")
         if self.runner.lora_cache is None:
             raise ValueError("lora_request given, but LoRA is not enabled: start the engine with enable_lora=True")
+        # An id names one adapter for the engine's life: slots and prefix-cache keys go by the id.
+        known = self._lora_names.get(lora_request.lora_int_id)
+        if known is not None and known != lora_request.lora_name:
+            raise ValueError(f"lora_int_id {lora_request.lora_int_id} is adapter {known!r}, not "
+                             f"{lora_request.lora_name!r}")
         self.runner.lora_cache.get(lora_request)
+        self._lora_names[lora_request.lora_int_id] = lora_request.lora_name
 
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
         """Abort requests (parent or child ids); returns the final output of each running request aborted by its
