@@ -108,7 +108,7 @@ class CompilationManager:
                     plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",
                                  functools.partial(self._sampler, num_seqs, params, k, logits_for)))
         if self.device.lora is not None:
-            plan.append(("lora slot write", self.device.lora.warmup))
+            plan.append(("lora slot write", self.device.precompile_lora_write))
         for num_tokens, num_seqs in self.chain_buckets:
             plan.append((f"draft chain T={num_tokens} S={num_seqs}",
                          functools.partial(self._draft_chain, num_tokens, num_seqs)))

@@ -177,6 +177,15 @@ class DeviceStep:
             args = (self.token_feedback, slots, token_ids)
             self._executables[key] = self.load_or_compile(key, self._record, args, args, 0)
 
+    def precompile_lora_write(self) -> None:
+        """LoRA's warm-up: the slot-write program (run once on zeros; an ahead-of-time compile only compiles it
+        for its target)."""
+        if self.lora.abstract:
+            args = self.lora.write_args()
+            self.load_or_compile(("lora_write",), self.lora.write_program, args, args, args[0])
+        else:
+            self.lora.warmup()
+
     @property
     def executables(self) -> list:
         """The compiled (or loaded) programs warm-up made ready."""

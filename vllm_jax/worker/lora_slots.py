@@ -13,6 +13,7 @@ splits a on in and replicates b, so x @ a and the product with b need no other c
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ def _base_axes(params: nnx.State, name: str) -> tuple:
     array = value[0] if isinstance(value, tuple) else value
     sharding = getattr(array, "sharding", None)
     spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
-    spec = spec + (None,) * (array.ndim - len(spec))  # a PartitionSpec may leave out trailing dims
+    spec = spec + (None,) * (len(array.shape) - len(spec))  # a PartitionSpec may leave out trailing dims
     return spec[-2], spec[-1]
 
 
@@ -97,6 +98,19 @@ class LoRASlotArrays:
         if not 0 < slot < self.num_slots:
             raise ValueError(f"LoRA slot {slot} is outside 1..{self.num_slots - 1}")
         self.arrays = self._write(self.arrays, np.int32(slot), self.host_values(adapter))
+
+    @property
+    def write_program(self) -> Any:
+        """The jitted write, for an ahead-of-time compile (`write_args` are its abstract arguments)."""
+        return self._write
+
+    def write_args(self) -> tuple:
+        values = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.host_values(None))
+        return self.arrays, jax.ShapeDtypeStruct((), jnp.int32), values
+
+    @property
+    def abstract(self) -> bool:
+        return isinstance(next(iter(self.arrays.values()))[0], jax.ShapeDtypeStruct)
 
     def warmup(self) -> None:
         """Compile the write program: zeros into slot 1 (empty then anyway)."""
