@@ -86,7 +86,7 @@ class ServingContext:
     lora_adapters: dict[str, LoRARequest] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        lora_config = getattr(self.engine.config, "lora_config", None)
+        lora_config = getattr(getattr(self.engine, "config", None), "lora_config", None)
         if lora_config is not None and not self.lora_adapters:
             self.lora_adapters = {r.lora_name: r for r in lora_config.lora_modules}
 
