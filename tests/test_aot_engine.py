@@ -175,3 +175,14 @@ def test_a_model_too_big_for_the_chip_is_refused_before_compiling(tmp_path):
     _need("v5e:1x1")
     result = check_target(EngineArgs(model=str(write_config(tmp_path)), max_model_len=8192), "v5e:1x1")
     assert result.refused and "--tensor-parallel-size" in result.refused and not result.programs
+
+
+def test_lora_programs_compile_ahead_of_time(tiny_dir, tmp_path):
+    """--enable-lora: the plan (forwards over abstract adapter slots, the slot-write program) compiles for the
+    target, and the KV cache still aliases in place."""
+    out = tmp_path / "lora.json"
+    code = main(["compile-check", str(tiny_dir / "config.json"), "--target", "cpu", "--json", str(out), *SMALL,
+                 "--enable-lora", "--max-loras", "2"])
+    [result] = json.loads(out.read_text())
+    assert code == 0 and result["ok"] and not result["failures"], result["failures"]
+    assert result["programs"][-1]["label"] == "lora slot write"

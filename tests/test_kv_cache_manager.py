@@ -186,6 +186,7 @@ class _BareRequest:
     request_id: str
     all_token_ids: list[int]
     cache_salt: str | None = None
+    lora_int_id: int = 0
     num_computed_tokens: int = 0
     skip_reading_prefix_cache: bool = False
     block_hashes: list = field(default_factory=list)

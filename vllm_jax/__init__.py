@@ -28,6 +28,7 @@ _LAZY = {
     "RequestOutput": "vllm_jax.outputs",
     "CompletionOutput": "vllm_jax.outputs",
     "Logprob": "vllm_jax.outputs",
+    "LoRARequest": "vllm_jax.lora.request",
 }
 
 __all__ = [*_LAZY, "__version__"]
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from vllm_jax.engine.async_llm import AsyncLLM
     from vllm_jax.engine.llm_engine import LLMEngine
     from vllm_jax.llm import LLM
+    from vllm_jax.lora.request import LoRARequest
     from vllm_jax.outputs import CompletionOutput, Logprob, RequestOutput
     from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 

@@ -81,6 +81,12 @@ ENGINE_FLAG_HELP = {
     "speculative_config": "speculative decoding as JSON, vLLM's keys, e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' "
                           "(default: off)",
+    "enable_lora": "serve LoRA adapters (PEFT format) next to the base model, many in one batch",
+    "max_loras": "LoRA adapters resident on the device at once (one batch mixes at most this many)",
+    "max_lora_rank": "largest LoRA rank an adapter may have (the device slots' rank)",
+    "max_cpu_loras": "loaded LoRA adapters kept in host memory, LRU (default: --max-loras)",
+    "lora_modules": "LoRA adapters served from the start: name=path ... or vLLM's JSON "
+                    "'{\"name\": ..., \"path\": ...}' (needs --enable-lora)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"],
                 "quantization": ["-q"]}
@@ -110,7 +116,9 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: frozenset[str] = froz
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
             continue
         kind = int if "int" in hint else float if "float" in hint else str
-        group.add_argument(*flags, type=kind, default=f.default, metavar=f.name.upper(), help=help_text)
+        nargs = "+" if f.name == "lora_modules" else None  # vLLM's `--lora-modules a=/x b=/y`
+        group.add_argument(*flags, type=kind, default=f.default, metavar=f.name.upper(), help=help_text,
+                           nargs=nargs)
 
 
 def engine_args_from_namespace(ns: argparse.Namespace, model: str | None) -> EngineArgs:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_jax.lora.config import LoRAConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
 from vllm_jax.utils import json_object_flag
@@ -153,6 +154,8 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     # method draft_model: the draft's own resolved config (the target's dtypes and context length).
     draft_model_config: ModelConfig | None = None
+    # --enable-lora and its flags (lora/config.py); None: LoRA off, and the programs carry nothing of it.
+    lora_config: LoRAConfig | None = None
 
     @property
     def resolved_attention_backend(self) -> str:
@@ -218,6 +221,13 @@ class EngineArgs:
     async_scheduling: bool | None = None
     # JSON text (the CLI) or a dict: vLLM's speculative_config keys (spec_decode/config.py).
     speculative_config: str | dict | None = None
+    # vLLM's multi-LoRA flags (docs/architecture.md, "LoRA adapters"): adapters resident on the device at once,
+    # the slots' rank, adapters kept loaded in host memory (default: max_loras), adapters known by name at start.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_modules: str | list | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -259,7 +269,17 @@ class EngineArgs:
                               if self.async_scheduling is None else self.async_scheduling),
             speculative_config=speculative,
             draft_model_config=self._draft_model_config(speculative, model_config),
+            lora_config=self._lora_config(speculative),
         )
+
+    def _lora_config(self, speculative: SpeculativeConfig | None) -> LoRAConfig | None:
+        if not self.enable_lora:
+            if self.lora_modules:
+                raise ValueError("lora_modules needs enable_lora")
+            return None
+        if speculative is not None:
+            raise ValueError("enable_lora cannot be combined with speculative_config yet")
+        return LoRAConfig.create(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_modules)
 
     def _speculative_config(self, sched: SchedulerConfig, platform: str) -> SpeculativeConfig | None:
         """speculative_config, checked against the batch limits, with the platform's disable_by_batch_size unless

@@ -11,6 +11,7 @@ from tqdm import tqdm
 from vllm_jax.config import engine_args_from_kwargs
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
 from vllm_jax.logger import configure_logging
+from vllm_jax.lora.request import LoRARequest
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 
@@ -27,16 +28,19 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; results come back in input order."""
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; results come back in input order. `lora_request`: one adapter for
+        every prompt, or one (or None) per prompt (needs enable_lora=True)."""
         prompt_list = _as_prompt_list(prompts)
         params = _per_prompt(sampling_params, len(prompt_list))
-        return self._run(prompt_list, params, use_tqdm)
+        return self._run(prompt_list, params, use_tqdm, _per_prompt_lora(lora_request, len(prompt_list)))
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+             continue_final_message: bool = False,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
@@ -48,20 +52,22 @@ class LLM:
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
-    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
+             loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         engine = self.llm_engine
         ids = []
+        loras = loras or [None] * len(prompts)
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, lora in zip(prompts, params, loras):
                 p = p.clone()
                 p.output_kind = RequestOutputKind.FINAL_ONLY
                 rid = str(next(self._counter))
-                engine.add_request(rid, prompt, p)
+                engine.add_request(rid, prompt, p, lora_request=lora)
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
             with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
@@ -83,6 +89,16 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # a single prompt given as token ids
     return prompts
+
+
+def _per_prompt_lora(lora: LoRARequest | Sequence[LoRARequest | None] | None,
+                     n: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    loras = list(lora)
+    if len(loras) != n:
+        raise ValueError(f"got {len(loras)} lora requests for {n} prompts")
+    return loras
 
 
 def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:

@@ -166,7 +166,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
 
 
 def compile_plan(engine: AbstractEngine, target: Target, num_blocks: int, buckets: list | None = None, *,
-                 kinds: tuple[str, ...] = ("forward", "sampler", "token", "draft"),
+                 kinds: tuple[str, ...] = ("forward", "sampler", "token", "draft", "lora"),
                  recorder: _Recorder | None = None,
                  compiler_options: dict[str, Any] | None = None) -> list[ProgramResult]:
     """Compile warm-up's plan (its `kinds` of programs; `buckets`: AbstractEngine.compilation's) for `target`

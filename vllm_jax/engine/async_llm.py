@@ -31,6 +31,7 @@ from vllm_jax.structured_output import GrammarCompiler
 from vllm_jax.engine.output_processor import child_request_ids
 from vllm_jax.engine.request_registry import RequestRegistry
 from vllm_jax.engine.request_stream import RequestStream
+from vllm_jax.lora.request import LoRARequest
 from vllm_jax.metrics.stat_logger import StatLogger
 from vllm_jax.metrics.stats import EngineStats, RequestTimer
 from vllm_jax.outputs import RequestOutput
@@ -175,7 +176,8 @@ class AsyncLLM:
     # ---- requests ---------------------------------------------------------------------------------------------
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,
-                       priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, cache_salt: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs per `sampling_params.output_kind`.
 
         Rejections (ValueError for bad input, QueueFullError, EngineDeadError) come from the first iteration,
@@ -185,7 +187,7 @@ class AsyncLLM:
         if constraint is not None and not constraint.is_compiled and compiler is not None:
             # Compile (or find in the cache) off the engine thread, so a slow schema stalls no one else's step.
             await asyncio.to_thread(compiler.compile, constraint)
-        stream = self._submit(prompt, sampling_params, request_id, priority, cache_salt)
+        stream = self._submit(prompt, sampling_params, request_id, priority, cache_salt, lora_request)
         done = False
         try:
             while True:
@@ -206,7 +208,7 @@ class AsyncLLM:
         self._registry.abort(request_id)
 
     def _submit(self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int,
-                cache_salt: str | None) -> RequestStream:
+                cache_salt: str | None, lora_request: LoRARequest | None = None) -> RequestStream:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(request_id, str) or not request_id:
@@ -216,6 +218,7 @@ class AsyncLLM:
         ids = [request_id] + (child_request_ids(request_id, params.n) if params.n > 1 else [])
         stream = RequestStream(request_id=request_id, ids=ids, prompt=prompt, params=params, priority=priority,
                                cache_salt=cache_salt, arrival_wall=time.time(), loop=asyncio.get_running_loop(),
-                               queue=asyncio.Queue(), timer=RequestTimer(time.monotonic(), params.n))
+                               queue=asyncio.Queue(), timer=RequestTimer(time.monotonic(), params.n),
+                               lora_request=lora_request)
         self._registry.add(stream)
         return stream

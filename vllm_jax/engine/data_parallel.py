@@ -91,14 +91,15 @@ class DataParallelAsyncLLM:
         return combine_engine_stats([r.get_stats() for r in self.replicas])
 
     async def generate(self, prompt, sampling_params: SamplingParams, request_id: str, *, priority: int = 0,
-                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, lora_request=None) -> AsyncIterator[RequestOutput]:
         rank = min(range(len(self.replicas)), key=lambda i: (self._in_flight[i], i))
         self._in_flight[rank] += 1
         self._served[rank] += 1
         self._owner[request_id] = rank
         try:
             async for output in self.replicas[rank].generate(prompt, sampling_params, request_id,
-                                                             priority=priority, cache_salt=cache_salt):
+                                                             priority=priority, cache_salt=cache_salt,
+                                                             lora_request=lora_request):
                 yield output
         finally:
             self._in_flight[rank] -= 1

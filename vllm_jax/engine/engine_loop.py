@@ -121,7 +121,8 @@ class EngineLoop:
         rid = stream.request_id
         try:
             engine.add_request(rid, stream.prompt, stream.params, arrival_time=stream.arrival_wall,
-                               priority=stream.priority, cache_salt=stream.cache_salt)
+                               priority=stream.priority, cache_salt=stream.cache_salt,
+                               lora_request=stream.lora_request)
         except BaseException as exc:  # noqa: BLE001 - narrowed right below
             if not _fails_only_this_request(exc):
                 raise

@@ -20,6 +20,8 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
+from vllm_jax.lora.request import LoRARequest
+from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.worker.model_runner import InFlightStep, ModelRunner
 from vllm_jax.model_loader.tokenizer import generation_eos_token_ids, load_tokenizer
 from vllm_jax.outputs import RequestOutput
@@ -80,7 +82,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, config.cache_config.block_size,
                                    num_spec_tokens=speculative.num_speculative_tokens if speculative else 0,
                                    spec_disable_batch_size=speculative.disable_by_batch_size if speculative else None,
-                                   num_lookahead_tokens=self.runner.num_lookahead_tokens)
+                                   num_lookahead_tokens=self.runner.num_lookahead_tokens,
+                                   lora_slots=LoRASlots(config.lora_config.max_loras) if config.lora_config else None)
         self.output_processor = OutputProcessor(self.tokenizer)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = eos if eos is not None else getattr(mc.hf_config, "eos_token_id", None)
@@ -97,6 +100,7 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling
         self._in_flight: _Dispatched | None = None  # async scheduling: the step whose result is not read yet
         self.last_step: StepRecord | None = None
+        self._lora_names: dict[int, str] = {}  # LoRA adapter id -> its name, as first seen
         self.warmup_seconds = self.runner.warmup(show_progress) if warmup else 0.0
 
     @classmethod
@@ -106,10 +110,12 @@ class LLMEngine:
 
     # --- requests ---
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None) -> None:
+                    arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         params = params.clone() if params is not None else SamplingParams()
         text, token_ids = self._tokenize_prompt(prompt)
         self._check_params(params)
+        self._check_lora(lora_request)
         arrival = time.time() if arrival_time is None else arrival_time
         n = params.n
         child_ids = child_request_ids(request_id, n) if n > 1 else [request_id]
@@ -117,7 +123,7 @@ class LLMEngine:
         requests = [Request(request_id=cid, prompt_token_ids=token_ids, sampling_params=params,
                             eos_token_id=self.eos_token_id, arrival_time=arrival, seed=base_seed + i,
                             priority=priority, cache_salt=cache_salt, grammar=self._new_grammar(params, token_ids),
-                            needs_host_tokens=params.reads_output_tokens)
+                            needs_host_tokens=params.reads_output_tokens, lora_request=lora_request)
                     for i, cid in enumerate(child_ids)]
         added: list[str] = []
         try:
@@ -129,6 +135,23 @@ class LLMEngine:
         except Exception:  # a refused request leaves nothing behind
             self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
             raise
+
+    def _check_lora(self, lora_request: LoRARequest | None) -> None:
+        """A request's adapter is read and checked at arrival (into the host cache), so a bad one is refused
+        here (ValueError) and never reaches a device slot."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest; got {type(lora_request).__name__}")
+        if self.runner.lora_cache is None:
+            raise ValueError("lora_request given, but LoRA is not enabled: start the engine with enable_lora=True")
+        # An id names one adapter for the engine's life: slots and prefix-cache keys go by the id.
+        known = self._lora_names.get(lora_request.lora_int_id)
+        if known is not None and known != lora_request.lora_name:
+            raise ValueError(f"lora_int_id {lora_request.lora_int_id} is adapter {known!r}, not "
+                             f"{lora_request.lora_name!r}")
+        self.runner.lora_cache.get(lora_request)
+        self._lora_names[lora_request.lora_int_id] = lora_request.lora_name
 
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
         """Abort requests (parent or child ids); returns the final output of each running request aborted by its

@@ -12,6 +12,7 @@ from typing import Literal
 
 from vllm_jax.engine.llm_engine import PromptType
 from vllm_jax.metrics.stats import RequestTimer
+from vllm_jax.lora.request import LoRARequest
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
 
@@ -28,6 +29,7 @@ class RequestStream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     timer: RequestTimer  # engine thread only
+    lora_request: LoRARequest | None = None
     # Guarded by the RequestRegistry's lock:
     waiting: bool = True  # counted as waiting (not scheduled yet) for max_num_queued_requests
     ended: bool = False  # ids released; the consumer gets nothing more than what is already posted

@@ -22,9 +22,10 @@ from jax.sharding import Mesh
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, attention_params, bundle_quantized,
-                                   decoder_block, gated_mlp, gguf_dot, gguf_dot_rows, grouped_params, init_param,
-                                   is_unstacked, layer_param_values, linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, LoRAMask, attention_params,
+                                   bundle_lora, bundle_quantized, decoder_block, gated_mlp, gguf_dot, gguf_dot_rows,
+                                   grouped_params, init_param, is_unstacked, layer_param_values, linear_params,
+                                   rms_norm, rotary_tables)
 from vllm_jax.model.quantization import SCALE_SUFFIX, KeptFormats, Quantization, scale_name
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
@@ -33,11 +34,13 @@ from vllm_jax.pallas_kernels import resolve_backend
 HEAD_CHUNK_ROWS = 1024  # CPU: a kept tied LM head's vocab rows per chunk (layers.gguf_dot_rows)
 
 
-def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array,
-            inputs: StepInputs) -> tuple[jax.Array, ...]:
+def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
+            lora: dict | None = None) -> tuple[jax.Array, ...]:
     """Any model here as a pure function of its split state: -> (updated kv_cache, float32 logits [S, vocab]),
-    plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set."""
-    return nnx.merge(graphdef, state)(kv_cache, inputs)
+    plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set. `lora`: the
+    stacked adapter slots (worker/lora_slots.py), read through `inputs.lora_slots`; None: no LoRA."""
+    model = nnx.merge(graphdef, state)
+    return model(kv_cache, inputs) if lora is None else model(kv_cache, inputs, lora=lora)
 
 
 class DecoderLayers(nnx.Module):
@@ -103,25 +106,29 @@ class DecoderLM(nnx.Module):
                                              head_quant).items():
                 setattr(self, name, param)
 
-    def __call__(self, kv_cache: jax.Array, inputs: StepInputs) -> tuple[jax.Array, ...]:
+    def __call__(self, kv_cache: jax.Array, inputs: StepInputs, lora: dict | None = None) -> tuple[jax.Array, ...]:
         """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row; with
-        `aux_hidden_layers` set, (kv_cache, logits, aux hidden states [T, K * hidden]) for every token."""
+        `aux_hidden_layers` set, (kv_cache, logits, aux hidden states [T, K * hidden]) for every token. `lora`:
+        target -> (a [L, N, in, R], b [L, N, R, out]) adapter slots, chosen per token by `inputs.lora_slots`."""
         spec = self.spec
-        kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs)
+        kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
         logits = self._lm_head(last)
         if aux is None:
             return kv_cache, logits
         return kv_cache, logits, aux
 
-    def hidden_states(self, kv_cache: jax.Array,
-                      inputs: StepInputs) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    def hidden_states(self, kv_cache: jax.Array, inputs: StepInputs,
+                      lora: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """-> (updated kv_cache, the last layer's output [T, hidden], the aux hidden states [T, K * hidden] or
         None without `aux_hidden_layers`): the forward without the LM head (a draft model's catch-up writes its
         KV cache only)."""
         hidden = self._embed(inputs.input_ids)
         cos, sin = rotary_tables(self.spec, inputs.positions)
         ctx = LayerContext(cos, sin, inputs, self.kernels)
+        if lora:
+            num_slots = next(iter(lora.values()))[0].shape[1]
+            ctx = LayerContext(cos, sin, inputs, self.kernels, lora, LoRAMask.of(inputs.lora_slots, num_slots))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
@@ -179,7 +186,7 @@ class DecoderLM(nnx.Module):
             hidden, kv_cache, aux = carry
             w, layer_index, window = xs
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
-            w = bundle_quantized(w, self.quantization)
+            w = bundle_lora(bundle_quantized(w, self.quantization), ctx.lora, ctx.lora_mask, layer_index)
             aux = aux.record(layer_index, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
                                              layer_index, window)
@@ -196,6 +203,7 @@ class DecoderLM(nnx.Module):
         """The layers as a Python loop over per-layer arrays (--no-scan-layers)."""
         for i in range(self.spec.num_layers):
             w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
+            w = bundle_lora(w, ctx.lora, ctx.lora_mask, i)
             aux = aux.record(i, hidden)
             hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
                                              self.spec.sliding_windows[i])

@@ -21,3 +21,6 @@ class StepInputs:
     query_start_loc: jax.Array  # [S + 1] int32
     num_seqs: jax.Array  # [1] int32
     logits_indices: jax.Array  # [S] int32
+    # LoRA (docs/architecture.md, "LoRA adapters"): [T] int32, each token's adapter slot (0: none; padding 0).
+    # None when the engine has no LoRA: the programs then carry nothing of it.
+    lora_slots: jax.Array | None = None

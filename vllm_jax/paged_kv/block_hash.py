@@ -1,8 +1,8 @@
 """Chained hashes of full KV blocks: the keys of the prefix cache.
 
 A block's hash covers its parent's hash, its own token ids and extra keys, so equal hashes mean equal
-whole prefixes, not just equal blocks. `cache_salt` is an extra key of the FIRST block only; the chain
-carries it into every later block, so two salts never share a cached block.
+whole prefixes, not just equal blocks. `cache_salt` and the LoRA adapter id are extra keys of the FIRST block
+only; the chain carries them into every later block, so two salts (or adapters) never share a cached block.
 
 Hashes are SHA-256 digests (bytes) over an explicit encoding: stable across processes and Python's
 hash randomization, and without pickle.
@@ -44,15 +44,17 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int],
     return h.digest()
 
 
-def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple[ExtraKey, ...]:
-    """Extra keys of block `block_index`: the salt on block 0 only (the chain carries it onward)."""
-    if block_index == 0 and cache_salt is not None:
-        return (cache_salt,)
-    return ()
+def block_extra_keys(block_index: int, cache_salt: str | None, lora_int_id: int = 0) -> tuple[ExtraKey, ...]:
+    """Extra keys of block `block_index`: the salt and the LoRA adapter's id (a str and an int: they never
+    collide) on block 0 only; the chain carries them onward, so no block is shared across salts or adapters."""
+    if block_index != 0:
+        return ()
+    keys: tuple[ExtraKey, ...] = () if cache_salt is None else (cache_salt,)
+    return keys + ((lora_int_id,) if lora_int_id else ())
 
 
 def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-                        cache_salt: str | None = None) -> list[BlockHash]:
+                        cache_salt: str | None = None, lora_int_id: int = 0) -> list[BlockHash]:
     """Append to `block_hashes` (in place) the hashes of the full blocks of `token_ids` not hashed yet.
 
     Tokens are append-only, so hashes computed earlier stay valid; only new full blocks cost work.
@@ -62,5 +64,5 @@ def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int],
     for i in range(len(block_hashes), num_full):
         parent = block_hashes[i - 1] if i > 0 else None
         block = token_ids[i * block_size:(i + 1) * block_size]
-        block_hashes.append(hash_block_tokens(parent, block, block_extra_keys(i, cache_salt)))
+        block_hashes.append(hash_block_tokens(parent, block, block_extra_keys(i, cache_salt, lora_int_id)))
     return block_hashes

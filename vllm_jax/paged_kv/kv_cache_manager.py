@@ -24,6 +24,7 @@ class CacheRequest(Protocol):
 
     request_id: str
     cache_salt: str | None
+    lora_int_id: int  # the LoRA adapter's id, 0 for none: a prefix-cache key like the salt
     num_computed_tokens: int
     block_hashes: list[BlockHash]  # extended in place as full blocks appear
 
@@ -71,7 +72,7 @@ class KVCacheManager:
     def block_hashes(self, request: CacheRequest) -> list[BlockHash]:
         """The request's full-block hashes, extended to its current tokens."""
         return extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
-                                   request.cache_salt)
+                                   request.cache_salt, request.lora_int_id)
 
     def get_computed_blocks(self, request: CacheRequest) -> tuple[list[KVBlock], int]:
         """Longest chain of cached full blocks at the start of the request, and the tokens they hold.

@@ -29,6 +29,7 @@ class NewRequestData:
     num_computed_tokens: int  # prefix-cache hit (tokens whose KV is already in `block_ids`)
     sampling_params: SamplingParams
     seed: int  # the request's sampling seed (random at arrival when the user gave none)
+    lora_slot: int = 0  # the device LoRA slot its tokens read (0: no adapter)
 
 
 @dataclass
@@ -59,6 +60,8 @@ class SchedulerOutput:
     # Speculative decoding: req_id -> the proposed tokens this step verifies (the last ones of its scheduled
     # tokens; requests without proposals are absent)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # LoRA: slot -> the adapter to write there before this step runs (newly resident adapters only)
+    lora_loads: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass

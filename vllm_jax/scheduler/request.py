@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vllm_jax.lora.request import LoRARequest
 from vllm_jax.paged_kv.block_hash import BlockHash
 from vllm_jax.sampling_params import SamplingParams
 
@@ -63,6 +64,10 @@ class Request:
     # Its next step's inputs need its latest token on the host (a grammar's bitmask, penalties' counts, bad words,
     # min_tokens), so the scheduler never schedules it while a token of it is still being sampled.
     needs_host_tokens: bool = False
+    # The LoRA adapter it runs with (None: the base model); `lora_slot` is the device slot the scheduler pinned
+    # for it while it runs (0: none).
+    lora_request: LoRARequest | None = None
+    lora_slot: int = field(default=0, init=False)
 
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
@@ -88,6 +93,11 @@ class Request:
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self._all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 without one (a prefix-cache key: docs/architecture.md, "LoRA adapters")."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -24,6 +24,11 @@ its next token; they count against the token budget, and each verified position 
 rows (requests plus proposals) stay within max_num_seqs. Proposals are dropped before anybody is preempted for
 them, and update_from_output rolls `num_computed_tokens` back past the rejected ones (docs/architecture.md,
 "Speculative decoding").
+
+LoRA (vLLM's): admitting a request with an adapter pins the adapter's device slot (`LoRASlots`, LRU over the
+unpinned slots); a request whose adapter is not resident while every slot is pinned by running requests of other
+adapters stays waiting, and admission goes on with the requests behind it. Slots are released when a request
+finishes or is preempted (docs/architecture.md, "LoRA adapters").
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from vllm_jax.config import SchedulerConfig
+from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
 from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                        SchedulerOutput, SpecDecodeCounts)
@@ -49,7 +55,7 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_manager: KVCacheManager, block_size: int,
                  num_spec_tokens: int = 0, spec_disable_batch_size: int | None = None,
-                 num_lookahead_tokens: int = 0) -> None:
+                 num_lookahead_tokens: int = 0, lora_slots: LoRASlots | None = None) -> None:
         """`num_spec_tokens`: speculative decoding's k (0: off); `spec_disable_batch_size`: no proposals are
         scheduled while more requests than this run; `num_lookahead_tokens`: slots a request gets beyond each
         step's tokens when they are free (a draft model's proposals write KV there; never a preemption)."""
@@ -67,6 +73,7 @@ class Scheduler:
         self.spec_disable_batch_size = spec_disable_batch_size
         self.num_lookahead_tokens = num_lookahead_tokens
         self.spec_decode_counts = SpecDecodeCounts(num_accepted_tokens_per_pos=[0] * num_spec_tokens)
+        self.lora_slots = lora_slots  # LoRA's device slots (None: LoRA off)
 
     # ---- admission and bookkeeping ------------------------------------------------------------------
 
@@ -90,6 +97,8 @@ class Scheduler:
         if not self.config.enable_chunked_prefill and prompt_len > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt has {prompt_len} tokens, more than max_num_batched_tokens "
                              f"({self.config.max_num_batched_tokens}), and chunked prefill is disabled")
+        if request.lora_request is not None and self.lora_slots is None:
+            raise ValueError("the request has a lora_request, but LoRA is not enabled (enable_lora)")
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -123,6 +132,7 @@ class Scheduler:
         self.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
 
     def _free_request(self, request: Request) -> None:
+        self._release_lora(request)
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
@@ -251,10 +261,17 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         """Admit waiting requests in policy order while the budget, max_num_seqs and the KV cache allow; the
-        first that cannot be admitted ends admission (nobody skips the queue)."""
-        while (self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs
+        first that cannot be admitted ends admission (nobody skips the queue), except a request whose LoRA
+        adapter has no slot: it waits, and those behind it go on."""
+        blocked: set[str] = set()  # waiting for a LoRA slot this step
+        while (len(self.waiting) > len(blocked) and plan.budget > 0 and len(self.running) < self.config.max_num_seqs
                and plan.num_logit_rows < self.config.max_num_seqs):
-            if not self._admit(self._peek_waiting(), plan):
+            request = self._peek_waiting(blocked)
+            lora = request.lora_request
+            if lora is not None and not self.lora_slots.can_acquire(lora):
+                blocked.add(request.request_id)
+                continue
+            if not self._admit(request, plan):
                 return
 
     def _admit(self, request: Request, plan: StepPlan) -> bool:
@@ -266,6 +283,10 @@ class Scheduler:
         if self._allocate(request, num_new, num_hit, hit_blocks) is None:
             return False
         self.waiting.remove(request)
+        if request.lora_request is not None:
+            request.lora_slot, load = self.lora_slots.acquire(request.lora_request)
+            if load:
+                plan.lora_loads[request.lora_slot] = request.lora_request
         if request.status == RequestStatus.PREEMPTED:
             request.num_output_tokens_at_resume = request.num_output_tokens
         self.running.append(request)
@@ -292,7 +313,8 @@ class Scheduler:
             scheduled_new_reqs=[NewRequestData(
                 req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
-                num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed)
+                num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
+                lora_slot=r.lora_slot)
                 for r in plan.new],
             scheduled_cached_reqs=[CachedRequestData(
                 req_id=r.request_id, new_block_ids=plan.new_block_ids[r.request_id],
@@ -302,6 +324,7 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in plan.preempted},
             scheduled_spec_decode_tokens=plan.spec_tokens,
+            lora_loads=plan.lora_loads,
         )
 
     def _pick_victim(self) -> Request:
@@ -312,16 +335,25 @@ class Scheduler:
             return max(candidates, key=_priority_key)
         return candidates[-1]
 
-    def _peek_waiting(self) -> Request:
+    def _peek_waiting(self, skip: set[str] | frozenset[str] = frozenset()) -> Request:
+        """The next waiting request in policy order, passing over the ids in `skip`."""
+        candidates = (r for r in self.waiting if r.request_id not in skip)
         if self.config.policy == "priority":
-            return min(self.waiting, key=_priority_key)
-        return self.waiting[0]
+            return min(candidates, key=_priority_key)
+        return next(candidates)
+
+    def _release_lora(self, request: Request) -> None:
+        """Unpin the request's LoRA slot (it finished or was preempted); the adapter stays resident."""
+        if request.lora_slot:
+            self.lora_slots.release(request.lora_request)
+            request.lora_slot = 0
 
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: free everything, restart from token 0 (prefix cache may help)."""
         if request.awaiting_progress:
             self.num_preemptions_without_progress += 1
         self.kv_cache_manager.free(request)  # before resetting num_computed_tokens (see free())
+        self._release_lora(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []

@@ -20,6 +20,7 @@ class StepPlan:
     preempted: list[Request] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the proposals each request verifies
     num_logit_rows: int = 0  # one per scheduled request, plus one per proposal
+    lora_loads: dict = field(default_factory=dict)  # LoRA slot -> the adapter newly made resident there
 
     def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int],
                     spec_tokens: list[int] | None = None) -> None:

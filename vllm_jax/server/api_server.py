@@ -21,6 +21,7 @@ import vllm_jax
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.server.errors import APIError, error_response, install_error_handlers
+from vllm_jax.server.lora_routes import add_lora_routes
 from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKeyMiddleware, BodyLimitMiddleware
 from vllm_jax.server.chat_messages import chat_conversation
 from vllm_jax.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -66,6 +67,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     _add_generation_routes(app, ctx)
     _add_info_routes(app, ctx, prometheus=metrics)
+    add_lora_routes(app, ctx)
     if enable_tokenizer_info:
         _add_tokenizer_info_route(app, ctx)
     return app
@@ -117,12 +119,16 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 def _add_info_routes(app: FastAPI, ctx: ServingContext, prometheus: PrometheusStatLogger | None) -> None:
     def card(name: str) -> ModelCard:
+        lora = ctx.lora_request(name) if name not in ctx.served_model_names else None
+        if lora is not None:  # an adapter: its base model is its parent (vLLM's card)
+            return ModelCard(id=name, root=lora.lora_path, parent=ctx.served_model_names[0],
+                             max_model_len=ctx.max_model_len)
         return ModelCard(id=name, root=ctx.engine.config.model_config.model, max_model_len=ctx.max_model_len)
 
     @app.get("/v1/models", responses=_ERRORS)
     async def list_models() -> ModelList:
-        """The served model names (all of them name the same engine)."""
-        return ModelList(data=[card(name) for name in ctx.served_model_names])
+        """The served model names (all of them name the same engine), then the LoRA adapters."""
+        return ModelList(data=[card(name) for name in [*ctx.served_model_names, *ctx.lora_adapters]])
 
     @app.get("/v1/models/{model_id:path}", responses=_ERRORS)
     async def retrieve_model(model_id: str) -> ModelCard:

@@ -80,9 +80,11 @@ class RequestStreams:
     """The engine requests of one HTTP request; iterate for `(prompt_index, RequestOutput)` pairs."""
 
     def __init__(self, engine: AsyncLLM, prompts: list[list[int]], params: list[SamplingParams],
-                 request_ids: list[str], *, priority: int = 0, cache_salt: str | None = None):
+                 request_ids: list[str], *, priority: int = 0, cache_salt: str | None = None,
+                 lora_request: Any = None):
         self.engine, self.request_ids = engine, request_ids
-        self._gens = [engine.generate(ids, p, rid, priority=priority, cache_salt=cache_salt)
+        self._gens = [engine.generate(ids, p, rid, priority=priority, cache_salt=cache_salt,
+                                      lora_request=lora_request)
                       for ids, p, rid in zip(prompts, params, request_ids)]
         self._finished = [False] * len(self._gens)
         self._first: list[Any] = []

@@ -9,12 +9,13 @@ megabytes-long prompt does not stall the event loop (and with it every other req
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from vllm_jax.lora.request import LoRARequest
 from vllm_jax.reasoning import ThinkTagParser
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.errors import APIError, bad_request, model_not_found, unavailable
@@ -81,18 +82,30 @@ class ServingContext:
     log_requests: bool = False
     tool_parser: ToolParser | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
     reasoning_parser: ThinkTagParser | None = None  # --reasoning-parser NAME
+    # LoRA adapters served by name (--lora-modules, and /v1/load_lora_adapter): a request's `model` may name one
+    lora_adapters: dict[str, LoRARequest] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        lora_config = getattr(getattr(self.engine, "config", None), "lora_config", None)
+        if lora_config is not None and not self.lora_adapters:
+            self.lora_adapters = {r.lora_name: r for r in lora_config.lora_modules}
 
     @property
     def max_model_len(self) -> int:
         return self.engine.config.model_config.max_model_len
 
     def model_name(self, requested: str | None) -> str:
-        """The name to answer with; 404 for a model this server does not serve."""
+        """The name to answer with; 404 for a model this server does not serve (neither the base model's names
+        nor an adapter's)."""
         if requested is None or requested == "":
             return self.served_model_names[0]
-        if requested not in self.served_model_names:
+        if requested not in self.served_model_names and requested not in self.lora_adapters:
             raise model_not_found(requested)
         return requested
+
+    def lora_request(self, requested: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names, None for the base model."""
+        return self.lora_adapters.get(requested) if requested else None
 
     def admit(self, body: Any) -> str:
         """The checks every generation route starts with: a served model name, a ready engine, only options we

@@ -51,7 +51,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     ctx.log_request(request_id, conversation, params)
     streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
-                             cache_salt=body.cache_salt)
+                             cache_salt=body.cache_salt, lora_request=ctx.lora_request(body.model))
     if body.stream:
         await start_or_abort(streams, raw)
         return SSEResponse(_stream(ctx, body, rules, streams, request_id, model), on_close=streams.close)

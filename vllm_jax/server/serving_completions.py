@@ -57,7 +57,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     echoes = [(t if t is not None else ctx.detokenize(ids)) if body.echo else "" for t, ids in zip(texts, token_ids)]
 
     streams = RequestStreams(ctx.engine, token_ids, params, engine_ids, priority=body.priority,
-                             cache_salt=body.cache_salt)
+                             cache_salt=body.cache_salt, lora_request=ctx.lora_request(body.model))
     if body.stream:
         await start_or_abort(streams, raw)
         return SSEResponse(_stream(ctx, body, streams, request_id, model, echoes), on_close=streams.close)

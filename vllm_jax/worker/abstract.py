@@ -36,6 +36,7 @@ from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
 from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
+from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
 from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block, cache_shape, min_kv_blocks
 from vllm_jax.worker.speculators import SpeculatorModel
 
@@ -133,9 +134,12 @@ class AbstractEngine:
         step = device_step(self.graphdef, self.params, self.kv_cache(num_blocks), self.mesh, mc.max_logprobs,
                            on_trace=counter, num_slots=self.config.scheduler_config.max_num_seqs,
                            returns_aux=self.speculator is not None and isinstance(self.speculator.spec, Eagle3Spec))
+        if self.config.lora_config is not None:  # the stacked slots, abstract like the params
+            step.lora = LoRASlotArrays(self.config.lora_config, target_shapes(self.spec), mc.dtype, self.mesh,
+                                       self.params, counter, abstract=True)
         shapes = StepShapes(buckets or self.buckets(), self.config.cache_config.block_size, self.max_blocks_per_seq,
                             self.spec.vocab_size, mc.max_logprobs, self.config.async_scheduling,
-                            self.config.speculative_config is not None)
+                            self.config.speculative_config is not None, lora=self.config.lora_config is not None)
         programs, chains = None, None
         if self.speculator is not None:
             layout = self.speculator.cache_layout(self.config, self.mesh)

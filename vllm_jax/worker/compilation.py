@@ -59,6 +59,7 @@ class StepShapes:
     max_logprobs: int
     token_feedback: bool = False  # async scheduling: the device feeds its samples to the next step
     speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
+    lora: bool = False  # LoRA: the forward reads each token's adapter slot (StepInputs.lora_slots)
 
 
 class CompilationManager:
@@ -106,6 +107,8 @@ class CompilationManager:
                 for k in (NO_LOGPROBS, self.shapes.max_logprobs):
                     plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",
                                  functools.partial(self._sampler, num_seqs, params, k, logits_for)))
+        if self.device.lora is not None:
+            plan.append(("lora slot write", self.device.precompile_lora_write))
         for num_tokens, num_seqs in self.chain_buckets:
             plan.append((f"draft chain T={num_tokens} S={num_seqs}",
                          functools.partial(self._draft_chain, num_tokens, num_seqs)))
@@ -113,8 +116,11 @@ class CompilationManager:
 
     def _empty_inputs(self, num_tokens: int, num_seqs: int):
         s = self.shapes
-        return pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
-                                num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+        inputs = pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
+                                  num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+        if s.lora:
+            inputs.lora_slots = np.zeros(num_tokens, np.int32)
+        return inputs
 
     def _draft_catch_up(self, num_tokens: int, num_seqs: int) -> None:
         self.drafter.precompile_catch_up(self._empty_inputs(num_tokens, num_seqs))

@@ -28,6 +28,7 @@ from vllm_jax.model.decoder import forward
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
+from vllm_jax.worker.lora_slots import LoRASlotArrays
 from vllm_jax.worker.step_payload import StepPayload
 
 
@@ -56,6 +57,9 @@ class DeviceStep:
         self.on_trace = on_trace
         self.store = store
         self.returns_aux = returns_aux  # the model has aux_hidden_layers (EAGLE-3): see forward
+        # LoRA's stacked adapter slots (worker/lora_slots.py), an extra argument of the forward; None: LoRA off and
+        # the forward is exactly the one without LoRA.
+        self.lora: LoRASlotArrays | None = None
         self.aux_hidden: jax.Array | None = None
         self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
         self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
@@ -72,9 +76,12 @@ class DeviceStep:
             self.token_feedback = jax.device_put(np.zeros(num_slots + 1, np.int32), replicated)
 
     # A trace happens once per new shape or variant: each one reports itself.
-    def _forward_impl(self, params, kv_cache, inputs: StepInputs):
+    def _forward_impl(self, params, kv_cache, inputs: StepInputs, lora=None):
         self.on_trace()
-        return forward(self.graphdef, params, kv_cache, inputs)
+        return forward(self.graphdef, params, kv_cache, inputs, lora)
+
+    def _lora_args(self) -> tuple:
+        return () if self.lora is None else (self.lora.arrays,)
 
     def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
         self.on_trace()
@@ -96,7 +103,8 @@ class DeviceStep:
         """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits.
         A model with `aux_hidden_layers` (EAGLE-3) also leaves its [T, K * hidden] states in `aux_hidden`."""
         program = self._executables.get(("forward", input_signature(inputs)), self._forward)
-        self.kv_cache, logits, *aux = program(self.params, self.kv_cache, self._to_device(inputs))
+        self.kv_cache, logits, *aux = program(self.params, self.kv_cache, self._to_device(inputs),
+                                              *self._lora_args())
         self.aux_hidden = aux[0] if aux else None
         return logits
 
@@ -169,6 +177,15 @@ class DeviceStep:
             args = (self.token_feedback, slots, token_ids)
             self._executables[key] = self.load_or_compile(key, self._record, args, args, 0)
 
+    def precompile_lora_write(self) -> None:
+        """LoRA's warm-up: the slot-write program (run once on zeros; an ahead-of-time compile only compiles it
+        for its target)."""
+        if self.lora.abstract:
+            args = self.lora.write_args()
+            self.load_or_compile(("lora_write",), self.lora.write_program, args, args, args[0])
+        else:
+            self.lora.warmup()
+
     @property
     def executables(self) -> list:
         """The compiled (or loaded) programs warm-up made ready."""
@@ -182,7 +199,7 @@ class DeviceStep:
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""
         key = ("forward", input_signature(inputs))
-        args = (self.params, self.kv_cache, self._to_device(inputs))
+        args = (self.params, self.kv_cache, self._to_device(inputs), *self._lora_args())
         outputs = (0, 0, 0) if self.returns_aux else (0, 0)
         executable = self._executables.get(key) or self.load_or_compile(key, self._forward, args, args, outputs)
         self._executables[key] = executable

@@ -24,8 +24,12 @@ from vllm_jax.scheduler.output import SchedulerOutput
 class InputBatch:
     """Rows of token ids, KV progress, block tables and the basic sampling parameters, one per held request."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, vocab_size: int):
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, vocab_size: int,
+                 lora: bool = False):
+        """`lora`: the steps carry each token's LoRA slot (`StepInputs.lora_slots`)."""
         self.vocab_size = vocab_size
+        self.lora = lora
+        self.lora_slot = np.zeros(max_num_reqs, np.int32)  # each row's LoRA slot (0: no adapter)
         # +1: the token sampled after the last position a request may compute is appended before it stops
         self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), np.int32)
         self.num_tokens = np.zeros(max_num_reqs, np.int32)  # known tokens (prompt + outputs)
@@ -58,7 +62,7 @@ class InputBatch:
             self.remove(req_id)
         for new in sched.scheduled_new_reqs:
             self.add(new.req_id, new.token_ids, new.block_ids, new.num_computed_tokens, new.sampling_params,
-                     new.seed)
+                     new.seed, new.lora_slot)
         cached = sched.scheduled_cached_reqs
         if not cached:
             return
@@ -69,7 +73,7 @@ class InputBatch:
                 self.append_blocks(slot, c.new_block_ids)
 
     def add(self, req_id: str, token_ids: Sequence[int], block_ids: Sequence[int], num_computed: int,
-            params: SamplingParams, seed: int) -> int:
+            params: SamplingParams, seed: int, lora_slot: int = 0) -> int:
         if req_id in self.slot_of:
             raise ValueError(f"request {req_id!r} already has a row")
         if not self._free:
@@ -94,6 +98,7 @@ class InputBatch:
         self.logprobs[slot] = NO_LOGPROBS if params.logprobs is None else params.logprobs
         self.may_need_full[slot] = may_need_full(params)
         self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
+        self.lora_slot[slot] = lora_slot
         return slot
 
     def remove(self, req_id: str) -> None:
@@ -167,9 +172,14 @@ class InputBatch:
             if len(rows) > num_seqs_padded:
                 raise ValueError(f"{len(rows)} logits rows exceed the sequence bucket {num_seqs_padded}")
             logits_indices[:len(rows)] = np.repeat(ends - 1 - num_drafts, num_drafts + 1) + rows
+        lora_slots = None
+        if self.lora:  # padding tokens: slot 0 (no adapter)
+            lora_slots = np.zeros(num_tokens_padded, np.int32)
+            lora_slots[:total] = self.lora_slot[token_slot]
         return StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                           block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                          num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices)
+                          num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices,
+                          lora_slots=lora_slots)
 
     def sampling_tensors(self, slots: np.ndarray, counts: np.ndarray, num_seqs_padded: int,
                          num_drafts: np.ndarray | None = None) -> tuple[SamplingTensors, int]:

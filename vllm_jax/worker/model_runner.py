@@ -33,6 +33,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
+from vllm_jax.lora.cache import AdapterCache
 from vllm_jax.model.layers import unstack_layers
 from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
@@ -56,6 +57,7 @@ from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
+from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
 from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
                                       min_kv_blocks, size_kv_cache)
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
@@ -132,9 +134,12 @@ class ModelRunner:
         # A draft model or head writes its proposals' KV past each step's tokens: the scheduler allocates those
         # slots too.
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculator else 0
+        lora_config = config.lora_config
+        if lora_config is not None:
+            self._check_lora_supported()
         shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
                             self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
-                            self.speculates)
+                            self.speculates, lora=lora_config is not None)
 
         kv_spec = kv_cache_partition_spec(self.spec, tp)
         kv_sharding = NamedSharding(self.mesh, kv_spec)
@@ -150,10 +155,18 @@ class ModelRunner:
         self.num_blocks = kv_shape.num_blocks
         kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
         counter = TraceCounter()
-        state = (params, kv_cache) + ((speculator.params,) if speculator else ())
+        # LoRA: the stacked adapter slots on the device, and the host cache of loaded adapters (--max-cpu-loras)
+        lora = None
+        self.lora_cache: AdapterCache | None = None
+        if lora_config is not None:
+            lora = LoRASlotArrays(lora_config, target_shapes(self.spec), mc.dtype, self.mesh, params, counter)
+            self.lora_cache = AdapterCache(lora_config.max_cpu_loras, lora.shapes, lora_config.max_lora_rank)
+        state = ((params, kv_cache) + ((speculator.params,) if speculator else ())
+                 + ((lora.arrays,) if lora is not None else ()))
         store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), state)
         self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
                                  on_trace=counter, num_slots=sc.max_num_seqs, returns_aux=bool(aux_layers))
+        self.device.lora = lora
         if probe is not None:
             self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
         built = (speculator.build(config, self.mesh, self.num_blocks, params, self.device.load_or_compile, counter)
@@ -168,7 +181,8 @@ class ModelRunner:
                                               if self.drafter is not None else None, eagle=self.eagle)
         self.requests: dict[str, CachedRequestState] = {}
         # The same requests as numpy rows, from which each step's arrays are gathered.
-        self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size)
+        self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size,
+                                      lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
 
     def _load_model(self, model_entry: object, spec: DecoderSpec, source: ModelSource | None,
@@ -195,6 +209,19 @@ class ModelRunner:
         if not config.scan_layers or switched_scan:
             unstack_layers(params)
         return graphdef, params
+
+    def _check_lora_supported(self) -> None:
+        """LoRA runs on the dense decoders, in one process (docs/architecture.md, "LoRA adapters")."""
+        if getattr(self.spec, "num_experts", None) is not None:
+            raise ValueError(f"enable_lora: {self.spec.architecture} is a mixture-of-experts model, which LoRA "
+                             "does not support yet")
+        if jax.process_count() > 1:
+            raise ValueError("enable_lora is not supported in a multi-host run yet")
+
+    def load_lora_slots(self, loads: dict) -> None:
+        """Write the adapters the scheduler made resident (slot -> LoRARequest) into their device slots."""
+        for slot, lora_request in loads.items():
+            self.device.lora.write(slot, self.lora_cache.get(lora_request))
 
     @property
     def num_compilations(self) -> int:
@@ -245,6 +272,8 @@ class ModelRunner:
         scheduled). Async scheduling dispatches step n + 1 before finishing step n."""
         update_request_states(self.requests, sched)
         self.input_batch.update(sched)
+        if sched.lora_loads:
+            self.load_lora_slots(sched.lora_loads)
         if not sched.num_scheduled_tokens:
             return None
         step = self._prepare(sched)
