@@ -186,3 +186,21 @@ def test_lora_programs_compile_ahead_of_time(tiny_dir, tmp_path):
     [result] = json.loads(out.read_text())
     assert code == 0 and result["ok"] and not result["failures"], result["failures"]
     assert result["programs"][-1]["label"] == "lora slot write"
+
+
+def test_compile_check_takes_a_config_json_its_folder_or_a_gguf_file(tmp_path):
+    """A GGUF file is passed on as the model (its metadata is the config, and `--quantization gguf` needs its
+    tensor types); any other file is copied in as config.json; a missing path says what to give."""
+    from vllm_jax.aot.report import model_directory
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert model_directory(str(gguf), str(tmp_path / "scratch")) == str(gguf)
+    config = write_config(tmp_path / "llama")
+    assert model_directory(str(config / "config.json"), "unused") == str(config)
+    (tmp_path / "scratch").mkdir()
+    other = tmp_path / "llama.json"
+    other.write_text((config / "config.json").read_text())
+    assert model_directory(str(other), str(tmp_path / "scratch")) == str(tmp_path / "scratch")
+    with pytest.raises(ValueError, match="GGUF"):
+        model_directory(str(tmp_path / "missing"), "unused")
