@@ -1,7 +1,7 @@
 """Roofline of the engine's decode step for Llama-3-8B on chips this host does not have, from compiled programs.
 
     python benchmarks/aot_roofline.py [--targets v5e:2x4 v6e:1x1 h100] [--batches 1 64 256]
-                                      [--contexts 1024 8192] [--json F]
+                                      [--contexts 1024 8192] [--quantization none int8 fp8] [--json F]
 
 Needs libtpu / the CUDA plugin (as `vllm-jax compile-check`). For each target, batch B and context C, the
 engine's forward for the B-token, B-sequence bucket is compiled (vllm_jax.aot.engine_programs.compile_plan)
@@ -19,6 +19,8 @@ tensor parallelism over all its chips; every figure is per chip.
   them) on top of the fusions that then read the VMEM copy, so on TPU the program's figure is not HBM traffic;
   without the prefetch every byte counted is an HBM access, and that figure is the roofline's;
 - roofline: max(HBM bytes / HBM bandwidth, flops / peak bf16) per step, and B / that in tok/s.
+With --quantization int8 / fp8 the layers' linear weights are the engine's quantized params (values plus per
+channel scales, docs/architecture.md "Quantized weights"), so "must read" counts their bytes, not bfloat16's.
 A cell whose weights and KV exceed --gpu-memory-utilization of the chip is not compiled (XLA:TPU refuses such a
 program): it shows the memory it would need.
 """
@@ -45,19 +47,21 @@ BLOCK_SIZE = 16
 NO_VMEM_PREFETCH = {"xla_vf_vmem_memory_space_assignment": False, "xla_gf_vmem_memory_space_assignment": False}
 
 
-def cell(model_dir: str, target_name: str, batch: int, context: int) -> dict:
+def cell(model_dir: str, target_name: str, batch: int, context: int, quantization: str | None = None) -> dict:
     target = get_target(target_name)
     tp = len(target.devices)
     blocks = batch * cdiv(context, BLOCK_SIZE) + 1  # + the null block
     args = EngineArgs(model=model_dir, max_model_len=context, max_num_seqs=batch,
                       max_num_batched_tokens=max(batch, 16), min_token_bucket=batch, min_seq_bucket=batch,
                       num_gpu_blocks_override=blocks, scan_layers=False, tensor_parallel_size=tp,
-                      block_size=BLOCK_SIZE)
-    engine = AbstractEngine.build(args.create_config(platform=target.platform), target.devices)
+                      block_size=BLOCK_SIZE, quantization=quantization)
+    config = args.create_config(platform=target.platform)
+    engine = AbstractEngine.build(config, target.devices)
     embed = shard_bytes(engine.params["embed_tokens"].get_value())
     kv_touched = batch * context * engine.kv_bytes_per_block // BLOCK_SIZE
     need = engine.weight_bytes - embed + batch * embed // engine.spec.vocab_size + kv_touched
-    row = dict(target=target_name, chips=tp, batch=batch, context=context, must_read_bytes=need,
+    row = dict(target=target_name, chips=tp, weights=quantization or config.model_config.dtype, batch=batch,
+               context=context, must_read_bytes=need,
                memory_bytes=engine.weight_bytes + blocks * engine.kv_bytes_per_block,
                usable_bytes=int(0.9 * target.engine_memory_bytes))
     if row["memory_bytes"] > row["usable_bytes"]:
@@ -82,11 +86,11 @@ def cell(model_dir: str, target_name: str, batch: int, context: int) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| chip | batch | context | must read GB | program GB | ratio | TPU, no VMEM prefetch: GB, ratio | "
-             "roofline ms | tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| chip | weights | batch | context | must read GB | program GB | ratio | TPU, no VMEM prefetch: GB, ratio | "
+             "roofline ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         chip = r["target"] + (f" (tp {r['chips']})" if r["chips"] > 1 else "")
-        head = f"| {chip} | {r['batch']} | {r['context'] // 1024}k | {r['must_read_bytes'] / 1e9:.2f} |"
+        head = f"| {chip} | {r['weights']} | {r['batch']} | {r['context'] // 1024}k | {r['must_read_bytes'] / 1e9:.2f} |"
         if not r["fits"]:
             lines.append(f"{head} does not fit: {r['memory_bytes'] / 1e9:.0f} GB per chip of "
                          f"{r['usable_bytes'] / 1e9:.0f} | | | | |")
@@ -106,6 +110,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--quantization", nargs="+", default=["none"], choices=["none", "int8", "fp8"],
+                        help="weight schemes to compare (none: the dtype, bfloat16 on TPU / GPU)")
     parser.add_argument("--json", default=None)
     ns = parser.parse_args()
     rows = []
@@ -114,8 +120,9 @@ def main() -> None:
         for target in ns.targets:
             for batch in ns.batches:
                 for context in ns.contexts:
-                    rows.append(cell(model_dir, target, batch, context))
-                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}), flush=True)
+                    for scheme in ns.quantization:
+                        rows.append(cell(model_dir, target, batch, context, None if scheme == "none" else scheme))
+                        print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}), flush=True)
     print(markdown(rows))
     if ns.json:
         with open(ns.json, "w") as f:

@@ -60,7 +60,7 @@ def test_the_aot_roofline_counts_what_a_decode_step_must_read(tmp_path):
     assert row["program_bytes"] > 0.95 * must and row["ratio"] == row["program_bytes"] / must
     assert row["roofline_s"] == max(row["hbm_bytes"] / 50e9, row["flops"] / 1e12)  # the host's nominal figures
     assert row["tok_s"] == 2 / row["roofline_s"]
-    assert "| cpu | 2 | 0k |" in proc.stdout
+    assert "| cpu | float32 | 2 | 0k |" in proc.stdout
 
 
 def test_host_overhead_reports_each_stage_of_a_decode_step_and_profiles_one_size():
