@@ -17,6 +17,10 @@ How the matmul runs is fixed when the model is built (`Quantization`, static lik
 plus float16 scales per group of 32 input rows): `Quantization.formats` names the params kept and their format,
 read from the file; those weights are dequantized inside the dot on every platform (docs/architecture.md).
 
+Online quantization of a float checkpoint (`OnlineQuantization`, not a pre-quantized checkpoint's scheme) also
+quantizes the embedding [V, H], one scale per vocab row (`embed_tokens_scale` [V, 1]: `quantize_table`), and an
+untied LM head [H, V] per output channel like a linear; the tied head is weight-only (layers.quantized_dot_rows).
+
 The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
 
 Grouped scales (a pre-quantized checkpoint's [128 out x 128 in] fp8 blocks, model_loader/prequantized.py): with a
