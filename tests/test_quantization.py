@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.helpers.quantized_models import (dequantized_logits, make_quant_checkpoint, param_bytes, prompt_logits,
-                                            quant_runner, relative_error)
+from tests.helpers.quantized_models import (QUANT_MODEL, dequantized_logits, make_quant_checkpoint, param_bytes,
+                                            prompt_logits, quant_runner, relative_error)
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from tests.test_sharding import run_check
 from vllm_jax import EngineArgs
@@ -169,6 +169,18 @@ def test_logits_within_bound_of_float32_and_a_broken_scale_is_caught(model_dir, 
     runner.device.params = params
     if scheme == "fp8":  # weight-only on CPU: exactly the float model with the dequantized weights
         np.testing.assert_allclose(logits, dequantized_logits(float_runner, params), rtol=1e-5, atol=1e-5)
+
+
+def test_untied_lm_head_quantized_per_vocab_channel(tmp_path):
+    """An untied LM head [H, V] under online fp8: values plus a [V] scale like a linear's; weight-only on CPU, so
+    exactly the float model with every weight (embedding and head included) dequantized."""
+    model_dir = tmp_path / "llama"
+    make_tiny_checkpoint("llama", model_dir, seed=3, **{**QUANT_MODEL, "tie_word_embeddings": False})
+    float_untied, fp8 = quant_runner(model_dir, None), quant_runner(model_dir, "fp8")
+    state = nnx.to_pure_dict(fp8.params)
+    assert state["lm_head"].dtype == jnp.float8_e4m3fn and state["lm_head_scale"].shape == (320,)
+    np.testing.assert_allclose(prompt_logits(fp8), dequantized_logits(float_untied, fp8.params), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.fixture(scope="module")
