@@ -40,7 +40,8 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
     `quantization` (int8 / fp8): the layers' linear weights are quantized as each is loaded (model/quantization.py),
     or read quantized from a pre-quantized checkpoint; `quantization_group_size`: its grouped scales' input rows.
     An `OnlineQuantization` (--quantization int8 / fp8 of a float checkpoint) quantizes the embedding and an untied
-    LM head as they load too. A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are (gguf_file/kept.py)."""
+    LM head as they load too. A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are
+    (gguf_file/kept.py)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     extra = dict(model_kwargs or {})
     if quantization is not None:
