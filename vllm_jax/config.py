@@ -69,10 +69,18 @@ class ModelConfig:
     quantization: str | None = None
     # grouped scales' input rows (a block-fp8 checkpoint's block width: model/quantization.py), or None
     quantization_group_size: int | None = None
+    # int8 / fp8 quantized at load from a float checkpoint (not a pre-quantized one's): the embedding and an untied
+    # LM head are quantized too (model/quantization.py's OnlineQuantization)
+    quantization_online: bool = False
 
     @property
     def model_quantization(self) -> Any:
-        """What the model is built with: `quantization`, or for gguf the file's kept formats (KeptFormats)."""
+        """What the model is built with: `quantization` (a pre-quantized checkpoint's), OnlineQuantization for
+        --quantization int8 / fp8 of a float checkpoint, or for gguf the file's kept formats (KeptFormats)."""
+        if self.quantization_online:
+            from vllm_jax.model.quantization import OnlineQuantization
+
+            return OnlineQuantization(self.quantization)
         if self.quantization != "gguf":
             return self.quantization
         from vllm_jax.model_loader.gguf_file.kept import kept_formats
@@ -318,7 +326,8 @@ class EngineArgs:
                              f"(max_position_embeddings), fewer than max_model_len ({target.max_model_len})")
         return dataclasses.replace(target, model=speculative.model, source=source, hf_config=hf_config,
                                    served_model_name=source.default_name, tokenizer=None,
-                                   quantization=None, quantization_group_size=None)  # the draft stays float
+                                   quantization=None, quantization_group_size=None,
+                                   quantization_online=False)  # the draft stays float
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
@@ -372,7 +381,7 @@ class EngineArgs:
             raise ValueError(f"quantization {self.quantization!r} quantizes a float checkpoint as it loads; "
                              f"{source.path} is a `vllm-jax convert` directory, which it does not read yet: pass "
                              "the original safetensors or GGUF model")
-        quantization, group_size = self.quantization, None
+        quantization, group_size, prequantized = self.quantization, None, None
         if source.kind == "hf":  # a pre-quantized checkpoint's scheme comes from its config.json, as in vLLM
             from vllm_jax.model_loader.prequantized import read_prequantized_config, resolve_quantization
 
@@ -389,7 +398,8 @@ class EngineArgs:
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
             tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=quantization,
-            quantization_group_size=group_size)
+            quantization_group_size=group_size,
+            quantization_online=quantization in ("int8", "fp8") and prequantized is None)
 
     def _scheduler_config(self, max_model_len: int, on_cpu: bool) -> SchedulerConfig:
         """Batch limits and buckets, with the platform's defaults (small on CPU: warm-up compiles each bucket)."""

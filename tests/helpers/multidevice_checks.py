@@ -234,6 +234,8 @@ def check_quantized_tensor_parallel(workdir: Path) -> dict:
     result["specs"] = {name: _spec_list(layers[name]) for name in
                        ("q_proj", "q_proj_scale", "k_proj_scale", "gate_proj_scale", "o_proj", "o_proj_scale",
                         "down_proj_scale")}
+    state = nnx.to_pure_dict(runner.params)
+    result["specs"].update({name: _spec_list(state[name]) for name in ("embed_tokens", "embed_tokens_scale")})
     result["dtypes"] = {name: str(layers[name][0].dtype) for name in ("q_proj", "q_proj_scale")}
     return result
 

@@ -54,9 +54,9 @@ def param_bytes(runner) -> int:
 
 
 def dequantized_logits(float_runner, quantized_params) -> np.ndarray:
-    """`prompt_logits` of `float_runner` with each quantized weight replaced by values * scale (float32) from
-    `quantized_params` (a runner's params, same layout): the float model a weight-only quantized one computes
-    exactly. The same program runs (same shapes); the runner's own params are put back afterwards."""
+    """`prompt_logits` of `float_runner` with each quantized weight (the embedding's too) replaced by values * scale
+    (float32) from `quantized_params` (a runner's params, same layout): the float model a weight-only quantized one
+    computes exactly. The same program runs (same shapes); the runner's own params are put back afterwards."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -67,14 +67,16 @@ def dequantized_logits(float_runner, quantized_params) -> np.ndarray:
             return tuple(deq(v, s) for v, s in zip(values, scale))
         return jnp.asarray(dequantize(np.asarray(values), np.asarray(scale)))
 
-    layers = nnx.to_pure_dict(quantized_params)["layers"]
+    quantized = nnx.to_pure_dict(quantized_params)
     params = float_runner.device.params
     original = nnx.to_pure_dict(params)
     state = nnx.to_pure_dict(params)
-    for name in layers:
-        if name.endswith(SCALE_SUFFIX):
-            weight = name[:-len(SCALE_SUFFIX)]
-            state["layers"][weight] = deq(layers[weight], layers[name])
+    # the layers' linears, and the embedding [V, H] (row scales [V, 1]) / an untied LM head of online quantization
+    for group, target in ((quantized["layers"], state["layers"]), (quantized, state)):
+        for name in group:
+            if name.endswith(SCALE_SUFFIX):
+                weight = name[:-len(SCALE_SUFFIX)]
+                target[weight] = deq(group[weight], group[name])
     nnx.replace_by_pure_dict(params, state)
     try:
         return prompt_logits(float_runner)

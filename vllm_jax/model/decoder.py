@@ -23,15 +23,18 @@ from jax.sharding import Mesh
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, LoRAMask, attention_params,
-                                   bundle_lora, bundle_quantized, decoder_block, gated_mlp, gguf_dot, gguf_dot_rows,
-                                   grouped_params, init_param, is_unstacked, layer_param_values, linear_params,
-                                   rms_norm, rotary_tables)
-from vllm_jax.model.quantization import SCALE_SUFFIX, KeptFormats, Quantization, scale_name
+                                   QuantizedWeight, bundle_lora, bundle_quantized, decoder_block, gated_mlp,
+                                   gguf_dot, gguf_dot_rows, grouped_params, init_param, is_unstacked,
+                                   layer_param_values, linear_params, matmul_f32, quantized_dot_rows, rms_norm,
+                                   rotary_tables)
+from vllm_jax.model.quantization import (SCALE_SUFFIX, KeptFormats, OnlineQuantization, Quantization,
+                                         quantize_table, scale_name)
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
 
-HEAD_CHUNK_ROWS = 1024  # CPU: a kept tied LM head's vocab rows per chunk (layers.gguf_dot_rows)
+# CPU: a kept (or online-quantized) tied LM head's vocab rows per chunk (layers.gguf_dot_rows, quantized_dot_rows)
+HEAD_CHUNK_ROWS = 1024
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
@@ -78,14 +81,17 @@ class DecoderLM(nnx.Module):
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None,
-                 quantization: str | KeptFormats | None = None, quantization_group_size: int | None = None):
+                 quantization: str | KeptFormats | OnlineQuantization | None = None,
+                 quantization_group_size: int | None = None):
         """`attention_backend` is resolved against `platform` (what the program is built for; None: jax's
         backend, read here once; the runner passes its config's) into `self.kernels`, static like `spec`. `mesh`
         (tensor parallelism): the Pallas kernels run inside shard_map over its "model" axis. `quantization`
         (int8 / fp8, model/quantization.py): the layers' linear weights are stored quantized, and how their
         matmuls run is fixed here for `platform` (`self.quantization`, static); `quantization_group_size`: grouped
         scales over that many input rows (a block-fp8 checkpoint's, model_loader/prequantized.py). A `KeptFormats`
-        (--quantization gguf) keeps the file's blocks for the params it names, the embedding / LM head included."""
+        (--quantization gguf) keeps the file's blocks for the params it names, the embedding / LM head included.
+        An `OnlineQuantization` (--quantization int8 / fp8 of a float checkpoint) quantizes the embedding too, one
+        scale per vocab row (`embed_tokens_scale` [V, 1]), and an untied LM head per output channel."""
         self.spec = spec
         platform = platform or jax.default_backend()
         self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
@@ -96,12 +102,16 @@ class DecoderLM(nnx.Module):
             for name, param in grouped_params("embed_tokens", (spec.vocab_size, spec.hidden_size), embed_fmt,
                                               axis=-1).items():
                 setattr(self, name, param)
+        elif quant is not None and quant.embedding:  # [V, H] values, [V, 1] float32 row scales
+            table = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype).get_value()
+            values, scale = quantize_table(table, quant.scheme)
+            self.embed_tokens, self.embed_tokens_scale = nnx.Param(values), nnx.Param(scale)
         else:
             self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
         self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         if not spec.tie_word_embeddings:
-            head_quant = quant if quant is not None and quant.gguf_kept else None
+            head_quant = quant if quant is not None and (quant.gguf_kept or quant.embedding) else None
             for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
                                              head_quant).items():
                 setattr(self, name, param)
@@ -134,7 +144,11 @@ class DecoderLM(nnx.Module):
         return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
 
     def _embed(self, ids: jax.Array) -> jax.Array:
-        """The embedding rows of `ids`; kept GGUF blocks gather their rows' values and scales, then dequantize."""
+        """The embedding rows of `ids`; kept GGUF blocks (or online-quantized rows) gather their rows' values and
+        scales, then dequantize."""
+        if self._table_quantized():
+            rows = self.embed_tokens[...][ids].astype(jnp.float32) * self.embed_tokens_scale[...][ids]
+            return rows.astype(self.final_norm[...].dtype)
         embed_fmt = self._kept_format("embed_tokens")
         if embed_fmt is None:
             return self.embed_tokens[...][ids]
@@ -144,17 +158,28 @@ class DecoderLM(nnx.Module):
 
     def _lm_head(self, last: jax.Array) -> jax.Array:
         """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
-        inside the dot (groups along hidden, the contracted dim, either way)."""
+        inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
+        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`)."""
+        chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
         if not self.spec.tie_word_embeddings:
+            if self._table_quantized():  # [H, V] per output channel, like the layers' linears
+                head = QuantizedWeight(self.lm_head[...], self.lm_head_scale[...],
+                                       self.quantization.quantize_activations)
+                return matmul_f32(last, head)
             head_fmt = self._kept_format("lm_head")
             if head_fmt is None:
                 return jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
             return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
         embed_fmt = self._kept_format("embed_tokens")
         if embed_fmt is None:
+            if self._table_quantized():
+                return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
             return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
-        chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
         return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
+
+    def _table_quantized(self) -> bool:
+        """Whether the embedding (and an untied LM head) are quantized online (int8 / fp8 values, float32 scales)."""
+        return self.quantization is not None and self.quantization.embedding
 
     def _kept_format(self, name: str) -> str | None:
         quant = self.quantization

@@ -17,6 +17,10 @@ How the matmul runs is fixed when the model is built (`Quantization`, static lik
 plus float16 scales per group of 32 input rows): `Quantization.formats` names the params kept and their format,
 read from the file; those weights are dequantized inside the dot on every platform (docs/architecture.md).
 
+Online quantization of a float checkpoint (`OnlineQuantization`, not a pre-quantized checkpoint's scheme) also
+quantizes the embedding [V, H], one scale per vocab row (`embed_tokens_scale` [V, 1]: `quantize_table`), and an
+untied LM head [H, V] per output channel like a linear; the tied head is weight-only (layers.quantized_dot_rows).
+
 The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
 
 Grouped scales (a pre-quantized checkpoint's [128 out x 128 in] fp8 blocks, model_loader/prequantized.py): with a
@@ -28,6 +32,7 @@ less: per channel). MoE experts keep per-channel scales.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,7 +56,8 @@ SCHEMES: dict[str, QuantScheme] = {
 }
 
 # The linear weights a dense or MoE layer quantizes (their [.., in, out] values get a [.., out] scale). The router,
-# norms, biases, embedding and LM head stay in the model dtype.
+# norms and biases stay in the model dtype; so do the embedding and LM head except under online quantization
+# (`OnlineQuantization`).
 QUANTIZED_LINEARS = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                "experts_gate", "experts_up", "experts_down"))
 
@@ -68,22 +74,46 @@ class KeptFormats:
     formats: tuple[tuple[str, str], ...]
 
 
+EMBEDDING = "embed_tokens"
+
+
+@dataclass(frozen=True)
+class OnlineQuantization:
+    """`--quantization int8 | fp8` of a float checkpoint (quantized as it loads), as opposed to a pre-quantized
+    checkpoint's scheme (a plain string): the embedding is quantized too, one scale per vocab row
+    (`embed_tokens_scale` [V, 1]), and an untied LM head per output channel like the layers' linears
+    (`lm_head_scale` [V]). A pre-quantized checkpoint's embedding and head stay float."""
+
+    scheme: str
+
+
+def scheme_name(scheme: str | OnlineQuantization | None) -> str | None:
+    """The scheme's name (int8 / fp8 / ...) of a model's `quantization` argument, online or not."""
+    return scheme.scheme if isinstance(scheme, OnlineQuantization) else scheme
+
+
 @dataclass(frozen=True)
 class Quantization:
     """A model's quantization, static (part of the graphdef): the scheme, whether activations are quantized
-    too (W8A8: int8 on CPU), the input group size of grouped scales (None: one scale per output channel) and,
-    for gguf, the kept params' formats."""
+    too (W8A8: int8 on CPU), the input group size of grouped scales (None: one scale per output channel),
+    for gguf the kept params' formats, and whether the embedding / LM head are quantized too (online int8 / fp8:
+    `OnlineQuantization`)."""
 
     scheme: str
     quantize_activations: bool
     group_size: int | None = None
     formats: tuple[tuple[str, str], ...] = ()
+    embedding: bool = False
 
     @classmethod
-    def for_platform(cls, scheme: str | KeptFormats | None, platform: str,
+    def for_platform(cls, scheme: str | KeptFormats | OnlineQuantization | None, platform: str,
                      group_size: int | None = None) -> Quantization | None:
         if scheme is None:
             return None
+        if isinstance(scheme, OnlineQuantization):
+            if group_size is not None:
+                raise ValueError("online quantization has one scale per output channel; got a group size")
+            return dataclasses.replace(cls.for_platform(scheme.scheme, platform), embedding=True)
         if isinstance(scheme, KeptFormats):
             return cls(GGUF, quantize_activations=False, formats=scheme.formats)
         if scheme == GGUF:
@@ -137,6 +167,14 @@ def quantize(w, scheme: str):
     if s.dtype == np.int8:
         scaled = xp.round(scaled)
     return scaled.astype(s.dtype), scale
+
+
+def quantize_table(table, scheme: str):
+    """(values [.., V, H], float32 scales [.., V, 1]) of a table [.., V, H] (the embedding), one symmetric scale per
+    row (reduced over H, the last axis): `quantize` of its transpose. w ~= values * scale."""
+    xp = np if isinstance(table, np.ndarray) else jnp
+    values, scale = quantize(xp.swapaxes(table, -1, -2), scheme)
+    return xp.swapaxes(values, -1, -2), scale[..., None]
 
 
 def dequantize(values, scale):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vllm_jax.model.quantization import KeptFormats
+from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, scheme_name
 from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader
@@ -31,14 +31,17 @@ from vllm_jax.model_loader.weight_loader import (NP_DTYPES, LoadRequest, Shardin
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
                 attention_backend: str = "auto", platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
                 seed: int = 0, sharding_for: ShardingFor | None = None,
-                model_kwargs: dict | None = None, quantization: str | KeptFormats | None = None,
+                model_kwargs: dict | None = None,
+                quantization: str | KeptFormats | OnlineQuantization | None = None,
                 quantization_group_size: int | None = None) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
     placed on `sharding_for(path, shape)` (default: the first device). `attention_backend`, `platform` and `mesh`
     are the model's (DecoderLM.__init__): what its attention calls and the chip the program is built for.
     `quantization` (int8 / fp8): the layers' linear weights are quantized as each is loaded (model/quantization.py),
     or read quantized from a pre-quantized checkpoint; `quantization_group_size`: its grouped scales' input rows.
-    A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are (gguf_file/kept.py)."""
+    An `OnlineQuantization` (--quantization int8 / fp8 of a float checkpoint) quantizes the embedding and an untied
+    LM head as they load too. A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are
+    (gguf_file/kept.py)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     extra = dict(model_kwargs or {})
     if quantization is not None:
@@ -54,7 +57,7 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
     shapes = {path: tuple(value.shape) for path, value in flatten_params(nnx.to_pure_dict(state)).items()}
     kept = quantization if isinstance(quantization, KeptFormats) else None
     request = LoadRequest(spec, shapes, dtype, sharding_for or _first_device, init_model,
-                          None if kept else quantization)
+                          None if kept else scheme_name(quantization))
     nnx.replace_by_pure_dict(state, unflatten_params(weight_loader_for(source, seed, kept).load(request)))
     return nnx.merge(graphdef, state)
 

@@ -10,6 +10,8 @@ With `--quantization`, a linear weight with a `_scale` sibling is quantized on t
 (`QuantizedReads`): a device's slice of output channels is read over every input row (a channel's scale needs
 them all; a row-parallel weight's device thus reads its layers' whole matrix), one layer at a time in float32,
 and only the int8 / fp8 values and the scales reach the device. No float copy of a quantized weight is placed.
+The embedding [V, H] (online quantization only) is quantized per vocab row the same way (`TableQuantizedReads`): a
+device's slice of rows, over all of H.
 
 A pre-quantized checkpoint (`prequantized_checkpoint.PrequantizedCheckpoint`) is checked as a whole first; its
 linears are placed with their stored bits and their scales as per-channel or grouped ones (`StoredQuantizedReads`),
@@ -24,7 +26,7 @@ import itertools
 import jax
 import numpy as np
 
-from vllm_jax.model.quantization import SCALE_SUFFIX, SCHEMES, quantize
+from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, SCHEMES, quantize, quantize_table
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint, StoredQuantizedReads
@@ -51,8 +53,11 @@ class TensorLoader:
             raise AssertionError(f"model params without a checkpoint mapping: {unmapped}")
         check_checkpoint(self.checkpoint, sources, request.shapes)
         stored: set[ParamPath] = set()
-        # a scale with its values' rank is grouped ([*stack, in // g, out]: model/quantization.py)
-        grouped = {path for path, scale in scales.items() if len(request.shapes[scale]) == len(request.shapes[path])}
+        # a scale with its values' rank is grouped ([*stack, in // g, out]: model/quantization.py); the embedding's
+        # [V, 1] row scales are not
+        tables = {path for path in scales if path == (EMBEDDING,)}
+        grouped = {path for path, scale in scales.items()
+                   if len(request.shapes[scale]) == len(request.shapes[path]) and path not in tables}
         if isinstance(self.checkpoint, PrequantizedCheckpoint):
             stored = self.checkpoint.check({path: sources[path] for path in scales}, grouped)
         elif grouped:
@@ -63,9 +68,13 @@ class TensorLoader:
             shape = request.shapes[path]
             if path in scales:
                 scale_shape = request.shapes[scales[path]]
-                reads = (StoredQuantizedReads(self.checkpoint, src, shape, request.quantization,
-                                              scale_shape[-2] if path in grouped else None) if path in stored
-                         else QuantizedReads(self.checkpoint, src, shape, request.quantization))
+                if path in stored:
+                    reads = StoredQuantizedReads(self.checkpoint, src, shape, request.quantization,
+                                                 scale_shape[-2] if path in grouped else None)
+                elif path in tables:
+                    reads = TableQuantizedReads(self.checkpoint, src, shape, request.quantization)
+                else:
+                    reads = QuantizedReads(self.checkpoint, src, shape, request.quantization)
                 arrays[path] = jax.make_array_from_callback(shape, request.sharding_for(path, shape), reads.values)
                 arrays[scales[path]] = jax.make_array_from_callback(
                     scale_shape, request.sharding_for(scales[path], scale_shape), reads.scales)
@@ -114,6 +123,32 @@ class QuantizedReads:
                 w = self.src.read(self.checkpoint, one, self.shape, np.float32)[(0,) * len(position)]
                 values[local], scales[local] = quantize(w, self.scheme)
             self._done[key] = (values, scales)
+        return self._done[key]
+
+
+class TableQuantizedReads:
+    """The embedding's device slices under online quantization: `values(index)` [V, H], `scales(index)` [V, 1],
+    one scale per vocab row. A device's slice of rows is read over all of H (a row's scale needs it) in float32,
+    quantized once on the host and shared by the values' and the scales' callbacks."""
+
+    def __init__(self, checkpoint: Checkpoint, src: ParamSource, shape: tuple[int, ...], scheme: str | None):
+        if scheme not in SCHEMES or len(shape) != 2:
+            raise AssertionError(f"a quantized table needs a scheme and a [V, H] shape; got {scheme!r}, {shape}")
+        self.checkpoint, self.src, self.shape, self.scheme = checkpoint, src, shape, scheme
+        self._done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def values(self, index: tuple[slice, ...]) -> np.ndarray:
+        index = _full_index(index, 2)
+        return self._quantized(index[0])[0][:, index[1]]
+
+    def scales(self, index: tuple[slice, ...]) -> np.ndarray:
+        return self._quantized(_full_index(index, 2)[0])[1]
+
+    def _quantized(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        key = rows.indices(self.shape[0])
+        if key not in self._done:
+            table = self.src.read(self.checkpoint, (rows, slice(None)), self.shape, np.float32)
+            self._done[key] = quantize_table(table, self.scheme)
         return self._done[key]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -51,9 +52,27 @@ class SpeculatorModel:
         """The holder of its programs over `kv_cache` (abstract for an ahead-of-time compile)."""
         k = config.speculative_config.num_speculative_tokens
         if isinstance(self.spec, Eagle3Spec):
-            embed = None if self.own_embedding else nnx.to_pure_dict(target_params)["embed_tokens"]
+            embed = None if self.own_embedding else target_embedding(target_params)
             return EagleStep(self.graphdef, self.params, kv_cache, k, embed, load_or_compile, on_trace=on_trace)
         return DraftStep(self.graphdef, self.params, kv_cache, k, load_or_compile, on_trace=on_trace)
+
+
+def target_embedding(target_params: nnx.State) -> jax.Array | jax.ShapeDtypeStruct:
+    """The target's [V, H] embedding for an EAGLE-3 head without its own, in the target's dtype. Online int8 / fp8
+    quantizes it per row (`embed_tokens_scale` [V, 1]): the head gets its dequantized copy (a float table only in
+    this case; the head gathers from a plain array). Abstract params (ahead-of-time compiles) give the abstract
+    copy."""
+    state = nnx.to_pure_dict(target_params)
+    embed, scale = state["embed_tokens"], state.get("embed_tokens_scale")
+    if scale is None:
+        return embed
+    if scale.shape != (embed.shape[0], 1):
+        raise ValueError("an EAGLE-3 head without its own embedding needs the target's float or row-quantized "
+                         f"embedding; the target keeps it in blocks (scales {tuple(scale.shape)})")
+    dtype = state["final_norm"].dtype
+    if isinstance(embed, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(embed.shape, dtype, sharding=embed.sharding)
+    return (embed.astype(jnp.float32) * scale).astype(dtype)
 
 
 def load_draft_model(config: EngineConfig, attention_backend: str, load_model: LoadModel,
