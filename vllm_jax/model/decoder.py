@@ -102,7 +102,7 @@ class DecoderLM(nnx.Module):
             for name, param in grouped_params("embed_tokens", (spec.vocab_size, spec.hidden_size), embed_fmt,
                                               axis=-1).items():
                 setattr(self, name, param)
-        elif quant is not None and quant.embedding:  # [V, H] values, [V, 1] float32 row scales
+        elif self._table_quantized():  # [V, H] values, [V, 1] float32 row scales
             table = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype).get_value()
             values, scale = quantize_table(table, quant.scheme)
             self.embed_tokens, self.embed_tokens_scale = nnx.Param(values), nnx.Param(scale)
@@ -111,7 +111,7 @@ class DecoderLM(nnx.Module):
         self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         if not spec.tie_word_embeddings:
-            head_quant = quant if quant is not None and (quant.gguf_kept or quant.embedding) else None
+            head_quant = quant if quant is not None and (quant.gguf_kept or self._untied_head_quantized()) else None
             for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
                                              head_quant).items():
                 setattr(self, name, param)
@@ -162,7 +162,7 @@ class DecoderLM(nnx.Module):
         vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`)."""
         chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
         if not self.spec.tie_word_embeddings:
-            if self._table_quantized():  # [H, V] per output channel, like the layers' linears
+            if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
                 head = QuantizedWeight(self.lm_head[...], self.lm_head_scale[...],
                                        self.quantization.quantize_activations)
                 return matmul_f32(last, head)
@@ -177,9 +177,16 @@ class DecoderLM(nnx.Module):
             return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
         return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
 
-    def _table_quantized(self) -> bool:
-        """Whether the embedding (and an untied LM head) are quantized online (int8 / fp8 values, float32 scales)."""
+    def _untied_head_quantized(self) -> bool:
+        """An untied LM head is quantized online (int8 / fp8 values, float32 scales per vocab entry)."""
         return self.quantization is not None and self.quantization.embedding
+
+    def _table_quantized(self) -> bool:
+        """Whether the embedding table (and so a tied LM head) is quantized online, which it is except on TPU:
+        there XLA's program for Llama-3-8B read ~1.1 GB more per decode step with an int8 table than the gathered
+        rows need (the whole table, converted; v6e batch 1: 9.27 GB for 8.17 needed, roofline 5.01 -> 5.65 ms), so
+        TPU keeps it in the model dtype (docs/architecture.md, "Quantized weights")."""
+        return self._untied_head_quantized() and self.kernels.platform != "tpu"
 
     def _kept_format(self, name: str) -> str | None:
         quant = self.quantization
