@@ -86,11 +86,12 @@ def cell(model_dir: str, target_name: str, batch: int, context: int, quantizatio
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| chip | weights | batch | context | must read GB | program GB | ratio | TPU, no VMEM prefetch: GB, ratio | "
-             "roofline ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| chip | weights | batch | context | must read GB | program GB | ratio | "
+             "TPU, no VMEM prefetch: GB, ratio | roofline ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         chip = r["target"] + (f" (tp {r['chips']})" if r["chips"] > 1 else "")
-        head = f"| {chip} | {r['weights']} | {r['batch']} | {r['context'] // 1024}k | {r['must_read_bytes'] / 1e9:.2f} |"
+        head = (f"| {chip} | {r['weights']} | {r['batch']} | {r['context'] // 1024}k | "
+                f"{r['must_read_bytes'] / 1e9:.2f} |")
         if not r["fits"]:
             lines.append(f"{head} does not fit: {r['memory_bytes'] / 1e9:.0f} GB per chip of "
                          f"{r['usable_bytes'] / 1e9:.0f} | | | | |")
