@@ -73,20 +73,6 @@ class ModelConfig:
     # LM head are quantized too (model/quantization.py's OnlineQuantization)
     quantization_online: bool = False
 
-    @property
-    def model_quantization(self) -> Any:
-        """What the model is built with: `quantization` (a pre-quantized checkpoint's), OnlineQuantization for
-        --quantization int8 / fp8 of a float checkpoint, or for gguf the file's kept formats (KeptFormats)."""
-        if self.quantization_online:
-            from vllm_jax.model.quantization import OnlineQuantization
-
-            return OnlineQuantization(self.quantization)
-        if self.quantization != "gguf":
-            return self.quantization
-        from vllm_jax.model_loader.gguf_file.kept import kept_formats
-
-        return kept_formats(self.source.path)
-
 
 @dataclass(frozen=True)
 class CacheConfig:

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, scheme_name
+from vllm_jax.model.quantization import GGUF, KeptFormats, OnlineQuantization, scheme_name
 from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
-from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader
+from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader, kept_formats
 from vllm_jax.model_loader.orbax_io import ConvertedLoader
 from vllm_jax.model_loader.prequantized import read_prequantized_config
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
@@ -60,6 +60,16 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
                           None if kept else scheme_name(quantization))
     nnx.replace_by_pure_dict(state, unflatten_params(weight_loader_for(source, seed, kept).load(request)))
     return nnx.merge(graphdef, state)
+
+
+def model_quantization(model_config: Any) -> str | KeptFormats | OnlineQuantization | None:
+    """What a ModelConfig's model is built with: its `quantization` (a pre-quantized checkpoint's scheme),
+    OnlineQuantization for --quantization int8 / fp8 of a float checkpoint, or for gguf the file's kept formats."""
+    if model_config.quantization_online:
+        return OnlineQuantization(model_config.quantization)
+    if model_config.quantization != GGUF:
+        return model_config.quantization
+    return kept_formats(model_config.source.path)
 
 
 def weight_loader_for(source: ModelSource | None, seed: int = 0, kept: KeptFormats | None = None) -> WeightLoader:

@@ -27,6 +27,7 @@ from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model_loader.loader import model_quantization
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, flatten_params, unflatten_params
 from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
@@ -72,7 +73,7 @@ class AbstractEngine:
             head = _abstract_head(config, backend, mesh)
         aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head else ()
         graphdef, params = _abstract_model(config, entry, spec, backend, mesh, aux_layers,
-                                           quantization=config.model_config.model_quantization)
+                                           quantization=model_quantization(config.model_config))
         speculator = head
         if config.draft_model_config is not None:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)

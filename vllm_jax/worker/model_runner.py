@@ -39,7 +39,7 @@ from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model_loader.loader import build_model
+from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
@@ -110,7 +110,7 @@ class ModelRunner:
         head = load_eagle3(config, self.spec, self.mesh, self.attention_backend) if method == "eagle3" else None
         aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
         graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
-                                            aux_layers, quantization=mc.model_quantization)
+                                            aux_layers, quantization=model_quantization(mc))
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
         self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
