@@ -134,6 +134,8 @@ class DecoderLM(nnx.Module):
         None without `aux_hidden_layers`): the forward without the LM head (a draft model's catch-up writes its
         KV cache only)."""
         hidden = self._embed(inputs.input_ids)
+        if self.spec.embedding_multiplier != 1.0:  # in the hidden dtype, as transformers multiplies it
+            hidden = hidden * jnp.asarray(self.spec.embedding_multiplier, hidden.dtype)
         cos, sin = rotary_tables(self.spec, inputs.positions)
         ctx = LayerContext(cos, sin, inputs, self.kernels)
         if lora:

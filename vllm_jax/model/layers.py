@@ -445,7 +445,7 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
         k = rms_norm(k, w["k_norm"], spec.rms_norm_eps)
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
-    attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.head_dim ** -0.5, window=window,
+    attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.sm_scale, window=window,
                                  layer_index=layer_index)
     return linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias")), kv_cache
 

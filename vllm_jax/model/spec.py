@@ -6,7 +6,7 @@ scaling); `spec_from_hf_config` sets the switches from the HF `architectures` na
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_jax.model.layers import rope_inv_freq
@@ -33,6 +33,12 @@ class DecoderSpec:
     sliding_windows: tuple[int, ...]  # per layer, 0 = full attention
     inv_freq: tuple[float, ...]  # rotary inverse frequencies (head_dim / 2), scaling applied
     rope_attention_scaling: float  # multiplies cos/sin (1.0 except for YaRN-style scalings)
+    # Family switches (keyword-only with defaults, so subclasses such as MoeSpec keep their positional fields):
+    # the embedding output times this (Gemma: sqrt(hidden), Granite: embedding_multiplier)
+    embedding_multiplier: float = field(default=1.0, kw_only=True)
+    # softmax scale of q.k; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5, Granite:
+    # attention_multiplier)
+    attention_scale: float | None = field(default=None, kw_only=True)
 
     @property
     def q_size(self) -> int:
@@ -41,6 +47,10 @@ class DecoderSpec:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def sm_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
 
 
 def spec_from_hf_config(config: Any) -> DecoderSpec:
