@@ -15,8 +15,11 @@ import transformers
 from safetensors.numpy import load_file
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from tests.helpers.kquants import q4_k_blocks, q6_k_blocks
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
 from vllm_jax.model_loader.source import DEFAULT_MODEL_PACKAGE, ModelSourceError
+
+K_QUANT_ENCODERS = {"Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks}  # gguf-py cannot quantize K-quants
 
 GLOBAL = {"model.embed_tokens": "token_embd", "lm_head": "output", "model.norm": "output_norm"}
 BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
@@ -121,7 +124,8 @@ def write_gguf(path: Path, arch: str, config, tensors: dict[str, np.ndarray], qu
             array = llama_cpp_permute(array, config.num_key_value_heads)
         if quant is not None and array.ndim == 2 and (only is None or only in name):
             qtype = gguf.GGMLQuantizationType[quant]
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            blocks = K_QUANT_ENCODERS[quant](array) if quant in K_QUANT_ENCODERS else gguf.quants.quantize(array, qtype)
+            writer.add_tensor(gguf_name, blocks, raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
     if rope_freqs is not None:
@@ -181,11 +185,11 @@ def test_q8_0_weights_within_quantization_error(llama):
         assert not np.array_equal(got[name], want)  # really quantized
 
 
-@pytest.mark.parametrize("quant", ["F16", "BF16", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("quant", ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0"])
 def test_other_supported_types_dequantize_close_to_hf(llama, quant):
     tmp, config, tensors, _ = llama
     got = dict(iter_gguf_tensors(str(write_gguf(tmp / f"{quant}.gguf", "llama", config, tensors, quant=quant))))
-    tolerance = {"F16": 1e-3, "BF16": 1e-2, "Q4_0": 0.2, "Q4_1": 0.2}[quant]
+    tolerance = {"F16": 1e-3, "BF16": 1e-2, "Q4_0": 0.2, "Q4_1": 0.2, "Q5_0": 0.1}[quant]
     for name, want in tensors.items():
         scale = np.abs(want).max()
         assert np.abs(got[name] - want).max() <= tolerance * scale, name
@@ -268,8 +272,15 @@ def test_file_without_tokenizer_reads_weights_but_tokenizer_errors(llama, tmp_pa
 
 def test_unsupported_quantization_type_names_tensor_type_and_supported_types(llama, tmp_path):
     _, config, tensors, _ = llama
-    path = write_gguf(tmp_path / "q5.gguf", "llama", config, tensors, quant="Q5_0", only="layers.1.mlp.up_proj")
-    with pytest.raises(ModelSourceError, match=r"tensor blk\.1\.ffn_up\.weight .*Q5_0.*supported: F32.*Q8_0") as info:
+    up = tensors["model.layers.1.mlp.up_proj.weight"]
+
+    def q8_1_up(writer):  # Q8_1 (llama.cpp's activation type): gguf-py cannot dequantize it
+        raw = np.zeros((up.shape[0], up.shape[1] // 32 * 40), np.uint8)  # 40-byte blocks of 32
+        writer.add_tensor("blk.1.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+
+    rest = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    path = write_gguf(tmp_path / "q8_1.gguf", "llama", config, rest, extra=q8_1_up)
+    with pytest.raises(ModelSourceError, match=r"tensor blk\.1\.ffn_up\.weight .*Q8_1.*supported: F32.*Q6_K") as info:
         list(iter_gguf_tensors(str(path)))
     assert str(path) in str(info.value)
 

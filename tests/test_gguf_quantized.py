@@ -208,3 +208,57 @@ def test_kept_engine_compiles_nothing_after_warm_up(files):
                         use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
     assert llm.llm_engine.runner.num_compilations == before
+
+
+# ---- K-quants: Q4_K and Q6_K (256-weight super-blocks, so rows of 256) --------------------------------------
+
+K_TYPES = ("Q4_K", "Q6_K")
+
+
+@pytest.fixture(scope="module")
+def k_files(tmp_path_factory):
+    """An untied llama of width 256 (K-quant super-blocks span 256 input rows), one file per K-quant type."""
+    tmp = tmp_path_factory.mktemp("gguf_kquants")
+    config, tensors = tiny_checkpoint(tmp, "llama", hidden_size=256, intermediate_size=512, vocab_size=320,
+                                      head_dim=64)
+    files = {t: write_gguf(tmp / f"{t.lower()}.gguf", "llama", config, tensors, quant=t) for t in K_TYPES}
+    return files, tensors
+
+
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_k_quants_dequantize_near_the_weights_and_keep_bit_exactly(k_files, qtype):
+    """The dequantizing loader reads K-quants (gguf-py) within their rounding of the original weights; kept, each
+    32-row (Q4_K) or 16-row (Q6_K) sub-block has one float32 scale (and Q4_K a min), and the kept blocks rebuild the
+    dequantizing loader's arrays bit for bit (our decoding of the super-blocks against gguf-py's)."""
+    files, tensors = k_files
+    reference = GGUFCheckpoint(str(files[qtype]))
+    step = {"Q4_K": 1 / 15, "Q6_K": 1 / 31}[qtype]  # a sub-block's quantization step over its range
+    for name, want in tensors.items():
+        if want.ndim == 2:
+            got = reference.read(name, ())
+            assert np.abs(got - want).max() <= 1.1 * step * np.abs(want).max(), name
+    formats, params = _kept_params(files[qtype])
+    fmt = qtype.lower()
+    assert formats == {name: fmt for name in (*LINEARS, "embed_tokens", "lm_head")}
+    layers, rows = params["layers"], {"q4_k": 32, "q6_k": 16}[fmt]
+    assert layers["q_proj"].dtype == (np.uint8 if fmt == "q4_k" else np.int8)
+    assert layers["q_proj_scale"].dtype == np.float32 and layers["q_proj_scale"].shape == (2, 256 // rows, 256)
+    assert (min_name("q_proj") in layers) == (fmt == "q4_k")
+    for name in LINEARS:
+        want = np.stack([reference.read(f"model.layers.{i}.{LAYER_TENSORS[name][0]}", ()).T for i in range(2)])
+        assert np.array_equal(_dequantized(layers, name, fmt, -2), want), name
+    embed = reference.read("model.embed_tokens.weight", ())
+    assert np.array_equal(_dequantized(params, "embed_tokens", fmt, -1), embed)
+    assert np.array_equal(_dequantized(params, "lm_head", fmt, -2), reference.read("lm_head.weight", ()).T)
+
+
+def test_k_quant_logits_equal_the_dequantizing_loader(k_files):
+    """Q6_K (16-row groups, int8 values) through the engine's program: logits within LOGIT_BOUND of the
+    dequantizing loader's, and scales 1% off fall outside it."""
+    files, _ = k_files
+    reference = prompt_logits(quant_runner(files["Q6_K"], None))
+    runner = quant_runner(files["Q6_K"], "gguf")
+    assert relative_error(prompt_logits(runner), reference) < LOGIT_BOUND
+    runner.device.params = jax.tree_util.tree_map_with_path(
+        lambda path, v: v * 1.01 if "_scale" in jax.tree_util.keystr(path) else v, runner.device.params)
+    assert relative_error(prompt_logits(runner), reference) > LOGIT_BOUND

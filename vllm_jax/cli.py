@@ -40,7 +40,7 @@ ENGINE_FLAG_HELP = {
                     "runs W8A8 on CPU, weight-only on TPU/GPU; default: none). A pre-quantized checkpoint "
                     "(compressed-tensors, fp8) is read as stored; the flag may then be omitted or must match it "
                     "(compressed-tensors, fp8, or its int8 / fp8 values). gguf: keep a GGUF file's Q8_0 / Q4_0 / "
-                    "Q4_1 blocks, embedding and LM head included (without it a GGUF is dequantized)",
+                    "Q4_1 / Q4_K / Q6_K blocks, embedding and LM head included (without it a GGUF is dequantized)",
     "kv_cache_dtype": "KV-cache dtype: auto (the model dtype), float32, bfloat16, float16, or fp8 / fp8_e4m3 "
                       "(float8_e4m3fn, 1 byte per element)",
     "seed": "seed of the engine's RNG (random seeds for requests that give none)",

@@ -28,7 +28,7 @@ KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
 _KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 # int8 / fp8: online weight quantization at load (model/quantization.py), or a pre-quantized checkpoint's scheme;
 # compressed-tensors: a pre-quantized checkpoint's own (model_loader/prequantized.py; so is fp8's block format);
-# gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as they are (model/grouped_quant.py)
+# gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks kept as they are (model/grouped_quant.py)
 QUANTIZATIONS = ("int8", "fp8", "compressed-tensors", "gguf")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PLATFORMS = ("cpu", "tpu", "gpu")

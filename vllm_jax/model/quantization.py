@@ -13,8 +13,8 @@ How the matmul runs is fixed when the model is built (`Quantization`, static lik
   dot (XLA fuses the convert into the dot on TPU / GPU) and the output is scaled per channel. On CPU fp8 is
   correct but not fast.
 
-`--quantization gguf` keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks instead (model/grouped_quant.py: values
-plus float16 scales per group of 32 input rows): `Quantization.formats` names the params kept and their format,
+`--quantization gguf` keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks instead (model/grouped_quant.py:
+values plus scales per group of 32 or 16 input rows): `Quantization.formats` names the params kept and their format,
 read from the file; those weights are dequantized inside the dot on every platform (docs/architecture.md).
 
 Online quantization of a float checkpoint (`OnlineQuantization`, not a pre-quantized checkpoint's scheme) also

@@ -1,11 +1,11 @@
-"""`--quantization gguf`: a GGUF's Q8_0 / Q4_0 / Q4_1 weights placed as they are stored, re-laid out for x @ W
-(model/grouped_quant.py) with no dequantization; every other tensor goes through the dequantizing loader.
+"""`--quantization gguf`: a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K weights placed as they are stored, re-laid out
+for x @ W (model/grouped_quant.py) with no dequantization; every other tensor goes through the dequantizing loader.
 
 Which params are kept (`kept_formats`) is decided per param of the model, before it is built: a layer weight is
 kept when all its layers share one kept type (a stack holds one format); the embedding and an untied LM head
 when their tensor has a kept type. A param in another type (F32 / F16 / BF16, or a stack mixing types) is
-dequantized like today; a type the dequantizing loader cannot read (Q6_K, Q4_K, ...) is its error naming the
-tensor.
+dequantized like today (Q5_K, Q3_K, IQ types, ...); a type the dequantizing loader cannot read is its error naming
+the tensor.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from vllm_jax.model_loader.weight_loader import LoadRequest, ParamPath
 
 _KEPT_LAYER_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _GLOBAL_TENSORS = {"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
-_BLOCK_BYTES = {"q8_0": 2 + GROUP, "q4_0": 2 + GROUP // 2, "q4_1": 4 + GROUP // 2}
+# (weights, bytes) of one block of each kept type
+_BLOCKS = {"q8_0": (GROUP, 2 + GROUP), "q4_0": (GROUP, 2 + GROUP // 2), "q4_1": (GROUP, 4 + GROUP // 2),
+           "q4_k": (256, 144), "q6_k": (256, 210)}
 
 
 def kept_formats(path: str) -> KeptFormats:
@@ -116,17 +118,61 @@ def _repack(path: str, tensor: Any, fmt: str, heads: int | None, transpose: bool
     cols = int(tensor.shape[0])  # ggml lists the fastest (input) dim first
     rows = int(np.prod([int(n) for n in tensor.shape[1:]]))
     raw = np.asarray(tensor.data).reshape(-1).view(np.uint8)
-    if cols % GROUP or raw.size != rows * cols // GROUP * _BLOCK_BYTES[fmt]:
+    block_weights, block_bytes = _BLOCKS[fmt]
+    if cols % block_weights or raw.size != rows * cols // block_weights * block_bytes:
         raise ModelSourceError(f"{path}: tensor {tensor.name} ({fmt.upper()}, {rows} x {cols}) has {raw.size} bytes "
                                "of blocks, which do not match its shape")
-    blocks = raw.reshape(rows, cols // GROUP, _BLOCK_BYTES[fmt])
+    blocks = raw.reshape(rows, cols // block_weights, block_bytes)
+    parts = _K_QUANTS[fmt](blocks) if fmt in _K_QUANTS else _simple_block_parts(blocks, fmt)
+    parts = {k: v.reshape(rows, -1) for k, v in parts.items()}
+    if heads:
+        parts = {k: _unpermute(v, heads) for k, v in parts.items()}
+    return {k: np.ascontiguousarray(v.T) if transpose else v for k, v in parts.items()}
+
+
+def _simple_block_parts(blocks: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
+    """Q8_0 / Q4_0 / Q4_1 blocks [rows, n, bytes]: float16 d (and m), then the quants, whose bytes are already our
+    packing (grouped_quant.py)."""
     parts = {"scale": blocks[..., 0:2].copy().view(np.float16)[..., 0]}
     start = 2
     if fmt == "q4_1":
         parts["min"] = blocks[..., 2:4].copy().view(np.float16)[..., 0]
         start = 4
-    qs = np.ascontiguousarray(blocks[..., start:])  # a block's bytes are already our packing (grouped_quant.py)
-    parts["values"] = qs.view(np.int8).reshape(rows, cols) if fmt == "q8_0" else qs.reshape(rows, cols // 2)
-    if heads:
-        parts = {k: _unpermute(v, heads) for k, v in parts.items()}
-    return {k: np.ascontiguousarray(v.T) if transpose else v for k, v in parts.items()}
+    qs = np.ascontiguousarray(blocks[..., start:])
+    parts["values"] = qs.view(np.int8) if fmt == "q8_0" else qs
+    return parts
+
+
+def _q4_k_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
+    """Q4_K super-blocks [rows, n, 144] (d, dmin float16; 12 bytes of 6-bit sub-block scales and mins; 128 bytes
+    of quants, where byte i of 32-byte run j holds sub-block 2j's element i low and 2j + 1's high) -> per
+    32-row sub-block float32 scale d * sc and min -(dmin * m), values repacked to our 4-bit order."""
+    import gguf
+
+    lead = blocks.shape[:-1]
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = gguf.quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
+    scale = d * sc.reshape(*lead, 8).astype(np.float32)
+    minimum = -(dmin * m.reshape(*lead, 8).astype(np.float32))
+    runs = blocks[..., 16:].reshape(*lead, 4, 1, 32)
+    q = (runs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15  # [.., 4, 2, 32]: sub-blocks 2j, 2j + 1
+    q = q.reshape(*lead, 8, 2, 16)  # each sub-block's first and second 16 elements
+    packed = (q[..., 0, :] | (q[..., 1, :] << 4)).astype(np.uint8)  # byte b: element b low, 16 + b high
+    return {"values": packed, "scale": scale, "min": minimum}
+
+
+def _q6_k_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
+    """Q6_K super-blocks [rows, n, 210] (128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 sub-block scales,
+    float16 d) -> int8 values q - 32 in element order and per 16-row sub-block float32 scale d * sc."""
+    lead = blocks.shape[:-1]
+    low = blocks[..., :128].reshape(*lead, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    high = blocks[..., 128:192].reshape(*lead, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    q = (low & 15).reshape(*lead, 256) | ((high & 3).reshape(*lead, 256) << 4)
+    values = q.astype(np.int8) - np.int8(32)
+    sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
+    d = blocks[..., 208:210].copy().view(np.float16).astype(np.float32)
+    return {"values": values, "scale": d * sc}
+
+
+_K_QUANTS = {"q4_k": _q4_k_parts, "q6_k": _q6_k_parts}

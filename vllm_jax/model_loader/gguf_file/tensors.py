@@ -36,7 +36,10 @@ _BLOCK_NAMES = {
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _NOT_PARAMETERS = {"rope_freqs.weight"}  # llama.cpp's precomputed rope factors; the config folds them in
-_SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# every type gguf-py can dequantize (Q8_1, Q8_K and the integer types it cannot)
+_SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                    "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+                    "TQ1_0", "TQ2_0", "MXFP4")
 
 
 class GGUFCheckpoint:
