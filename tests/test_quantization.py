@@ -171,6 +171,20 @@ def test_logits_within_bound_of_float32_and_a_broken_scale_is_caught(model_dir, 
         np.testing.assert_allclose(logits, dequantized_logits(float_runner, params), rtol=1e-5, atol=1e-5)
 
 
+FP8_KV_BOUND = 0.15  # the fp8 KV cache's own share of the logits' relative error here (measured 0.076 alone)
+
+
+@pytest.mark.parametrize("scheme", ["fp8"])  # int8 measured 0.094
+def test_quantized_weights_with_an_fp8_kv_cache(model_dir, reference, scheme):
+    """Quantized weights and --kv-cache-dtype fp8 together: the cache really is float8 (a quarter of float32's
+    bytes) and the logits stay within the two errors' bounds added (measured 0.156)."""
+    runner = quant_runner(model_dir, scheme, kv_cache_dtype="fp8")
+    assert runner.kv_cache.dtype == jnp.float8_e4m3fn
+    logits = prompt_logits(runner)
+    assert relative_error(logits, reference[0]) < LOGIT_BOUNDS[scheme] + FP8_KV_BOUND
+    assert relative_error(logits, prompt_logits(quant_runner(model_dir, scheme))) > 1e-3  # the cache's rounding shows
+
+
 def test_untied_lm_head_quantized_per_vocab_channel(tmp_path):
     """An untied LM head [H, V] under online fp8: values plus a [V] scale like a linear's; weight-only on CPU, so
     exactly the float model with every weight (embedding and head included) dequantized."""
