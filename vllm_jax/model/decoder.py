@@ -33,8 +33,10 @@ from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
 
-# CPU: a kept (or online-quantized) tied LM head's vocab rows per chunk (layers.gguf_dot_rows, quantized_dot_rows)
-HEAD_CHUNK_ROWS = 1024
+# A kept (or online-quantized) tied LM head's vocab rows per chunk (layers.gguf_dot_rows, quantized_dot_rows): on
+# CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole table dequantized (the
+# default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md, "Quantized weights")
+HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
@@ -162,7 +164,7 @@ class DecoderLM(nnx.Module):
         """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
         inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
         vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`)."""
-        chunk_rows = HEAD_CHUNK_ROWS if self.kernels.platform == "cpu" else None  # TPU / GPU fuse it
+        chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
         if not self.spec.tie_word_embeddings:
             if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
                 head = QuantizedWeight(self.lm_head[...], self.lm_head_scale[...],

@@ -210,12 +210,22 @@ def _over_row_chunks(dot_rows: Callable[..., jax.Array], tables: tuple, chunk_ro
     dequantized operand out before its dot, and a chunk's (1024 x 576 float32 on the default model) stays in
     cache where the whole table's (113 MB) does not."""
     v = tables[0].shape[0]
-    if not chunk_rows or v % chunk_rows or v == chunk_rows:
+    chunk_rows = _dividing_chunk(v, chunk_rows) if chunk_rows else None
+    if chunk_rows is None:
         return dot_rows(*tables)
     n = v // chunk_rows
     chunks = tuple(None if a is None else a.reshape(n, chunk_rows, *a.shape[1:]) for a in tables)
     out = jax.lax.map(lambda parts: dot_rows(*parts), chunks)  # [n, T, chunk_rows]
     return out.transpose(1, 0, 2).reshape(out.shape[1], v)
+
+
+def _dividing_chunk(v: int, target: int) -> int | None:
+    """The largest divisor of `v` rows at most `target` and above target / 4 (a chunk loop needs equal chunks), or
+    None when there is none or it would be the whole table."""
+    for rows in range(min(target, v - 1), target // 4, -1):
+        if v % rows == 0:
+            return rows
+    return None
 
 
 def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
