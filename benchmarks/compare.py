@@ -1,6 +1,7 @@
 """Side by side with transformers on the same weights, in one run, with the hardware floors measured alongside.
 
     python benchmarks/compare.py [--workloads A,B,C,D] [--skip-transformers] [--output-json F]
+    python benchmarks/compare.py --quantization none gguf int8 [--workloads A,C] [--rounds 2]
     python benchmarks/compare.py --device-mode [--device-shape llama3-8b|tiny] [--batches 1 8 ...] [--context N]
 
 Workloads (the default model, float32, greedy, EOS ignored, fixed seed):
@@ -16,6 +17,9 @@ bandwidth. Each workload is reported as output tok/s and as a share of its floor
 floor counts the shared prompt once, as prefix caching computes it.
 EasyDeL's eSurge is the JAX peer; this harness does not drive it (it is not installable offline here) and says so.
 --device-mode runs device_decode.py instead: an accelerator's decode throughput on a Llama-3-8B-shaped model.
+--quantization runs the chosen workloads (A and C by default) once per scheme instead, in interleaved rounds
+(best round kept), and reports tok/s against the first scheme's, the params' device bytes, and the weight bytes
+read per output token (params / the step's batch: 32 requests for A, 1 for C).
 """
 
 from __future__ import annotations
@@ -59,17 +63,54 @@ def measure_floors(hidden: int, intermediate: int) -> dict[str, float]:
     return {"matmul_gflops": gflops, "bandwidth_gbs": measure_bandwidth_gbs(256 << 20, repeats=5)}
 
 
-def run_engine(requests, **engine_args) -> tuple[float, int, float]:
-    """(seconds, output tokens, warm-up seconds) through LLM.generate."""
+def run_engine(requests, llm=None, **engine_args) -> tuple[float, int, float]:
+    """(seconds, output tokens, warm-up seconds) through LLM.generate (on `llm`, or a new engine)."""
     from vllm_jax import LLM, SamplingParams
 
-    llm = LLM(**engine_args)
+    llm = llm or LLM(**engine_args)
     prompts = [{"prompt_token_ids": p} for p, _ in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in requests]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     return seconds, sum(len(o.outputs[0].token_ids) for o in outs), llm.llm_engine.warmup_seconds
+
+
+def run_quantization(chosen: list[str], schemes: list[str], rounds: int) -> dict:
+    """Each workload under each --quantization scheme, one engine per scheme alive throughout, rounds interleaved."""
+    import jax
+
+    from vllm_jax import LLM
+
+    loads = workloads(_default_vocab())
+    engines = {s: LLM(max_model_len=2048, quantization=None if s == "none" else s) for s in schemes}
+    param_bytes = {s: sum(x.nbytes for x in jax.tree.leaves(llm.llm_engine.runner.params))
+                   for s, llm in engines.items()}
+    results = {}
+    for name in chosen:
+        requests, batch = loads[name], len(loads[name])
+        best = {s: 0.0 for s in schemes}
+        for _ in range(rounds):
+            for s, llm in engines.items():
+                seconds, out, _ = run_engine(requests, llm)
+                best[s] = max(best[s], out / seconds)
+        base = best[schemes[0]]
+        results[name] = {s: {"tok_s": best[s], "vs_first": best[s] / base, "param_mb": param_bytes[s] / 1e6,
+                             "mb_per_token": param_bytes[s] / 1e6 / batch} for s in schemes}
+        print(name, json.dumps(results[name]), flush=True)
+    print("\n| workload | scheme | tok/s | vs " + schemes[0] + " | param MB | weight MB read per token |")
+    print("|---|---|---|---|---|---|")
+    for name, entry in results.items():
+        for s, e in entry.items():
+            print(f"| {name} | {s} | {e['tok_s']:.1f} | {e['vs_first']:.2f}x | {e['param_mb']:.1f} | "
+                  f"{e['mb_per_token']:.1f} |")
+    return results
+
+
+def _default_vocab() -> int:
+    from vllm_jax import EngineArgs
+
+    return EngineArgs().create_config().model_config.hf_config.vocab_size
 
 
 def load_transformers():
@@ -125,7 +166,17 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     parser.add_argument("--context", type=int, default=1024, help="device mode: tokens of KV per sequence")
     parser.add_argument("--repeats", type=int, default=5, help="device mode: timed steps per batch")
+    parser.add_argument("--quantization", nargs="+", default=None,
+                        help="schemes to compare (none = float32 from the dequantized GGUF; gguf, int8, fp8)")
+    parser.add_argument("--rounds", type=int, default=2, help="--quantization: interleaved rounds per workload")
     ns = parser.parse_args()
+    if ns.quantization:
+        chosen = ns.workloads.split(",") if ns.workloads != "A,B,C,D" else ["A", "C"]
+        results = run_quantization(chosen, ns.quantization, ns.rounds)
+        if ns.output_json:
+            with open(ns.output_json, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     if ns.device_mode:
         results = run_device_mode(ns.device_shape, tuple(ns.batches), ns.context, ns.repeats)
         if ns.output_json:
