@@ -270,7 +270,24 @@ def check_prequantized_tensor_parallel(workdir: Path) -> dict:
             "dtypes": {name: str(layers[name][0].dtype) for name in ("q_proj", "down_proj_scale")}}
 
 
-CHECKS = {"tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
+def check_gemma_tensor_parallel(workdir: Path) -> dict:
+    """Greedy tokens of tiny Gemma 2 and Gemma 3 at TP 1 and 2 (xla backend: 2 KV heads split), and where TP 2
+    put q_proj and a feed-forward norm."""
+    from flax import nnx
+
+    result: dict = {}
+    for arch in ("gemma2", "gemma3"):
+        path = workdir / arch
+        make_tiny_checkpoint(arch, path, seed=4)
+        for tp in (1, 2):
+            tokens, engine = _greedy(str(path), tensor_parallel_size=tp)
+            result[f"{arch}_tp{tp}"] = tokens
+        layers = nnx.to_pure_dict(engine.runner.params)["layers"]
+        result[f"{arch}_specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "pre_feedforward_norm")}
+    return result
+
+
+CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
           "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
