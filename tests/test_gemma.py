@@ -63,7 +63,8 @@ def _greedy(engine, prompts: list[list[int]]) -> list[list[int]]:
 
 def test_greedy_matches_transformers_with_prefix_caching_and_under_preemption(checkpoint):
     """32 greedy tokens of prompts of 7, 30 and 1 tokens and of four prompts sharing a 24-token prefix equal
-    transformers' with prefix caching on (and hits), and again with it off and a KV cache small enough to preempt."""
+    transformers' with prefix caching on (and hits) and off, both with a KV cache small enough to preempt (the
+    same shapes: the second engine loads the first one's programs from the compilation cache)."""
     from vllm_jax import EngineArgs
     from vllm_jax.engine.llm_engine import LLMEngine
 
@@ -73,17 +74,18 @@ def test_greedy_matches_transformers_with_prefix_caching_and_under_preemption(ch
     prompts = [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (7, 30, 1)]
     prompts += [shared + rng.integers(3, VOCAB_SIZE, 4).tolist() for _ in range(4)]
     reference = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
-    base = dict(model=str(path), max_model_len=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+    base = dict(model=str(path), max_model_len=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
+                num_gpu_blocks_override=10)
 
     def engine(**args) -> LLMEngine:
         return LLMEngine(EngineArgs(**base, **args).create_config(), warmup=False)
 
-    cached = engine(num_gpu_blocks_override=64, enable_prefix_caching=True)
+    cached = engine(enable_prefix_caching=True)
     assert _greedy(cached, prompts[:5]) + _greedy(cached, prompts[5:]) == reference
     assert cached.kv_cache_manager.prefix_cache_hits > 0
-    small = engine(num_gpu_blocks_override=10, enable_prefix_caching=False)
-    assert _greedy(small, prompts) == reference
-    assert small.scheduler.num_preemptions_total > 0
+    uncached = engine(enable_prefix_caching=False)
+    assert _greedy(uncached, prompts) == reference
+    assert cached.scheduler.num_preemptions_total > 0 and uncached.scheduler.num_preemptions_total > 0
 
 
 def test_tp2_greedy_tokens_equal_tp1_on_fake_devices(tmp_path):
