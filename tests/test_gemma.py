@@ -109,3 +109,13 @@ def test_unsupported_gemma_options_are_refused():
     config = Gemma3TextConfig(**{**base, "architectures": ["Gemma3ForCausalLM"]}, use_bidirectional_attention=True)
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         gemma_spec_from_hf_config(config)
+
+
+def test_gemma4_and_multimodal_gemma_are_refused_with_a_reason():
+    from types import SimpleNamespace
+
+    from vllm_jax.model.registry import resolve_architecture
+
+    for arch, words in (("Gemma4ForCausalLM", "per-layer-input"), ("Gemma3ForConditionalGeneration", "text-only")):
+        with pytest.raises(ValueError, match=words):
+            resolve_architecture(SimpleNamespace(architectures=[arch]))

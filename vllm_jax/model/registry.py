@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma import GemmaLM
-from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, gemma_spec_from_hf_config
+from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, GEMMA_NOT_BUILT, gemma_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
@@ -36,6 +36,9 @@ def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, DecoderSpec]:
     architectures = list(getattr(hf_config, "architectures", None) or [])
     arch = next((a for a in architectures if a in MODEL_REGISTRY), None)
     if arch is None:
+        reason = next((GEMMA_NOT_BUILT[a] for a in architectures if a in GEMMA_NOT_BUILT), None)
+        if reason:
+            raise ValueError(f"unsupported model architecture {architectures}: {reason}")
         raise ValueError(f"unsupported model architecture {architectures or '(none given)'}; "
                          f"supported: {', '.join(MODEL_REGISTRY)}")
     entry = MODEL_REGISTRY[arch]
