@@ -271,17 +271,15 @@ def check_prequantized_tensor_parallel(workdir: Path) -> dict:
 
 
 def check_gemma_tensor_parallel(workdir: Path) -> dict:
-    """Greedy tokens of tiny Gemma 2 and Gemma 3 at TP 1 and 2 (xla backend: 2 KV heads split), and where TP 2
-    put q_proj and a feed-forward norm."""
+    """Greedy tokens at TP 2 (xla backend: 2 KV heads split) of the tiny Gemma 2 and Gemma 3 checkpoints the test
+    wrote to WORKDIR/gemma2 and WORKDIR/gemma3 (it compares them with transformers' tokens, which are TP 1's), and
+    where TP 2 put q_proj and a feed-forward norm."""
     from flax import nnx
 
     result: dict = {}
     for arch in ("gemma2", "gemma3"):
-        path = workdir / arch
-        make_tiny_checkpoint(arch, path, seed=4)
-        for tp in (1, 2):
-            tokens, engine = _greedy(str(path), tensor_parallel_size=tp)
-            result[f"{arch}_tp{tp}"] = tokens
+        tokens, engine = _greedy(str(workdir / arch), tensor_parallel_size=2)
+        result[f"{arch}_tp2"] = tokens
         layers = nnx.to_pure_dict(engine.runner.params)["layers"]
         result[f"{arch}_specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "pre_feedforward_norm")}
     return result
