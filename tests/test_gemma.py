@@ -48,13 +48,13 @@ def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
                                                layers="stacked" if arch == "gemma2" else "switched")
 
 
-@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
-def test_attention_soft_cap_reaches_the_pallas_kernels(backend, tmp_path_factory):
-    """Gemma 2's logits through each Pallas kernel (interpret mode) match transformers too: the cap is applied
-    inside the kernels (without it these logits are ~0.03 off)."""
-    path = tmp_path_factory.mktemp("gemma2_" + backend)
-    hf = make_tiny_checkpoint("gemma2", path, seed=5)
-    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences(), attention_backend=backend)
+def test_attention_soft_cap_reaches_the_pallas_kernels(tmp_path):
+    """Gemma 2's logits through a Pallas kernel (pallas_gpu, interpret mode) match transformers too: the cap is
+    applied inside the kernel (without it these logits are ~0.3 off). The model hands `soft_cap` to the one
+    dispatch for every backend; the kernels' own capped scores are checked in tests/test_pallas_kernels.py (both
+    TPU and GPU kernels: the `softcap` cases). pallas_tpu's interpret mode passed too (72 s here, so not kept)."""
+    hf = make_tiny_checkpoint("gemma2", tmp_path, seed=5)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), attention_backend="pallas_gpu")
 
 
 def _greedy(engine, prompts: list[list[int]]) -> list[list[int]]:
