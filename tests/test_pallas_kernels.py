@@ -214,6 +214,7 @@ def test_tpu_block_sizes_follow_the_shapes_not_a_chip_table():
     assert tpu_attention.default_head_loads(8, jnp.bfloat16) == "strided"
     assert tpu_attention.default_head_loads(2, jnp.bfloat16) == "indexed"
     assert tpu_attention.default_head_loads(16, jnp.float8_e4m3fn) == "indexed"  # no strided path for fp8 yet
+    assert tpu_attention.default_head_loads(8, jnp.bfloat16, 256) == "indexed"  # Mosaic: strided needs 128 lanes
 
 
 def test_gpu_splits_kv_for_small_decode_batches_only():

@@ -270,7 +270,22 @@ def check_prequantized_tensor_parallel(workdir: Path) -> dict:
             "dtypes": {name: str(layers[name][0].dtype) for name in ("q_proj", "down_proj_scale")}}
 
 
-CHECKS = {"tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
+def check_gemma_tensor_parallel(workdir: Path) -> dict:
+    """Greedy tokens at TP 2 (xla backend: 2 KV heads split) of the tiny Gemma 2 and Gemma 3 checkpoints the test
+    wrote to WORKDIR/gemma2 and WORKDIR/gemma3 (it compares them with transformers' tokens, which are TP 1's), and
+    where TP 2 put q_proj and a feed-forward norm."""
+    from flax import nnx
+
+    result: dict = {}
+    for arch in ("gemma2", "gemma3"):
+        tokens, engine = _greedy(str(workdir / arch), tensor_parallel_size=2)
+        result[f"{arch}_tp2"] = tokens
+        layers = nnx.to_pure_dict(engine.runner.params)["layers"]
+        result[f"{arch}_specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "pre_feedforward_norm")}
+    return result
+
+
+CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
           "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,

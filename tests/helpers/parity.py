@@ -24,14 +24,15 @@ SEQ_LENS = (5, 23, 2, 14)
 SPLITS = (3, 11, 1, 13)
 
 
-def load_forward(path, layers: str = "stacked"):
+def load_forward(path, layers: str = "stacked", attention_backend: str = "auto"):
     """(spec, params, jitted forward(params, kv, inputs), zeroed KV cache) for a checkpoint directory.
 
     `layers`: "stacked" (the scan over stacked params, as on TPU/GPU), "switched" (the scan over per-layer
-    arrays, as on CPU) or "unrolled" (--no-scan-layers)."""
+    arrays, as on CPU) or "unrolled" (--no-scan-layers). `attention_backend`: a Pallas one runs in interpret
+    mode on CPU."""
     source = resolve_model_source(str(path))
     entry, spec = resolve_architecture(load_hf_config(source))
-    model = build_model(entry, spec, "float32", source)
+    model = build_model(entry, spec, "float32", source, attention_backend=attention_backend)
     model.scan_layers = layers != "unrolled"
     graphdef, params = nnx.split(model)
     if layers != "stacked":
@@ -46,10 +47,11 @@ def ragged_sequences(seed: int = 1) -> list[list[int]]:
     return [rng.integers(3, VOCAB_SIZE, n).tolist() for n in SEQ_LENS]
 
 
-def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]], layers: str = "stacked") -> None:
+def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]], layers: str = "stacked",
+                                               attention_backend: str = "auto") -> None:
     """Each sequence is split in two chunks computed in two steps (the second reads the first's KV from the
     pages), mixed with a decode-sized row: every computed position's logits match transformers within 1e-4."""
-    _, params, forward, kv = load_forward(path, layers)
+    _, params, forward, kv = load_forward(path, layers, attention_backend)
     blocks, next_block = [], 1
     for s in seqs:
         n = -(-len(s) // BLOCK_SIZE)

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
 VOCAB_SIZE = 320
 EOS_ID = 2
@@ -37,6 +38,20 @@ MOE_ARCHS = {
         mlp_only_layers=[1], norm_topk_prob=True, use_sliding_window=True, sliding_window=6)),
 }
 
+# Gemma (tests/test_gemma.py): a sliding layer then a global one, query_pre_attn_scalar != head_dim, caps small
+# enough to bend these logits; Gemma 3 with its own local rope base and linear scaling on the global layers. Their
+# norms (zero-initialized by transformers: Gemma scales by 1 + weight) are randomized before saving.
+GEMMA_ARCHS = {
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=6, attn_logit_softcapping=1.5,
+        final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh", pad_token_id=0)),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=6, final_logit_softcapping=3.0, pad_token_id=0,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
+}
+
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """Special tokens, the 256 byte tokens, and a few letters: any text encodes, decoding is byte-exact."""
@@ -52,7 +67,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
     """Save a random tiny model of `arch` (safetensors + tokenizer) to `path`; returns the torch model."""
-    config_cls, model_cls, extra = {**ARCHS, **MOE_ARCHS}[arch]
+    config_cls, model_cls, extra = {**ARCHS, **MOE_ARCHS, **GEMMA_ARCHS}[arch]
     kwargs = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
                   eos_token_id=EOS_ID, initializer_range=0.1, rms_norm_eps=1e-6)
@@ -60,6 +75,11 @@ def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
     kwargs.update(overrides)
     torch.manual_seed(seed)
     model = model_cls(config_cls(**kwargs)).eval()
+    if arch in GEMMA_ARCHS:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, 0.3)
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
     return model

@@ -45,8 +45,41 @@ MIXTRAL_8X7B = {
     "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None, "hidden_act": "silu",
     "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
+# google/gemma-2-9b's config.json: sliding (4096) and global layers alternate, both logit soft caps.
+GEMMA2_9B = {
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "query_pre_attn_scalar": 256, "vocab_size": 256000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+# google/gemma-3-27b-it's text_config as a Gemma3ForCausalLM: five sliding (1024, rope base 10k) layers per global
+# one (base 1M, linear scaling 8), query_pre_attn_scalar 168 = hidden / heads.
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 5376,
+    "intermediate_size": 21504, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+    "head_dim": 128, "query_pre_attn_scalar": 168, "vocab_size": 262208, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024, "sliding_window_pattern": 6,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
-          "mixtral-8x7b": MIXTRAL_8X7B}
+          "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B}
+# Gemma's layer kinds as transformers derives them; a reduced model keeps its last layer global so that both
+# kinds (Gemma 3: both rope tables) are in the compiled program.
+_SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+
+
+def layer_types(config: dict, layers: int) -> list[str] | None:
+    """`layer_types` for a Gemma config cut to `layers` layers (None for other families)."""
+    period = _SLIDING_PERIOD.get(config["architectures"][0])
+    if period is None:
+        return None
+    kinds = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
+    if layers < config["num_hidden_layers"]:
+        kinds[-1] = "full_attention"
+    return kinds
 
 
 def write_config(directory: str | Path, config: dict | None = None, **overrides) -> Path:
@@ -65,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     ns = parser.parse_args(argv)
     config = MODELS[ns.model]
     layers = ns.layers or config["num_hidden_layers"]
-    print(write_config(ns.out_dir, config, num_hidden_layers=layers) / "config.json")
+    kinds = layer_types(config, layers)
+    extra = {} if kinds is None else {"layer_types": kinds}
+    print(write_config(ns.out_dir, config, num_hidden_layers=layers, **extra) / "config.json")
 
 
 if __name__ == "__main__":

@@ -224,8 +224,7 @@ class DecoderLM(nnx.Module):
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
             w = bundle_lora(bundle_quantized(w, self.quantization), ctx.lora, ctx.lora_mask, layer_index)
             aux = aux.record(layer_index, hidden)
-            hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
-                                             layer_index, window)
+            hidden, kv_cache = self._block(ctx, w, hidden, kv_cache, layer_index, window)
             return (hidden, kv_cache, aux), None
 
         num_layers = self.spec.num_layers
@@ -241,6 +240,11 @@ class DecoderLM(nnx.Module):
             w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
             w = bundle_lora(w, ctx.lora, ctx.lora_mask, i)
             aux = aux.record(i, hidden)
-            hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
-                                             self.spec.sliding_windows[i])
+            hidden, kv_cache = self._block(ctx, w, hidden, kv_cache, i, self.spec.sliding_windows[i])
         return hidden, kv_cache, aux
+
+    def _block(self, ctx: LayerContext, w: dict, hidden: jax.Array, kv_cache: jax.Array,
+               layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+        """One layer from its weights `w`: the pre-norm block with the SiLU-gated MLP. A family with another
+        layer (Gemma: model/gemma.py) overrides this and keeps the scan / switch / LoRA machinery above."""
+        return decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)

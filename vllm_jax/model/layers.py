@@ -418,10 +418,12 @@ class AttentionKernels:
         return sharded_write_kv_cache(self.mesh, kv_cache, k, v, slot_mapping, **kwargs)
 
     def attention(self, q: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *, sm_scale: float,
-                  window: jax.Array | int, layer_index: jax.Array | int) -> jax.Array:
+                  window: jax.Array | int, layer_index: jax.Array | int,
+                  soft_cap: float | None = None) -> jax.Array:
+        """`soft_cap` (Gemma 2): scores -> cap * tanh(scores / cap) after sm_scale, in every backend."""
         args = (q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
-        kwargs = dict(sm_scale=sm_scale, sliding_window=window, layer_index=layer_index, backend=self.backend,
-                      platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale)
+        kwargs = dict(sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap, layer_index=layer_index,
+                      backend=self.backend, platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale)
         if self.mesh is None:
             return ragged_paged_attention(*args, **kwargs)
         return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.gemma import GemmaLM
+from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, GEMMA_NOT_BUILT, gemma_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
@@ -25,6 +27,7 @@ class ModelEntry:
 MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
     **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
+    **{arch: ModelEntry(GemmaLM, gemma_spec_from_hf_config) for arch in GEMMA_ARCHITECTURES},
 }
 
 
@@ -33,6 +36,9 @@ def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, DecoderSpec]:
     architectures = list(getattr(hf_config, "architectures", None) or [])
     arch = next((a for a in architectures if a in MODEL_REGISTRY), None)
     if arch is None:
+        reason = next((GEMMA_NOT_BUILT[a] for a in architectures if a in GEMMA_NOT_BUILT), None)
+        if reason:
+            raise ValueError(f"unsupported model architecture {architectures}: {reason}")
         raise ValueError(f"unsupported model architecture {architectures or '(none given)'}; "
                          f"supported: {', '.join(MODEL_REGISTRY)}")
     entry = MODEL_REGISTRY[arch]

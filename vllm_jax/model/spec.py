@@ -74,11 +74,12 @@ def pick_architecture(config: Any, supported: tuple[str, ...]) -> str:
     return arch
 
 
-def common_spec_fields(config: Any, arch: str) -> dict[str, Any]:
+def common_spec_fields(config: Any, arch: str, check_activation: bool = True) -> dict[str, Any]:
     """The DecoderSpec fields every Llama-family architecture reads the same way (attention shape, rope,
-    norms, windows), checked once."""
+    norms, windows), checked once. `check_activation`: refuse a `hidden_act` other than silu (a family with
+    another FFN, Gemma's GeGLU, checks its own)."""
     act = getattr(config, "hidden_act", "silu")
-    if act not in ("silu", "swish"):
+    if check_activation and act not in ("silu", "swish"):
         raise ValueError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads

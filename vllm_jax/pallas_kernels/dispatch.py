@@ -117,4 +117,4 @@ def _tpu_head_loads(kv_cache: jax.Array, interpret) -> str:
     """InterpretParams cannot reshape/bitcast refs, so it gets the indexed loads; otherwise the shape rule."""
     if interpret not in (False, True):
         return "indexed"
-    return tpu_attention.default_head_loads(kv_cache.shape[-2] // 2, kv_cache.dtype)
+    return tpu_attention.default_head_loads(kv_cache.shape[-2] // 2, kv_cache.dtype, kv_cache.shape[-1])

@@ -51,10 +51,12 @@ _ANY = getattr(pl, "ANY", None) or getattr(pltpu, "ANY", None) or pltpu.TPUMemor
 _CompilerParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
 
 
-def default_head_loads(num_kv_heads: int, kv_dtype) -> str:
-    """"strided" where Mosaic can flatten the page buffer for free, else "indexed"."""
+def default_head_loads(num_kv_heads: int, kv_dtype, head_dim: int = LANES) -> str:
+    """"strided" where Mosaic can flatten the page buffer for free, else "indexed". Not above one lane tile of
+    head_dim: at 256 (Gemma 2) Mosaic refuses the strided view ("The last dim size is not 128 in original base
+    memref", seen by `vllm-jax compile-check` for v6e) while the indexed loads compile."""
     dt = jnp.dtype(kv_dtype)
-    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)) or head_dim > LANES:
         return "indexed"
     return "strided" if (2 * num_kv_heads) % (8 * sublane_packing(dt)) == 0 else "indexed"
 
@@ -272,7 +274,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                     table_width=table_width, cache_kv_heads=cache_kv_heads, chip=chip, tq=tq,
                     pages_per_block=pages_per_block)
     tq, pages_per_block = plan.tq, plan.pages_per_block
-    head_loads = head_loads or default_head_loads(cache_kv_heads, kv_cache.dtype)
+    head_loads = head_loads or default_head_loads(cache_kv_heads, kv_cache.dtype, head_dim)
     num_tiles = -(-num_tokens // tq)
     padded = num_tiles * tq
 
