@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json  # noqa: E402
 import sys  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -270,11 +271,32 @@ def check_prequantized_tensor_parallel(workdir: Path) -> dict:
             "dtypes": {name: str(layers[name][0].dtype) for name in ("q_proj", "down_proj_scale")}}
 
 
+def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
+    """Logits of one prefill step of a tiny `family` model (tests/helpers/family_models.py) at TP 1 and 2, and
+    where TP 2 put its linears (Phi-3's q/k/v and gate/up, split from fused tensors at load, shard like Llama's)."""
+    from flax import nnx
+
+    from tests.helpers.family_models import make_family_checkpoint
+    from tests.helpers.quantized_models import prompt_logits, quant_runner
+
+    make_family_checkpoint(family, workdir / family, seed=1)
+    result: dict = {"tp1": prompt_logits(quant_runner(workdir / family, None)).tolist()}
+    runner = quant_runner(workdir / family, None, tensor_parallel_size=2)
+    result["tp2"] = prompt_logits(runner).tolist()
+    layers = nnx.to_pure_dict(runner.params)["layers"]
+    result["specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "k_proj", "v_proj", "gate_proj",
+                                                                   "up_proj", "o_proj", "down_proj")}
+    return result
+
+
 CHECKS = {"tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
           "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel}
+
+CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
+           for family in ("granite", "olmo2", "phi3")}
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[1]](Path(sys.argv[2]))))

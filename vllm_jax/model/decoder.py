@@ -78,6 +78,9 @@ class DecoderLM(nnx.Module):
     # convention, model/aux_hidden.py). () is off and costs nothing. Static like scan_layers: set it before
     # splitting the module (aux_hidden.eagle3_default_layers gives vLLM's default).
     aux_hidden_layers: tuple[int, ...] = ()
+    # one layer's computation (layers.decoder_block's signature): families with another residual / norm layout
+    # (model/granite.py, model/olmo2.py) name theirs
+    block = staticmethod(decoder_block)
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None,
@@ -222,8 +225,8 @@ class DecoderLM(nnx.Module):
             w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
             w = bundle_lora(bundle_quantized(w, self.quantization), ctx.lora, ctx.lora_mask, layer_index)
             aux = aux.record(layer_index, hidden)
-            hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
-                                             layer_index, window)
+            hidden, kv_cache = self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache,
+                                          layer_index, window)
             return (hidden, kv_cache, aux), None
 
         num_layers = self.spec.num_layers
@@ -239,6 +242,6 @@ class DecoderLM(nnx.Module):
             w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
             w = bundle_lora(w, ctx.lora, ctx.lora_mask, i)
             aux = aux.record(i, hidden)
-            hidden, kv_cache = decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
-                                             self.spec.sliding_windows[i])
+            hidden, kv_cache = self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, i,
+                                          self.spec.sliding_windows[i])
         return hidden, kv_cache, aux

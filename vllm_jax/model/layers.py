@@ -436,13 +436,22 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
     """Self-attention of the normed hidden states `x` [T, hidden] over the paged KV cache: q/k/v (q/k norms,
     rotary), this step's K/V written through `slot_mapping` before the ragged paged attention reads the pages,
     then o_proj. -> (attention output [T, hidden], updated kv_cache)."""
-    t, inputs = x.shape[0], ctx.inputs
+    t = x.shape[0]
     q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
     k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
     v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
     if spec.qk_norm:
         q = rms_norm(q, w["q_norm"], spec.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], spec.rms_norm_eps)
+    return attend(spec, ctx, w, q, k, v, kv_cache, layer_index, window)
+
+
+def attend(spec: DecoderSpec, ctx: LayerContext, w: dict, q: jax.Array, k: jax.Array, v: jax.Array,
+           kv_cache: jax.Array, layer_index: jax.Array | int,
+           window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+    """`attention` after the projections (q [T, heads, head_dim], k / v [T, kv_heads, head_dim]): rotary, the KV
+    write, the paged attention and o_proj; families that project differently (model/olmo2.py) call it too."""
+    t, inputs = q.shape[0], ctx.inputs
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
     attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.sm_scale, window=window,

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.granite import GRANITE_ARCHITECTURES, GraniteLM, granite_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
+from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES, Olmo2LM, olmo2_spec_from_hf_config
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
 
 
@@ -25,6 +27,8 @@ class ModelEntry:
 MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
     **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
+    **{arch: ModelEntry(GraniteLM, granite_spec_from_hf_config) for arch in GRANITE_ARCHITECTURES},
+    **{arch: ModelEntry(Olmo2LM, olmo2_spec_from_hf_config) for arch in OLMO2_ARCHITECTURES},
 }
 
 
