@@ -1,6 +1,6 @@
 """Granite, OLMo 2 and Phi-3 against transformers (PyTorch CPU, float32) on tiny random checkpoints: ragged
 chunked logits within 1e-4, 32-token greedy continuations through the engine (prefix caching on / off,
-preemption), TP 2 logits = TP 1 on fake CPU devices."""
+preemption), TP 2 logits = TP 1 on fake CPU devices. Phi-3 past its original context: tests/test_phi3.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.helpers.family_models import make_family_checkpoint
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 
 REPO = Path(__file__).resolve().parent.parent
-FAMILIES = ["granite", "olmo2"]
+FAMILIES = ["granite", "olmo2", "phi3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

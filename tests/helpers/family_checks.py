@@ -9,9 +9,10 @@ import numpy as np
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy
 
 MAX_TOKENS = 32
-# 8-token blocks, 12 of them per 96-token request: 16 blocks hold one request and a bit, so six prompts with 32
+# 8-token blocks, 8 per 64-token request (within Phi-3's tiny original context: short LongRoPE factors, as
+# transformers' generate uses for these lengths): 12 blocks hold one request and a half, so seven prompts with 32
 # new tokens each preempt
-ENGINE = dict(max_model_len=96, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+ENGINE = dict(max_model_len=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
 
 
 def engine_prompts() -> list[list[int]]:
@@ -26,17 +27,22 @@ def assert_engine_greedy_matches(hf, path) -> None:
     """32 greedy tokens per prompt, token-identical to transformers', (a) with prefix caching on and a KV cache
     that preempts (the shared prefix is hit, at least one request is preempted), (b) prefix caching off, no
     preemption."""
-    from vllm_jax import LLM, SamplingParams
+    from vllm_jax import EngineArgs, SamplingParams
+    from vllm_jax.engine.llm_engine import LLMEngine
 
     prompts = engine_prompts()
     reference = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    for overrides in (dict(enable_prefix_caching=True, num_gpu_blocks_override=16),
-                      dict(enable_prefix_caching=False, num_gpu_blocks_override=128)):
-        llm = LLM(str(path), **ENGINE, **overrides)
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outputs] == reference, overrides
-        engine = llm.llm_engine
+    for overrides in (dict(enable_prefix_caching=True, num_gpu_blocks_override=12),
+                      dict(enable_prefix_caching=False, num_gpu_blocks_override=64)):
+        # no warm-up: only the programs this workload runs are compiled (the warm-up compiles every bucket)
+        engine = LLMEngine(EngineArgs(model=str(path), **ENGINE, **overrides).create_config(), warmup=False)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        tokens: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
+        assert [tokens[str(i)] for i in range(len(prompts))] == reference, overrides
         if overrides["enable_prefix_caching"]:
             assert engine.scheduler.num_preemptions_total > 0, "the small cache did not preempt"
             assert engine.kv_cache_manager.prefix_cache_hits > 0, "the shared prefix was never hit"

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes, min_name
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
+from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
 from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
@@ -115,7 +116,9 @@ def rope_inv_freq(rope: dict, head_dim: int) -> tuple[np.ndarray, float]:
         return (inv_freq / float(rope["factor"])).astype(np.float32), 1.0
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope).astype(np.float32), 1.0
-    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3)")
+    if rope_type == "longrope":  # the short factors; spec.long_inv_freq holds the long (model/rope_longrope.py)
+        return longrope_inv_freq(rope, head_dim)
+    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3, longrope)")
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, rope: dict) -> np.ndarray:
