@@ -76,7 +76,7 @@ class Olmo2Layers(DecoderLayers):
 class Olmo2LM(DecoderLM):
     """Olmo2ForCausalLM: DecoderLM with `Olmo2Layers` and `olmo2_block`. The final norm stays the shared
     `layers.rms_norm`: identical to OLMo 2's in float32; in bfloat16 it rounds before the weight multiply, not
-    after (a known difference of one rounding, docs/architecture.md)."""
+    after (a known difference of one rounding: docs/architecture.md, "OLMo 2")."""
 
     layers_class = Olmo2Layers
     block = staticmethod(olmo2_block)
