@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from tests.helpers.family_checks import assert_engine_greedy_matches
+from tests.helpers.family_models import FAMILIES as FAMILY_CONFIGS
 from tests.helpers.family_models import make_family_checkpoint
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from vllm_jax.model.registry import resolve_architecture
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILIES = ["granite", "olmo2", "phi3"]
@@ -46,3 +48,19 @@ def test_tp2_logits_equal_tp1(name, tmp_path):
     column, row = [None, None, "model"], [None, "model"]
     assert result["specs"] == {"q_proj": column, "k_proj": column, "v_proj": column, "gate_proj": column,
                                "up_proj": column, "o_proj": row, "down_proj": row}
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("granite", dict(logits_scaling=0.0), "logits_scaling must not be 0"),
+    ("olmo2", dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+    ("phi3", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+     "rope_type 'linear' is not supported"),
+])
+def test_unsupported_config_options_are_named(name, change, message):
+    config_cls, _, extra = FAMILY_CONFIGS[name]
+    config = config_cls(**{**extra, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "architectures": [config_cls.__name__.replace("Config", "ForCausalLM")]})
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=message):
+        resolve_architecture(config)
