@@ -48,6 +48,9 @@ def test_tp2_logits_equal_tp1(name, tmp_path):
     column, row = [None, None, "model"], [None, "model"]
     assert result["specs"] == {"q_proj": column, "k_proj": column, "v_proj": column, "gate_proj": column,
                                "up_proj": column, "o_proj": row, "down_proj": row}
+    if name == "phi3":  # each device read only its half of q, k and v out of the fused [q 64 | k 32 | v 32] rows
+        assert [tuple(r) for r in result["tp2_qkv_rows"]] == [(0, 32), (32, 64), (64, 80), (80, 96), (96, 112),
+                                                             (112, 128)]
 
 
 @pytest.mark.parametrize("name, change, message", [

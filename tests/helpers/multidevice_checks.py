@@ -279,10 +279,23 @@ def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
     from tests.helpers.family_models import make_family_checkpoint
     from tests.helpers.quantized_models import prompt_logits, quant_runner
 
+    from vllm_jax.model_loader import safetensors_checkpoint as checkpoint
+
     make_family_checkpoint(family, workdir / family, seed=1)
     result: dict = {"tp1": prompt_logits(quant_runner(workdir / family, None)).tolist()}
+    rows: set[tuple[int, int]] = set()  # rows of layer 0's fused qkv_proj (Phi-3) each read asked for at TP 2
+    original_read = checkpoint.SafetensorsCheckpoint.read
+
+    def recording_read(self, name, index):
+        if name == "model.layers.0.self_attn.qkv_proj.weight":
+            rows.add((index[0].start, index[0].stop))
+        return original_read(self, name, index)
+
+    checkpoint.SafetensorsCheckpoint.read = recording_read
     runner = quant_runner(workdir / family, None, tensor_parallel_size=2)
+    checkpoint.SafetensorsCheckpoint.read = original_read
     result["tp2"] = prompt_logits(runner).tolist()
+    result["tp2_qkv_rows"] = sorted(rows)
     layers = nnx.to_pure_dict(runner.params)["layers"]
     result["specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "k_proj", "v_proj", "gate_proj",
                                                                    "up_proj", "o_proj", "down_proj")}
