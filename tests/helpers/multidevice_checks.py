@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json  # noqa: E402
 import sys  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -285,11 +286,46 @@ def check_gemma_tensor_parallel(workdir: Path) -> dict:
     return result
 
 
-CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel": check_tensor_parallel, "quantized_tensor_parallel": check_quantized_tensor_parallel,
+def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
+    """Logits of one prefill step of a tiny `family` model (tests/helpers/family_models.py) at TP 1 and 2, and
+    where TP 2 put its linears (Phi-3's q/k/v and gate/up, split from fused tensors at load, shard like Llama's)."""
+    from flax import nnx
+
+    from tests.helpers.family_models import make_family_checkpoint
+    from tests.helpers.quantized_models import prompt_logits, quant_runner
+
+    from vllm_jax.model_loader import safetensors_checkpoint as checkpoint
+
+    make_family_checkpoint(family, workdir / family, seed=1)
+    result: dict = {"tp1": prompt_logits(quant_runner(workdir / family, None)).tolist()}
+    rows: set[tuple[int, int]] = set()  # rows of layer 0's fused qkv_proj (Phi-3) each read asked for at TP 2
+    original_read = checkpoint.SafetensorsCheckpoint.read
+
+    def recording_read(self, name, index):
+        if name == "model.layers.0.self_attn.qkv_proj.weight":
+            rows.add((index[0].start, index[0].stop))
+        return original_read(self, name, index)
+
+    checkpoint.SafetensorsCheckpoint.read = recording_read
+    runner = quant_runner(workdir / family, None, tensor_parallel_size=2)
+    checkpoint.SafetensorsCheckpoint.read = original_read
+    result["tp2"] = prompt_logits(runner).tolist()
+    result["tp2_qkv_rows"] = sorted(rows)
+    layers = nnx.to_pure_dict(runner.params)["layers"]
+    result["specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "k_proj", "v_proj", "gate_proj",
+                                                                   "up_proj", "o_proj", "down_proj")}
+    return result
+
+
+CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel": check_tensor_parallel,
+          "quantized_tensor_parallel": check_quantized_tensor_parallel,
           "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel}
+
+CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
+           for family in ("granite", "olmo2", "phi3")}
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[1]](Path(sys.argv[2]))))

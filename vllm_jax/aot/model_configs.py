@@ -64,8 +64,36 @@ GEMMA3_27B = {
     "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024, "sliding_window_pattern": 6,
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
 }
+# microsoft/Phi-3-mini-128k-instruct's config.json: head_dim 96, fused qkv / gate_up tensors, LongRoPE. The 48
+# short / long factors here are placeholders (1.0 and a ramp), not the card's values: a compile check depends on
+# their count, not their values.
+PHI3_MINI_128K = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+    "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "sliding_window": 262144, "hidden_act": "silu", "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48,
+                                                "long_factor": [1.0 + i for i in range(48)]},
+}
+# ibm-granite/granite-3.0-8b-instruct's config.json: the four Granite multipliers, tied embeddings.
+GRANITE_3_8B = {
+    "architectures": ["GraniteForCausalLM"], "model_type": "granite", "hidden_size": 4096,
+    "intermediate_size": 12800, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 49155, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
+    "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125, "residual_multiplier": 0.22,
+    "logits_scaling": 16.0, "torch_dtype": "bfloat16",
+}
+# allenai/OLMo-2-1124-7B's config.json: post-norms, whole-projection q/k norms, no GQA.
+OLMO2_7B = {
+    "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 100352,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "hidden_act": "silu",
+    "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
-          "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B}
+          "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B,
+          "phi-3-mini-128k": PHI3_MINI_128K, "granite-3-8b": GRANITE_3_8B, "olmo-2-7b": OLMO2_7B}
 # Gemma's layer kinds as transformers derives them; a reduced model keeps its last layer global so that both
 # kinds (Gemma 3: both rope tables) are in the compiled program.
 _SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}

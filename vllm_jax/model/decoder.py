@@ -80,6 +80,9 @@ class DecoderLM(nnx.Module):
     # convention, model/aux_hidden.py). () is off and costs nothing. Static like scan_layers: set it before
     # splitting the module (aux_hidden.eagle3_default_layers gives vLLM's default).
     aux_hidden_layers: tuple[int, ...] = ()
+    # one layer's computation (layers.decoder_block's signature): families with another residual / norm layout
+    # (model/granite.py, model/olmo2.py) name theirs
+    block = staticmethod(decoder_block)
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None,
@@ -245,6 +248,7 @@ class DecoderLM(nnx.Module):
 
     def _block(self, ctx: LayerContext, w: dict, hidden: jax.Array, kv_cache: jax.Array,
                layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
-        """One layer from its weights `w`: the pre-norm block with the SiLU-gated MLP. A family with another
-        layer (Gemma: model/gemma.py) overrides this and keeps the scan / switch / LoRA machinery above."""
-        return decoder_block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)
+        """One layer from its weights `w`: `block` (the pre-norm block, or a family's residual / norm layout) with
+        the SiLU-gated MLP. A family with another MLP too (Gemma: model/gemma.py) overrides this and keeps the scan /
+        switch / LoRA machinery above."""
+        return self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)

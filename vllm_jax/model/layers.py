@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes, min_name
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
+from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
 from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
@@ -115,7 +116,9 @@ def rope_inv_freq(rope: dict, head_dim: int) -> tuple[np.ndarray, float]:
         return (inv_freq / float(rope["factor"])).astype(np.float32), 1.0
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope).astype(np.float32), 1.0
-    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3)")
+    if rope_type == "longrope":  # the short factors; spec.long_inv_freq holds the long (model/rope_longrope.py)
+        return longrope_inv_freq(rope, head_dim)
+    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3, longrope)")
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, rope: dict) -> np.ndarray:
@@ -448,13 +451,22 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
     """Self-attention of the normed hidden states `x` [T, hidden] over the paged KV cache: q/k/v (q/k norms,
     rotary), this step's K/V written through `slot_mapping` before the ragged paged attention reads the pages,
     then o_proj. -> (attention output [T, hidden], updated kv_cache)."""
-    t, inputs = x.shape[0], ctx.inputs
+    t = x.shape[0]
     q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
     k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
     v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
     if spec.qk_norm:
         q = rms_norm(q, w["q_norm"], spec.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], spec.rms_norm_eps)
+    return attend(spec, ctx, w, q, k, v, kv_cache, layer_index, window)
+
+
+def attend(spec: DecoderSpec, ctx: LayerContext, w: dict, q: jax.Array, k: jax.Array, v: jax.Array,
+           kv_cache: jax.Array, layer_index: jax.Array | int,
+           window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+    """`attention` after the projections (q [T, heads, head_dim], k / v [T, kv_heads, head_dim]): rotary, the KV
+    write, the paged attention and o_proj; families that project differently (model/olmo2.py) call it too."""
+    t, inputs = q.shape[0], ctx.inputs
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
     attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.sm_scale, window=window,

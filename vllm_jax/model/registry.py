@@ -13,8 +13,12 @@ from typing import Any
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma import GemmaLM
 from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, GEMMA_NOT_BUILT, gemma_spec_from_hf_config
+from vllm_jax.model.granite import GRANITE_ARCHITECTURES, GraniteLM, granite_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
+from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES, Olmo2LM, olmo2_spec_from_hf_config
+from vllm_jax.model.phi3 import PHI3_ARCHITECTURES, phi3_spec_from_hf_config
+from vllm_jax.model.rope_longrope import for_context
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
 
 
@@ -28,11 +32,16 @@ MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
     **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
     **{arch: ModelEntry(GemmaLM, gemma_spec_from_hf_config) for arch in GEMMA_ARCHITECTURES},
+    **{arch: ModelEntry(GraniteLM, granite_spec_from_hf_config) for arch in GRANITE_ARCHITECTURES},
+    **{arch: ModelEntry(Olmo2LM, olmo2_spec_from_hf_config) for arch in OLMO2_ARCHITECTURES},
+    **{arch: ModelEntry(DecoderLM, phi3_spec_from_hf_config) for arch in PHI3_ARCHITECTURES},
 }
 
 
-def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, DecoderSpec]:
-    """(registry entry, spec) for a transformers config; an unknown architecture names the supported ones."""
+def resolve_architecture(hf_config: Any, max_model_len: int | None = None) -> tuple[ModelEntry, DecoderSpec]:
+    """(registry entry, spec) for a transformers config; an unknown architecture names the supported ones.
+    `max_model_len`: the context the engine serves, which picks LongRoPE's factor set (model/rope_longrope.py);
+    None: the short factors."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
     arch = next((a for a in architectures if a in MODEL_REGISTRY), None)
     if arch is None:
@@ -42,4 +51,4 @@ def resolve_architecture(hf_config: Any) -> tuple[ModelEntry, DecoderSpec]:
         raise ValueError(f"unsupported model architecture {architectures or '(none given)'}; "
                          f"supported: {', '.join(MODEL_REGISTRY)}")
     entry = MODEL_REGISTRY[arch]
-    return entry, entry.spec_from_config(hf_config)
+    return entry, for_context(entry.spec_from_config(hf_config), max_model_len)

@@ -39,6 +39,14 @@ class DecoderSpec:
     # softmax scale of q.k; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5, Granite:
     # attention_multiplier)
     attention_scale: float | None = field(default=None, kw_only=True)
+    # Granite: each residual branch (attention, MLP output) times this before it is added (model/granite.py)
+    residual_multiplier: float = field(default=1.0, kw_only=True)
+    # Granite: the logits divided by this (model/granite.py)
+    logits_scaling: float = field(default=1.0, kw_only=True)
+    # LongRoPE (Phi-3): the long-context inverse frequencies, () when none; model/rope_longrope.py picks them
+    long_inv_freq: tuple[float, ...] = field(default=(), kw_only=True)
+    # LongRoPE: a context (max_model_len) longer than this uses long_inv_freq for every token (0: no LongRoPE)
+    rope_original_max_position: int = field(default=0, kw_only=True)
 
     @property
     def q_size(self) -> int:
@@ -117,4 +125,5 @@ def _rope_parameters(config: Any) -> dict:
     if scaling and "rope_type" not in params:
         params.update(scaling)
     params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("max_position_embeddings", getattr(config, "max_position_embeddings", None))  # longrope
     return params

@@ -62,7 +62,7 @@ class AbstractEngine:
     def build(cls, config: EngineConfig, devices: list | tuple) -> AbstractEngine:
         """The runner's construction (worker/model_runner.py) up to the KV cache, without allocating."""
         mc, sc, tp = config.model_config, config.scheduler_config, config.parallel_config.tensor_parallel_size
-        entry, spec = resolve_architecture(mc.hf_config)
+        entry, spec = resolve_architecture(mc.hf_config, mc.max_model_len)
         mesh = make_mesh(tp, 1, devices=list(devices))
         backend = config.resolved_attention_backend
         check_tensor_parallel_layout(spec, tp, backend)
@@ -76,7 +76,7 @@ class AbstractEngine:
                                            quantization=model_quantization(config.model_config))
         speculator = head
         if config.draft_model_config is not None:
-            draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config)
+            draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config, mc.max_model_len)
             check_tensor_parallel_layout(draft_spec, tp, backend)
             speculator = SpeculatorModel(*_abstract_model(config, draft_entry, draft_spec, backend, mesh), draft_spec)
         width = block_table_width(blocks_per_sequence(mc.max_model_len, config.cache_config.block_size), backend,

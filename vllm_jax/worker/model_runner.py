@@ -99,7 +99,7 @@ class ModelRunner:
         mc, cc, sc, pc = config.model_config, config.cache_config, config.scheduler_config, config.parallel_config
         tp = pc.tensor_parallel_size
         self.compilation_cache_dir = use_compilation_cache(config.compilation_cache_dir)
-        model_entry, self.spec = resolve_architecture(mc.hf_config)
+        model_entry, self.spec = resolve_architecture(mc.hf_config, mc.max_model_len)
         self.mesh = make_mesh(tp, 1, devices=devices)
         # Resolved once, for the platform the programs are built for (docs/architecture.md, "Sharding").
         self.attention_backend = config.resolved_attention_backend

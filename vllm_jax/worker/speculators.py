@@ -83,7 +83,7 @@ def load_draft_model(config: EngineConfig, attention_backend: str, load_model: L
         raise ValueError("speculative_config method 'draft_model' runs in one process only (its proposal chain "
                          "is not broadcast to other hosts)")
     try:
-        entry, spec = resolve_architecture(dc.hf_config)
+        entry, spec = resolve_architecture(dc.hf_config, config.model_config.max_model_len)
     except ValueError as exc:
         raise ValueError(f"speculative_config.model {dc.model!r}: {exc}") from None
     check_tensor_parallel_layout(spec, config.parallel_config.tensor_parallel_size, attention_backend)

@@ -1,0 +1,69 @@
+"""Granite, OLMo 2 and Phi-3 against transformers (PyTorch CPU, float32) on tiny random checkpoints: ragged
+chunked logits within 1e-4, 32-token greedy continuations through the engine (prefix caching on / off,
+preemption), TP 2 logits = TP 1 on fake CPU devices. Phi-3 past its original context: tests/test_phi3.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers.family_checks import assert_engine_greedy_matches
+from tests.helpers.family_models import FAMILIES as FAMILY_CONFIGS
+from tests.helpers.family_models import make_family_checkpoint
+from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from vllm_jax.model.registry import resolve_architecture
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILIES = ["granite", "olmo2", "phi3"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, path, make_family_checkpoint(request.param, path, seed=3)
+
+
+def test_logits_match_transformers_on_ragged_chunked_batches(family):
+    _, path, hf = family
+    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences())
+
+
+def test_greedy_tokens_equal_transformers_with_prefix_caching_and_preemption(family):
+    _, path, hf = family
+    assert_engine_greedy_matches(hf, path)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tp2_logits_equal_tp1(name, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", f"{name}_tensor_parallel",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(np.array(result["tp2"]), np.array(result["tp1"]), atol=1e-4, rtol=0)
+    column, row = [None, None, "model"], [None, "model"]
+    assert result["specs"] == {"q_proj": column, "k_proj": column, "v_proj": column, "gate_proj": column,
+                               "up_proj": column, "o_proj": row, "down_proj": row}
+    if name == "phi3":  # each device read only its half of q, k and v out of the fused [q 64 | k 32 | v 32] rows
+        assert [tuple(r) for r in result["tp2_qkv_rows"]] == [(0, 32), (32, 64), (64, 80), (80, 96), (96, 112),
+                                                             (112, 128)]
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("granite", dict(logits_scaling=0.0), "logits_scaling must not be 0"),
+    ("olmo2", dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+    ("phi3", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+     "rope_type 'linear' is not supported"),
+])
+def test_unsupported_config_options_are_named(name, change, message):
+    config_cls, _, extra = FAMILY_CONFIGS[name]
+    config = config_cls(**{**extra, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "architectures": [config_cls.__name__.replace("Config", "ForCausalLM")]})
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=message):
+        resolve_architecture(config)
