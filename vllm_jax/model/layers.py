@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes, min_name
+from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
@@ -115,7 +116,9 @@ def rope_inv_freq(rope: dict, head_dim: int) -> tuple[np.ndarray, float]:
         return (inv_freq / float(rope["factor"])).astype(np.float32), 1.0
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope).astype(np.float32), 1.0
-    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3)")
+    if rope_type == "yarn":
+        return yarn_inv_freq(rope, head_dim)
+    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3, yarn)")
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, rope: dict) -> np.ndarray:
@@ -408,10 +411,10 @@ class AttentionKernels:
         return sharded_write_kv_cache(self.mesh, kv_cache, k, v, slot_mapping, **kwargs)
 
     def attention(self, q: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *, sm_scale: float,
-                  window: jax.Array | int, layer_index: jax.Array | int) -> jax.Array:
+                  window: jax.Array | int, layer_index: jax.Array | int, sinks: jax.Array | None = None) -> jax.Array:
         args = (q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
         kwargs = dict(sm_scale=sm_scale, sliding_window=window, layer_index=layer_index, backend=self.backend,
-                      platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale)
+                      platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale, sinks=sinks)
         if self.mesh is None:
             return ragged_paged_attention(*args, **kwargs)
         return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)
@@ -446,7 +449,7 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
     attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.sm_scale, window=window,
-                                 layer_index=layer_index)
+                                 layer_index=layer_index, sinks=w.get("sinks"))  # gpt-oss's attention sinks
     return linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias")), kv_cache
 
 

@@ -116,4 +116,5 @@ def _rope_parameters(config: Any) -> dict:
     if scaling and "rope_type" not in params:
         params.update(scaling)
     params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("max_position_embeddings", getattr(config, "max_position_embeddings", None))  # YaRN's
     return params
