@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.gpt_oss import GptOssLM
+from vllm_jax.model.gpt_oss_spec import GPT_OSS_ARCHITECTURES, gpt_oss_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
@@ -25,6 +27,7 @@ class ModelEntry:
 MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
     **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
+    **{arch: ModelEntry(GptOssLM, gpt_oss_spec_from_hf_config) for arch in GPT_OSS_ARCHITECTURES},
 }
 
 
