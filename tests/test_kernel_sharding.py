@@ -2,8 +2,8 @@
 shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
 precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
 and attention sinks (split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the
-replicated pages). Then the engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2 gives the tokens of
-TP 1."""
+replicated pages). Then the engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2
+gives the tokens of TP 1."""
 
 from __future__ import annotations
 
