@@ -103,5 +103,9 @@ def test_mxfp4_experts_and_quantization_are_refused_naming_them(checkpoint, tmp_
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="mxfp4.*MXFP4|MXFP4.*mxfp4"):
         resolve_architecture(load_hf_config(resolve_model_source(str(tmp_path))))
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).symlink_to(path / name)
+    with pytest.raises(ValueError, match="'mxfp4' \\(gpt-oss's published MXFP4 experts\\) is not supported"):
+        LLM(str(tmp_path), max_model_len=64, num_gpu_blocks_override=16)  # the engine's path: the loader says it
     with pytest.raises(ValueError, match="--quantization int8 is not supported for gpt-oss"):
         LLM(str(path), max_model_len=64, quantization="int8", num_gpu_blocks_override=16)
