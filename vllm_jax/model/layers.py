@@ -23,8 +23,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes, min_name
-from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
+from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
 from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
