@@ -26,7 +26,7 @@ def checkpoint(tmp_path_factory):
 
 def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
     """Two chunked steps over four ragged sequences (the second chunk reads the first's pages; windows cut in):
-    every computed position within 1e-4. The checkpoint really exercises gpt-oss's parts: every expert routed
+    every computed position within 1e-4, layers scanned and unrolled. The checkpoint really exercises gpt-oss's parts: every expert routed
     in every layer, the clamp active, the sinks large."""
     path, hf = checkpoint
     spec = load_forward(path)[0]
@@ -39,6 +39,7 @@ def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
     gate_up = hf.model.layers[0].mlp.experts.gate_up_proj
     assert float(hf.model.layers[0].self_attn.sinks.detach().abs().max()) > 1.0 and gate_up.shape[-1] == 2 * 48
     assert_logits_match_over_two_chunked_steps(hf, path, seqs)
+    assert_logits_match_over_two_chunked_steps(hf, path, seqs, layers="unrolled")  # --no-scan-layers' loop
 
 
 @pytest.fixture(scope="module")
