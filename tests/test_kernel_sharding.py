@@ -1,9 +1,9 @@
 """The Pallas kernels under tensor parallelism (sharding/kernel_sharding.py): attention and the KV write inside
 shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
 precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
-(split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the replicated pages).
-Then the engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2 gives the tokens of
-TP 1."""
+and attention sinks (split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the
+replicated pages). Then the engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2
+gives the tokens of TP 1."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ def engine(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
-@pytest.mark.parametrize("case", ["kv4_g2", "kv2_g4_window"])
+@pytest.mark.parametrize("case", ["kv4_g2", "kv2_g4_window_sinks"])
 def test_tp2_and_tp4_attention_equals_tp1(checks, backend, case):
     assert checks[f"{backend}/{case}/tp1_vs_oracle"] < (2e-5 if case == "kv4_g2" else 3e-2)
     for tp in (2, 4):
         got = checks[f"{backend}/{case}/tp{tp}"]
         assert got["max_diff"] <= 1e-6, (tp, got)
-    assert checks[f"{backend}/kv2_g4_window/tp4"]["layout"] == "replicated"
+    assert checks[f"{backend}/kv2_g4_window_sinks/tp4"]["layout"] == "replicated"
     assert checks[f"{backend}/kv4_g2/tp4"]["layout"] == "sharded"
 
 

@@ -240,6 +240,74 @@ def test_unknown_or_foreign_backend_names_are_clear_errors():
         dispatch.resolve_backend("pallas_gpu", "tpu")
 
 
+# ---- attention sinks (gpt-oss: a learned per-head logit in the softmax denominator) -----------------------------
+
+def test_oracle_sinks_on_the_hand_computed_batch():
+    """A sink s adds e^s to the denominator only: row 0 (one key, value 1 on KV head 0) with sink ln 3 on head 0
+    gives 1 * 1 / (1 + 3) = 0.25; a sink of -inf-ish changes nothing; row 2, head 1: weights 1:1:4 -> 3 + 6 + 48
+    over 6 + e^0 = 57 / 7."""
+    batch = _hand_batch()
+    sinks = np.array([math.log(3), 0.0, -1e4, -1e4])
+    got = oracle.attention(*batch, sm_scale=0.5, sinks=sinks)[..., 0]
+    np.testing.assert_allclose(got[0], [0.25, 0.5, 10, 10], rtol=1e-12)
+    np.testing.assert_allclose(got[2, 1], 57 / 7, rtol=1e-12)
+    np.testing.assert_allclose(got[:, 2:], oracle.attention(*batch, sm_scale=0.5)[:, 2:, 0], rtol=1e-12)
+
+
+SINK_CASES = [CASES[3], CASES[2]]  # f32 GQA 8 with window, cap and layers; bf16 GQA 4 with cap and layers
+SINK_RUNS = {
+    "xla": functools.partial(xla_attention.ragged_paged_attention, query_tile=4),
+    "tpu_interpreter": functools.partial(tpu_attention.ragged_paged_attention_tpu, head_loads="indexed",
+                                         interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
+    "tpu_strided": functools.partial(tpu_attention.ragged_paged_attention_tpu, head_loads="strided", interpret=True,
+                                     tq=16, pages_per_block=2),
+    "gpu": functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=3),
+    "dispatch_gpu": functools.partial(dispatch.ragged_paged_attention, backend="pallas_gpu"),
+}
+
+
+@pytest.mark.parametrize("case", SINK_CASES, ids=[c[0] for c in SINK_CASES])
+@pytest.mark.parametrize("backend", list(SINK_RUNS))
+def test_attention_sinks_every_backend_matches_the_oracle(backend, case):
+    """Sinks ~ N(0, 2) per query head: some outweigh every key of a row, some barely count, so a sink taken per
+    KV head instead of per query head, scaled by sm_scale, or added to the numerator fails."""
+    _, kind, group, head_dim, dtype, window, cap, layered, block_size = case
+    *batch, total = make_batch(kind, group=group, head_dim=head_dim, dtype=dtype, block_size=block_size,
+                               layers=3 if layered else None, seed=60 + SINK_CASES.index(case))
+    sinks = jnp.asarray(np.random.default_rng(61).normal(0.0, 2.0, batch[0].shape[1]), jnp.float32)
+    kwargs = dict(sm_scale=head_dim ** -0.5, soft_cap=cap, sliding_window=None if window is None else jnp.int32(window),
+                  layer_index=jnp.int32(1) if layered else None)
+    q = batch[0]
+    if backend == "xla":  # the xla backend takes rows padded to whole query tiles, as the engine's buckets are
+        batch[0] = jnp.pad(q, ((0, -q.shape[0] % 4), (0, 0), (0, 0)))
+    got = np.asarray(jax.jit(functools.partial(SINK_RUNS[backend], **kwargs))(*batch, sinks=sinks), np.float32)
+    got = got[:q.shape[0]]
+    want = oracle.attention(q, *batch[1:], **kwargs, sinks=sinks)
+    no_sinks = oracle.attention(q, *batch[1:], **kwargs)
+    assert np.isfinite(got).all()
+    tol = 2e-5 if dtype == jnp.float32 else 3e-2
+    np.testing.assert_allclose(got[:total], want, atol=tol, rtol=tol)
+    assert np.abs(want - no_sinks).max() > 10 * tol  # the sinks matter at this tolerance
+
+
+def test_kernels_with_sinks_lower_to_mosaic_and_triton():
+    q = jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((2, 32, 16, 16, 128), jnp.bfloat16)
+    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    args = (q, cache, i32((8, 16)), i32((8,)), i32((9,)), i32((1,)))
+    for fn, platform, marker in ((tpu_attention.ragged_paged_attention_tpu, "tpu", "tpu_custom_call"),
+                                 (gpu_attention.ragged_paged_attention_gpu, "cuda", "triton")):
+        text = _lower(fn, platform, *args, static=dict(sm_scale=0.1), sliding_window=i32(()), layer_index=i32(()),
+                      sinks=jax.ShapeDtypeStruct((32,), jnp.float32))
+        assert marker in text
+
+
+def test_sinks_of_the_wrong_shape_are_a_clear_error():
+    *batch, _ = make_batch("decode", group=2, head_dim=64, dtype=jnp.float32, block_size=8, layers=None, seed=1)
+    with pytest.raises(ValueError, match="sinks must be"):
+        dispatch.ragged_paged_attention(*batch, sm_scale=0.1, backend="xla", sinks=jnp.zeros(3))
+
+
 # ---- fp8 KV cache (--kv-cache-dtype fp8: pallas_kernels/kv_quant.py) -------------------------------------------
 
 FP8 = jnp.float8_e4m3fn

@@ -108,6 +108,17 @@ def test_expert_parallel_on_4_devices_equals_ep_off_and_one_device(tmp_path):
         assert result[f"{arch}_ep_spec"] == [None, "model"], arch  # [L, E, H, I]: experts split
 
 
+def test_gpt_oss_tp2_pallas_tp2_and_ep4_equal_one_device(tmp_path):
+    """Tiny gpt-oss: TP 2 (GSPMD, and the TPU kernel in interpret mode with the sinks split inside shard_map)
+    and TP 4 with expert parallelism give TP 1's greedy tokens; sinks split with the q heads, the fused gate_up
+    on its interleaved columns (TP) or its experts (EP), the expert biases with their experts."""
+    result = run_check("gpt_oss_parallel", tmp_path)
+    assert result["tp2"] == result["tp2_pallas_tpu"] == result["tp4_ep"] == result["tp1"]
+    assert result["tp2_sinks_spec"] == [None, "model"]
+    assert result["tp2_gate_up_spec"] == [None, None, None, "model"]
+    assert result["ep_gate_up_spec"] == result["ep_down_bias_spec"] == [None, "model"]
+
+
 def test_dp2_tp2_on_4_devices_answers_concurrent_requests_like_one_engine(tmp_path):
     result = run_check("data_parallel", tmp_path)
     assert result["dp"] == result["single"] * 2

@@ -40,15 +40,24 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False,
-             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate.
+        `chat_template_kwargs`: extra variables for the template (e.g. gpt-oss's harmony template reads
+        reasoning_effort, model_identity, builtin_tools), as vLLM's LLM.chat takes them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
+        extra = dict(chat_template_kwargs or {})
+        clash = sorted(set(extra) & {"conversation", "chat_template", "tokenize", "add_generation_prompt",
+                                     "continue_final_message"})
+        if clash:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}: pass them as LLM.chat's own "
+                             f"arguments")
         prompts = []
         for conv in conversations:
             ids = tokenizer.apply_chat_template(conv, chat_template=chat_template, tokenize=True,
                                                 add_generation_prompt=add_generation_prompt,
-                                                continue_final_message=continue_final_message)
+                                                continue_final_message=continue_final_message, **extra)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})

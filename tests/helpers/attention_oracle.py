@@ -10,7 +10,9 @@ The contract it spells out (docs/architecture.md, "KV cache layout"):
 * query head h reads KV head h // (num_q_heads // num_kv_heads) (GQA);
 * position i of sequence s lives in page block_tables[s, i // block_size] at offset i % block_size, and K / V
   of KV head j sit at head slots 2j / 2j+1 (k0, v0, k1, v1, ...);
-* a score is sm_scale * (q . k), soft-capped to c * tanh(score / c) when a cap c > 0 is given.
+* a score is sm_scale * (q . k), soft-capped to c * tanh(score / c) when a cap c > 0 is given;
+* with `sinks` ([num_q_heads], gpt-oss), head h's softmax denominator gains exp(sinks[h]) (a logit with no value:
+  neither scaled nor capped), on the same max-shifted scale as the scores.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 def attention(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, query_start_loc: Any, num_seqs: Any, *,
               sm_scale: float, sliding_window: Any = None, soft_cap: float | None = None,
-              layer_index: Any = None) -> np.ndarray:
+              layer_index: Any = None, sinks: Any = None) -> np.ndarray:
     """[real rows, num_q_heads, head_dim] float64: the expected output of every row that is not padding."""
     q = np.asarray(q, np.float64)
     cache = np.asarray(kv_cache, np.float64)
@@ -47,7 +49,8 @@ def attention(q: Any, kv_cache: Any, block_tables: Any, seq_lens: Any, query_sta
                     score = sm_scale * float(np.dot(q[row, head], cache[page, offset, 2 * kv_head]))
                     scores.append(_capped(score, soft_cap))
                     values.append(cache[page, offset, 2 * kv_head + 1])
-                out[row, head] = _softmax_average(scores, values)
+                sink = None if sinks is None else float(np.asarray(sinks, np.float64)[head])
+                out[row, head] = _softmax_average(scores, values, sink)
     return out
 
 
@@ -76,7 +79,8 @@ def _capped(score: float, soft_cap: float | None) -> float:
     return soft_cap * math.tanh(score / soft_cap)
 
 
-def _softmax_average(scores: list[float], values: list[np.ndarray]) -> np.ndarray:
-    top = max(scores)
+def _softmax_average(scores: list[float], values: list[np.ndarray], sink: float | None = None) -> np.ndarray:
+    top = max(scores) if sink is None else max(max(scores), sink)
     weights = [math.exp(s - top) for s in scores]
-    return sum(w * v for w, v in zip(weights, values)) / sum(weights)
+    extra = 0.0 if sink is None else math.exp(sink - top)
+    return sum(w * v for w, v in zip(weights, values)) / (sum(weights) + extra)

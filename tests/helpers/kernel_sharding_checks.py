@@ -24,8 +24,9 @@ from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_ragged_pa
                                                sharded_write_kv_cache)
 from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
 
-# (name, KV heads, GQA group, head_dim, dtype, sliding window)
-CASES = [("kv4_g2", 4, 2, 64, jnp.float32, None), ("kv2_g4_window", 2, 4, 128, jnp.bfloat16, 7)]
+# (name, KV heads, GQA group, head_dim, dtype, sliding window); the "sinks" case also passes attention sinks
+# (gpt-oss), split with the query heads in both layouts (tp 2 sharded, tp 4 replicated)
+CASES = [("kv4_g2", 4, 2, 64, jnp.float32, None), ("kv2_g4_window_sinks", 2, 4, 128, jnp.bfloat16, 7)]
 BACKENDS = {"pallas_tpu": dict(interpret=True), "pallas_gpu": dict(interpret=True)}
 
 
@@ -41,6 +42,7 @@ def _place(mesh, x, spec):
 def attention(backend: str, case, tp: int) -> tuple[np.ndarray, int, str]:
     _, num_kv_heads, group, head_dim, dtype, window = case
     q, cache, tables, lens, qsl, n, total = _batch(num_kv_heads, group, head_dim, dtype, seed=3)
+    sinks = _sinks(case, q.shape[1])
     mesh = make_mesh(tensor_parallel_size=tp)
     layout = kv_head_layout(num_kv_heads, tp, q.shape[1])
     cache_spec = P(None, None, None, "model", None) if layout == "sharded" and tp > 1 else P()
@@ -49,8 +51,15 @@ def attention(backend: str, case, tp: int) -> tuple[np.ndarray, int, str]:
     fn = jax.jit(functools.partial(sharded_ragged_paged_attention, mesh, sm_scale=head_dim ** -0.5, soft_cap=None,
                                    backend=backend, **BACKENDS[backend]))
     out = fn(q, cache, tables, lens, qsl, n, sliding_window=None if window is None else jnp.int32(window),
-             layer_index=jnp.int32(1))
+             layer_index=jnp.int32(1), sinks=None if sinks is None else _place(mesh, sinks, P("model")))
     return np.asarray(out, np.float32)[:total], total, layout
+
+
+def _sinks(case, num_q_heads: int):
+    """Per-head sinks around the scores' scale (some dominate a row, some barely count), for the sinks case."""
+    if "sinks" not in case[0]:
+        return None
+    return jnp.asarray(np.random.default_rng(5).normal(0.0, 2.0, num_q_heads), jnp.float32)
 
 
 def kv_write(backend: str, num_kv_heads: int, tp: int) -> np.ndarray:
@@ -84,7 +93,7 @@ def main() -> dict:
             _, num_kv_heads, group, head_dim, dtype, window = case
             q, cache, tables, lens, qsl, n, _ = _batch(num_kv_heads, group, head_dim, dtype, seed=3)
             want = oracle.attention(q, cache, tables, lens, qsl, n, sm_scale=head_dim ** -0.5,
-                                    sliding_window=window, layer_index=1)
+                                    sliding_window=window, layer_index=1, sinks=_sinks(case, q.shape[1]))
             result[f"{backend}/{name}/tp1_vs_oracle"] = float(np.max(np.abs(base - want)))
             for tp in (2, 4):
                 out, _, layout = attention(backend, case, tp)

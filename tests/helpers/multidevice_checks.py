@@ -186,6 +186,27 @@ def check_expert_parallel(workdir: Path) -> dict:
     return result
 
 
+def check_gpt_oss_parallel(workdir: Path) -> dict:
+    """Tiny gpt-oss (sinks, alternating windows, biased experts): greedy tokens at TP 1, TP 2 (xla: GSPMD; and
+    the Pallas TPU kernel in interpret mode: the sinks split with the q heads inside shard_map) and TP 4 with
+    expert parallelism; the placements of the sinks and the fused gate_up experts."""
+    from flax import nnx
+
+    model_dir = workdir / "gpt_oss"
+    make_tiny_checkpoint("gpt_oss", model_dir, seed=5)
+    result: dict = {"tp1": _greedy(str(model_dir))[0]}
+    tokens, engine = _greedy(str(model_dir), tensor_parallel_size=2)
+    layers = nnx.to_pure_dict(engine.runner.params)["layers"]
+    result |= {"tp2": tokens, "tp2_sinks_spec": _spec_list(layers["sinks"]),
+               "tp2_gate_up_spec": _spec_list(layers["experts_gate_up"])}
+    result["tp2_pallas_tpu"] = _greedy(str(model_dir), tensor_parallel_size=2, attention_backend="pallas_tpu")[0]
+    tokens, engine = _greedy(str(model_dir), tensor_parallel_size=4, enable_expert_parallel=True)
+    layers = nnx.to_pure_dict(engine.runner.params)["layers"]
+    result |= {"tp4_ep": tokens, "ep_gate_up_spec": _spec_list(layers["experts_gate_up"]),
+               "ep_down_bias_spec": _spec_list(layers["experts_down_bias"])}
+    return result
+
+
 def check_data_parallel(workdir: Path) -> dict:
     """DP=2 x TP=2 on 4 devices answering concurrent requests, against one engine on one device."""
     import asyncio
@@ -322,7 +343,7 @@ CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel
           "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
-          "pallas_tensor_parallel": check_pallas_tensor_parallel}
+          "pallas_tensor_parallel": check_pallas_tensor_parallel, "gpt_oss_parallel": check_gpt_oss_parallel}
 
 CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
            for family in ("granite", "olmo2", "phi3")}

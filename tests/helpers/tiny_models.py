@@ -9,7 +9,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
 VOCAB_SIZE = 320
@@ -36,6 +37,13 @@ MOE_ARCHS = {
     "qwen3_moe_mixed": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, head_dim=32, num_hidden_layers=3,
         mlp_only_layers=[1], norm_topk_prob=True, use_sliding_window=True, sliding_window=6)),
+    # gpt-oss: sliding window on layers 0 and 2, full on 1; YaRN rope; a SwiGLU limit low enough to clamp often
+    # (the sinks and zero-initialized biases get random values in make_tiny_checkpoint, so each one matters)
+    "gpt_oss": (GptOssConfig, GptOssForCausalLM, dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, head_dim=16, num_hidden_layers=3,
+        sliding_window=5, swiglu_limit=0.5, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 64})),
 }
 
 # Gemma (tests/test_gemma.py): a sliding layer then a global one, query_pre_attn_scalar != head_dim, caps small
@@ -80,9 +88,21 @@ def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.normal_(0.0, 0.3)
+    if arch == "gpt_oss":
+        _randomize_gpt_oss_extras(model)
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
     return model
+
+
+def _randomize_gpt_oss_extras(model) -> None:
+    """transformers zero-initializes the expert biases and draws sinks of std 0.02: give them values that move
+    the logits (sinks ~ N(0, 1), biases ~ N(0, 0.1))."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+            for bias in (layer.mlp.experts.gate_up_proj_bias, layer.mlp.experts.down_proj_bias, layer.mlp.router.bias):
+                bias.normal_(0.0, 0.1)
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -91,9 +91,23 @@ OLMO2_7B = {
     "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "hidden_act": "silu",
     "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
+# openai/gpt-oss-20b's config.json without its quantization_config (the published experts are MXFP4, not built
+# here: this describes the float layout save_pretrained writes) and without layer_types, which transformers
+# derives as the published alternation (sliding on even layers, full on odd) for any --layers.
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 150000, "sliding_window": 128,
+    "attention_bias": True, "swiglu_limit": 7.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "initial_context_length": 4096, "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                     "original_max_position_embeddings": 4096},
+}
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
           "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B,
-          "phi-3-mini-128k": PHI3_MINI_128K, "granite-3-8b": GRANITE_3_8B, "olmo-2-7b": OLMO2_7B}
+          "phi-3-mini-128k": PHI3_MINI_128K, "granite-3-8b": GRANITE_3_8B, "olmo-2-7b": OLMO2_7B,
+          "gpt-oss-20b": GPT_OSS_20B}
 # Gemma's layer kinds as transformers derives them; a reduced model keeps its last layer global so that both
 # kinds (Gemma 3: both rope tables) are in the compiled program.
 _SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}

@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes, min_name
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
 from vllm_jax.model.rope_longrope import longrope_inv_freq
+from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
 from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
@@ -118,7 +119,10 @@ def rope_inv_freq(rope: dict, head_dim: int) -> tuple[np.ndarray, float]:
         return _llama3_inv_freq(inv_freq, rope).astype(np.float32), 1.0
     if rope_type == "longrope":  # the short factors; spec.long_inv_freq holds the long (model/rope_longrope.py)
         return longrope_inv_freq(rope, head_dim)
-    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3, longrope)")
+    if rope_type == "yarn":
+        return yarn_inv_freq(rope, head_dim)
+    raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default, linear, llama3, longrope, "
+                     "yarn)")
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, rope: dict) -> np.ndarray:
@@ -422,11 +426,13 @@ class AttentionKernels:
 
     def attention(self, q: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *, sm_scale: float,
                   window: jax.Array | int, layer_index: jax.Array | int,
-                  soft_cap: float | None = None) -> jax.Array:
-        """`soft_cap` (Gemma 2): scores -> cap * tanh(scores / cap) after sm_scale, in every backend."""
+                  soft_cap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
+        """`soft_cap` (Gemma 2): scores -> cap * tanh(scores / cap) after sm_scale; `sinks` (gpt-oss): a learned
+        per-head logit in the softmax denominator; both in every backend."""
         args = (q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
         kwargs = dict(sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap, layer_index=layer_index,
-                      backend=self.backend, platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale)
+                      backend=self.backend, platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale,
+                      sinks=sinks)
         if self.mesh is None:
             return ragged_paged_attention(*args, **kwargs)
         return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)
@@ -470,7 +476,7 @@ def attend(spec: DecoderSpec, ctx: LayerContext, w: dict, q: jax.Array, k: jax.A
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
     attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.sm_scale, window=window,
-                                 layer_index=layer_index)
+                                 layer_index=layer_index, sinks=w.get("sinks"))  # gpt-oss's attention sinks
     return linear(attn.reshape(t, spec.q_size), w["o_proj"], w.get("o_bias")), kv_cache
 
 

@@ -33,6 +33,7 @@ compile checks"). A grouped-matmul kernel for GPU is the fix, not yet written.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -79,23 +80,42 @@ def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, 
     holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to other experts add 0.
     `scales`: the weights are quantized values and these their per-expert channel scales (weight-only).
     """
-    t, k = expert_ids.shape
-    num_here = w_gate.shape[0]
-    local = expert_ids.reshape(-1) - expert_offset
-    held = (local >= 0) & (local < num_here)
-    group = jnp.where(held, local, num_here)  # assignments for other experts sort last, outside every group
-    order = jnp.argsort(group, stable=True)
-    group_sizes = jnp.bincount(group, length=num_here + 1)[:num_here].astype(jnp.int32)
-    xs = x[order // k]  # [T*k, H], grouped by expert
-    row_expert = jnp.minimum(group[order], num_here - 1)  # rows of other experts: any scale (masked below)
+    groups = ExpertGroups.of(expert_ids, w_gate.shape[0], expert_offset)
+    xs = x[groups.order // expert_ids.shape[1]]  # [T*k, H], grouped by expert
     s_gate, s_up, s_down = scales if scales is not None else (None, None, None)
-    gate = _grouped_matmul(xs, w_gate, s_gate, group_sizes, row_expert)
-    up = _grouped_matmul(xs, w_up, s_up, group_sizes, row_expert)
-    out = _grouped_matmul(jax.nn.silu(gate) * up, w_down, s_down, group_sizes, row_expert)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=order.dtype))
-    out = out[inverse].astype(jnp.float32)  # back to (token, slot) order
-    contrib = jnp.where(held[:, None], out * weights.reshape(-1, 1), 0.0)
-    return contrib.reshape(t, k, -1).sum(axis=1)
+    gate = _grouped_matmul(xs, w_gate, s_gate, groups.sizes, groups.row_expert)
+    up = _grouped_matmul(xs, w_up, s_up, groups.sizes, groups.row_expert)
+    out = _grouped_matmul(jax.nn.silu(gate) * up, w_down, s_down, groups.sizes, groups.row_expert)
+    return groups.combine(out, weights)
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """The T*k (token, expert) assignments sorted by the expert held here (`of`), and the way back (`combine`);
+    shared by every grouped expert FFN (this module's, model/gpt_oss_experts.py's)."""
+
+    order: jax.Array  # [T*k] assignment index of each sorted row
+    sizes: jax.Array  # [E_here] int32 rows per local expert (ragged_dot's group_sizes)
+    row_expert: jax.Array  # [T*k] local expert of each sorted row (rows of other experts: the last; masked)
+    held: jax.Array  # [T*k] the assignment's expert is held here
+
+    @staticmethod
+    def of(expert_ids: jax.Array, num_here: int, expert_offset: jax.Array | int = 0) -> "ExpertGroups":
+        local = expert_ids.reshape(-1) - expert_offset
+        held = (local >= 0) & (local < num_here)
+        group = jnp.where(held, local, num_here)  # assignments for other experts sort last, outside every group
+        order = jnp.argsort(group, stable=True)
+        sizes = jnp.bincount(group, length=num_here + 1)[:num_here].astype(jnp.int32)
+        return ExpertGroups(order, sizes, jnp.minimum(group[order], num_here - 1), held)
+
+    def combine(self, out: jax.Array, weights: jax.Array) -> jax.Array:
+        """Sorted rows [T*k, H] back to (token, slot) order, times their routing weights [T, k] (float32),
+        summed over the slots -> float32 [T, H]; assignments to experts not held here add 0."""
+        t, k = weights.shape
+        inverse = jnp.zeros_like(self.order).at[self.order].set(jnp.arange(t * k, dtype=self.order.dtype))
+        out = out[inverse].astype(jnp.float32)
+        contrib = jnp.where(self.held[:, None], out * weights.reshape(-1, 1), 0.0)
+        return contrib.reshape(t, k, -1).sum(axis=1)
 
 
 def _grouped_matmul(xs: jax.Array, w: jax.Array, scale: jax.Array | None, group_sizes: jax.Array,

@@ -125,5 +125,5 @@ def _rope_parameters(config: Any) -> dict:
     if scaling and "rope_type" not in params:
         params.update(scaling)
     params.setdefault("rope_type", params.get("type", "default"))
-    params.setdefault("max_position_embeddings", getattr(config, "max_position_embeddings", None))  # longrope
+    params.setdefault("max_position_embeddings", getattr(config, "max_position_embeddings", None))  # longrope, YaRN
     return params

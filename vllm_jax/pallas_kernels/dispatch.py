@@ -65,7 +65,7 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
                            backend: str = "auto", interpret=False,
                            layer_index: jax.Array | int | None = None, platform: str | None = None,
                            kv_head_offset: jax.Array | int | None = None, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> jax.Array:
+                           v_scale: float = 1.0, sinks: jax.Array | None = None) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
     Beyond the one-layer signature (docs/architecture.md, "KV cache layout"): with `layer_index`, `kv_cache_layer`
@@ -77,12 +77,18 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
     head of a cache that holds every KV head.
     `k_scale` / `v_scale` (static floats): the cache holds K / k_scale and V / v_scale (kv_quant; an fp8 cache's
     per-tensor scales, 1.0 by default as in vLLM).
+    `sinks` ([num_q_heads] float32, gpt-oss's attention sinks): one learned logit per query head that only adds
+    exp(sink - max) to the softmax denominator; None (static) costs nothing.
     """
     backend = resolve_backend(backend, platform)
     check_scales(k_scale, v_scale)
     args = (q, kv_cache_layer, block_tables, seq_lens, query_start_loc, num_seqs)
     kwargs = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index,
                   k_scale=k_scale, v_scale=v_scale)
+    if sinks is not None:
+        if sinks.shape != (q.shape[1],):
+            raise ValueError(f"sinks must be [num_q_heads] = [{q.shape[1]}]; got {sinks.shape}")
+        kwargs["sinks"] = sinks
     if backend == "xla":
         if kv_head_offset is not None:
             raise ValueError("kv_head_offset is for the Pallas backends (the xla backend is partitioned by GSPMD)")

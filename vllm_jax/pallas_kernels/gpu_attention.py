@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 
 from vllm_jax.pallas_kernels.costs import attention_cost
 from vllm_jax.pallas_kernels.kv_quant import is_fp8
+from vllm_jax.pallas_kernels.xla_common import fold_sinks
 
 MASKED = -1e30
 
@@ -228,12 +229,13 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                rows: int | None = None, num_splits: int | None = None,
                                num_warps: int = 4, num_stages: int | None = None,
                                kv_head_offset: jax.Array | int | None = None, chip=None, k_scale: float = 1.0,
-                               v_scale: float = 1.0) -> jax.Array:
+                               v_scale: float = 1.0, sinks: jax.Array | None = None) -> jax.Array:
     """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
     `kv_head_offset`: all of q's heads attend that one KV head of a cache holding every KV head (tensor
     parallelism over more devices than KV heads); `chip`: the chips.ChipSpec to plan for. `k_scale` / `v_scale`:
     the cache holds K / k_scale and V / v_scale (kv_quant); an fp8 cache's chunks are cast to q's dtype before
-    the dots, which Triton does on compute capability 8.9 and later only (refused on older GPUs)."""
+    the dots, which Triton does on compute capability 8.9 and later only (refused on older GPUs). `sinks`
+    ([num_q_heads] float32, gpt-oss) join the denominator in the split merge, outside the kernel."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
@@ -299,7 +301,10 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     m_all = jnp.max(m, axis=0)
     w = jnp.exp(m - m_all[None])
     l_all = jnp.sum(w * l, axis=0)
-    out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(l_all, 1e-30)[..., None]
+    acc = jnp.sum(w[..., None] * o, axis=0)
+    if sinks is not None:
+        l_all, acc = fold_sinks(m_all, l_all, acc, sinks.reshape(num_kv_heads, 1, group))
+    out = acc / jnp.maximum(l_all, 1e-30)[..., None]
     if v_scale != 1.0:
         out = out * v_scale
     return out.transpose(1, 0, 2, 3).reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)

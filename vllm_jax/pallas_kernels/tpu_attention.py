@@ -83,10 +83,13 @@ def _load_kv_head(buf, h: int, mode: str) -> tuple[jax.Array, jax.Array]:
 
 
 def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefetch (SMEM)
-            q_ref, kv_hbm, tables_hbm, o_ref,  # q/o: [H, tq * group, D] VMEM blocks; kv_hbm, tables_hbm: HBM
-            kv_buf, sems, table_buf, table_sems, m_ref, l_ref, acc_ref,  # scratch
-            *, tq: int, group: int, block_size: int, pages_per_block: int, table_window: int,
-            sm_scale: float, soft_cap: float | None, head_loads: str, select_kv_head: bool, v_scale: float):
+            q_ref, kv_hbm, tables_hbm,  # q: [H, tq * group, D] VMEM block; kv_hbm, tables_hbm: HBM
+            *refs,  # (sinks_ref: [Hq] float32 SMEM, with sinks only), o_ref, then the scratch
+            tq: int, group: int, block_size: int, pages_per_block: int, table_window: int,
+            sm_scale: float, soft_cap: float | None, head_loads: str, select_kv_head: bool, v_scale: float,
+            has_sinks: bool):
+    sinks_ref = refs[0] if has_sinks else None
+    o_ref, kv_buf, sems, table_buf, table_sems, m_ref, l_ref, acc_ref = refs[1:] if has_sinks else refs
     num_kv_heads, rows, _ = q_ref.shape
     cache_kv_heads = kv_buf.shape[2] // 2
     table_width = tables_hbm.shape[1]
@@ -224,8 +227,25 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
 
     jax.lax.while_loop(lambda c: c[0] <= last, step, (first, jnp.int32(0), jnp.int32(0)))
     for h in range(num_kv_heads):
-        out = acc_ref[h] / jnp.maximum(l_ref[h][:, :1], 1e-30)
+        l, acc = l_ref[h][:, :1], acc_ref[h]
+        if has_sinks:
+            l, acc = _fold_sinks(sinks_ref, h, group, m_ref[h][:, :1], l, acc)
+        out = acc / jnp.maximum(l, 1e-30)
         o_ref[h] = (out * v_scale if v_scale != 1.0 else out).astype(o_ref.dtype)
+
+
+def _fold_sinks(sinks_ref, h: int, group: int, m: jax.Array, l: jax.Array, acc: jax.Array):
+    """Attention sinks (gpt-oss) of query head block h: row r of the block is query head h * group + r % group,
+    whose sink (an SMEM scalar) adds exp(sink - m) to the denominator and nothing to the numerator."""
+    rows = m.shape[0]
+    head = jax.lax.rem(jax.lax.broadcasted_iota(jnp.int32, (rows, LANES), 0), jnp.int32(group))
+    sink = jnp.full((rows, LANES), sinks_ref[h * group], jnp.float32)
+    for g in range(1, group):
+        sink = jnp.where(head == g, sinks_ref[h * group + g], sink)
+    sink = sink[:, :1]
+    m_new = jnp.maximum(m, sink)
+    alpha = jnp.exp(m - m_new)
+    return l * alpha + jnp.exp(sink - m_new), acc * alpha
 
 
 def tile_sequence_ranges(query_start_loc: jax.Array, num_seqs: jax.Array, num_tiles: int,
@@ -248,7 +268,8 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                layer_index: jax.Array | int | None = None, interpret=False,
                                head_loads: str | None = None, tq: int | None = None,
                                pages_per_block: int | None = None, kv_head_offset: jax.Array | int | None = None,
-                               chip=None, k_scale: float = 1.0, v_scale: float = 1.0) -> jax.Array:
+                               chip=None, k_scale: float = 1.0, v_scale: float = 1.0,
+                               sinks: jax.Array | None = None) -> jax.Array:
     """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
 
     `kv_head_offset` (tensor parallelism over more devices than KV heads, the cache replicated): all of q's
@@ -257,6 +278,8 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     `chip`: the chips.ChipSpec to plan VMEM for (default: the chip being compiled for).
     `k_scale` / `v_scale`: the cache holds K / k_scale and V / v_scale (kv_quant); an fp8 cache's pages are cast
     to q's dtype in VMEM before the dots.
+    `sinks` ([num_q_heads] float32, gpt-oss): read from SMEM once per tile at the final normalization; None
+    (static) builds the kernel without them.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
@@ -295,7 +318,13 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     kernel = functools.partial(
         _kernel, tq=tq, group=group, block_size=block_size, pages_per_block=pages_per_block,
         table_window=window_cols, sm_scale=float(sm_scale) * float(k_scale), soft_cap=soft_cap,
-        head_loads=head_loads, select_kv_head=kv_head_offset is not None, v_scale=float(v_scale))
+        head_loads=head_loads, select_kv_head=kv_head_offset is not None, v_scale=float(v_scale),
+        has_sinks=sinks is not None)
+    in_specs = [q_spec, pl.BlockSpec(memory_space=_ANY), pl.BlockSpec(memory_space=_ANY)]
+    inputs = [qg, kv_cache, tables]
+    if sinks is not None:
+        in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
+        inputs.append(sinks.astype(jnp.float32).reshape(num_q_heads))
     cost = attention_cost(num_tokens=num_tokens, num_seqs=num_seqs_padded, num_q_heads=num_q_heads,
                           cache_kv_heads=cache_kv_heads, head_dim=head_dim, block_size=block_size,
                           table_width=table_width, num_pages=num_pages, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,
@@ -304,7 +333,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(prefetch), grid=(num_tiles,),
-            in_specs=[q_spec, pl.BlockSpec(memory_space=_ANY), pl.BlockSpec(memory_space=_ANY)], out_specs=q_spec,
+            in_specs=in_specs, out_specs=q_spec,
             scratch_shapes=[
                 pltpu.VMEM((2, block_tokens, combined, head_dim), kv_cache.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
@@ -319,7 +348,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
         cost_estimate=cost,
         interpret=interpret,
         name="vllm_jax_ragged_paged_attention",
-    )(*prefetch, qg, kv_cache, tables)
+    )(*prefetch, *inputs)
     out = out.reshape(num_kv_heads, padded, group, head_dim).transpose(1, 0, 2, 3)
     return out.reshape(padded, num_q_heads, head_dim)[:num_tokens]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.pallas_kernels.xla_common import (MASKED, RowLayout, cap, in_step_attention, in_step_keys, in_window,
-                                               row_layout, window_value)
+from vllm_jax.pallas_kernels.xla_common import (MASKED, RowLayout, cap, fold_sinks, in_step_attention, in_step_keys,
+                                               in_window, row_layout, window_value)
 
 _CHUNK_BLOCKS = 8  # pages per iteration of a context loop
 _QUERY_TILE = 64  # query rows per tile of a multi-row sequence
@@ -28,9 +28,10 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                            layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE,
-                           k_scale: float = 1.0, v_scale: float = 1.0) -> jax.Array:
+                           k_scale: float = 1.0, v_scale: float = 1.0, sinks: jax.Array | None = None) -> jax.Array:
     """[T, num_q_heads, head_dim]; the contract of dispatch.ragged_paged_attention. Pages are read as float32
-    (an fp8 cache's values exactly); k_scale joins sm_scale and v_scale the output (kv_quant)."""
+    (an fp8 cache's values exactly); k_scale joins sm_scale and v_scale the output (kv_quant); `sinks` join the
+    denominator once every key is folded in."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
@@ -57,6 +58,8 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
     state = _multi_row_context(qg, state, pages, seq_lens, query_start_loc, layout, num_seqs,
                                has_context & (layout.q_lens > 1), tile)
     m, l, acc = state
+    if sinks is not None:
+        l, acc = fold_sinks(m, l, acc, sinks.reshape(num_kv_heads, num_q_heads // num_kv_heads))
     out = acc / jnp.maximum(l, 1e-30)[..., None]
     if v_scale != 1.0:
         out = out * v_scale

@@ -109,3 +109,13 @@ def cap(scores: jax.Array, soft_cap: float | None) -> jax.Array:
     if soft_cap is None or soft_cap <= 0:
         return scores
     return soft_cap * jnp.tanh(scores / soft_cap)
+
+
+def fold_sinks(m: jax.Array, l: jax.Array, acc: jax.Array,
+               sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Attention sinks (gpt-oss): one more logit per query head with no value, so it only adds exp(sink - m) to
+    the softmax denominator. `sinks` broadcasts against m / l ([..., heads]); returns (l, acc) on the new max."""
+    sinks = sinks.astype(jnp.float32)
+    m_new = jnp.maximum(m, sinks)
+    alpha = jnp.exp(m - m_new)
+    return l * alpha + jnp.exp(sinks - m_new), acc * alpha[..., None]

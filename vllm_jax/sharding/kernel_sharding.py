@@ -55,33 +55,35 @@ def sharded_ragged_paged_attention(mesh: Mesh, q: jax.Array, kv_cache: jax.Array
                                    sm_scale: float, sliding_window: int | jax.Array | None = None,
                                    soft_cap: float | None = None, layer_index: jax.Array | int | None = None,
                                    backend: str = "auto", interpret=False, platform: str | None = None,
-                                   axis: str = MODEL_AXIS, k_scale: float = 1.0, v_scale: float = 1.0) -> jax.Array:
+                                   axis: str = MODEL_AXIS, k_scale: float = 1.0, v_scale: float = 1.0,
+                                   sinks: jax.Array | None = None) -> jax.Array:
     """dispatch.ragged_paged_attention over `mesh`'s `axis` (see the module docstring); the result's head axis
-    is split like q's."""
+    is split like q's, and so are the `sinks` ([num_q_heads]: each device gets its own heads' sinks)."""
     backend = dispatch.resolve_backend(backend, platform)
     call = functools.partial(dispatch.ragged_paged_attention, sm_scale=sm_scale, soft_cap=soft_cap, backend=backend,
                              interpret=interpret, platform=platform, k_scale=k_scale, v_scale=v_scale)
     tp = _tp(mesh, axis)
     if backend == "xla" or tp == 1:
         return call(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, sliding_window=sliding_window,
-                    layer_index=layer_index)
+                    layer_index=layer_index, sinks=sinks)
     num_kv_heads = kv_cache.shape[-2] // 2
     layout = kv_head_layout(num_kv_heads, tp, q.shape[1])
     window = None if sliding_window is None else jax.numpy.asarray(sliding_window, jax.numpy.int32)
     layer = None if layer_index is None else jax.numpy.asarray(layer_index, jax.numpy.int32)
     cache_spec = _head_spec(kv_cache.ndim, axis) if layout == "sharded" else P()
 
-    def local(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, window, layer):
+    def local(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, window, layer, *local_sinks):
         offset = None
         if layout == "replicated":
             offset = jax.lax.axis_index(axis) // (tp // num_kv_heads)
         return call(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, sliding_window=window,
-                    layer_index=layer, kv_head_offset=offset)
+                    layer_index=layer, kv_head_offset=offset, sinks=local_sinks[0] if local_sinks else None)
 
     q_spec = P(None, axis, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, cache_spec, P(), P(), P(), P(), P(), P()),
+    extra, extra_specs = ((sinks,), (P(axis),)) if sinks is not None else ((), ())
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, cache_spec, P(), P(), P(), P(), P(), P(), *extra_specs),
                          out_specs=q_spec, check_vma=False)(
-        q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, window, layer)
+        q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, window, layer, *extra)
 
 
 def sharded_write_kv_cache(mesh: Mesh, kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,

@@ -38,6 +38,8 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(o_proj|down_proj)$", _ROW),
     (r"^layers/experts_(gate|up)$", _COLUMN),  # MoE [L, E, H, I] without EP: split I
     (r"^layers/experts_down$", _ROW),  # [L, E, I, H]
+    (r"^layers/experts_gate_up(_bias)?$", -1),  # gpt-oss [L, E, H, 2I] / [L, E, 2I]: interleaved pairs stay whole
+    (r"^layers/sinks$", -1),  # gpt-oss [L, num_heads]: split with the query heads
     (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_(scale|min)$", -1),  # [.., out]
     (r"^layers/(o_proj|down_proj)_min$", _ROW),  # kept GGUF blocks: [L, in // 32, out], split the groups
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
