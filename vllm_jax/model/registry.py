@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.deepseek import DeepseekLM
+from vllm_jax.model.mla_spec import MLA_ARCHITECTURES, mla_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
@@ -25,6 +27,7 @@ class ModelEntry:
 MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
     **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
+    **{arch: ModelEntry(DeepseekLM, mla_spec_from_hf_config) for arch in MLA_ARCHITECTURES},
 }
 
 

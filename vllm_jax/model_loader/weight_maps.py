@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vllm_jax.model.mla_spec import MLA_ARCHITECTURES
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec
 from vllm_jax.model_loader.decoder_weights import decoder_param_sources
+from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
 from vllm_jax.model_loader.moe_weights import moe_param_sources
 from vllm_jax.model_loader.param_source import ParamSource
 
@@ -16,6 +18,7 @@ WeightMap = Callable[[DecoderSpec], dict[tuple[str, ...], ParamSource]]
 WEIGHT_MAPS: dict[str, WeightMap] = {
     **{arch: decoder_param_sources for arch in SUPPORTED_ARCHITECTURES},
     **{arch: moe_param_sources for arch in MOE_ARCHITECTURES},
+    **{arch: deepseek_param_sources for arch in MLA_ARCHITECTURES},
 }
 
 
