@@ -18,3 +18,39 @@ def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
     assert spec.kv_cache_heads == 1 and spec.kv_cache_width == 32 + 8
     assert spec.moe_layers[0] is False and all(spec.moe_layers[1:])
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
+
+
+@pytest.fixture(scope="module")
+def v3(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_deepseek_v3")
+    return path, make_tiny_checkpoint("deepseek_v3", path, seed=3)
+
+
+def test_engine_greedy_prefix_caching_preemption_and_kv_layout(v3):
+    """Through LLM.generate with a small cache and 16-token steps (chunked prefill, preemption): 32 greedy tokens
+    identical to transformers; a shared 40-token prefix hits the prefix cache without changing outputs; the cache
+    is one latent row per token, sized as such."""
+    from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy
+    from vllm_jax import LLM, SamplingParams
+    from vllm_jax.worker.kv_cache import spec_bytes_per_block
+
+    path, hf = v3
+    llm = LLM(str(path), max_model_len=64, num_gpu_blocks_override=14, block_size=8, max_num_seqs=8,
+              max_num_batched_tokens=16)
+    runner = llm.llm_engine.runner
+    assert runner.kv_cache.shape == (3, 14, 8, 1, 32 + 8)
+    assert spec_bytes_per_block(runner.spec, 8, "float32") == 3 * 8 * (32 + 8) * 4
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (7, 30, 1, 20)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    outs = llm.generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 32) for p in prompts]
+    assert llm.llm_engine.scheduler.num_preemptions_total > 0
+    shared = rng.integers(3, VOCAB_SIZE, 40).tolist()
+    family = [shared + rng.integers(3, VOCAB_SIZE, 5).tolist() for _ in range(3)]
+    manager = llm.llm_engine.kv_cache_manager
+    hits = manager.prefix_cache_hits
+    short = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate(family, short, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in family]
+    assert manager.prefix_cache_hits > hits
