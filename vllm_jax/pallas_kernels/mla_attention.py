@@ -20,13 +20,15 @@ import jax
 import jax.numpy as jnp
 
 from vllm_jax.pallas_kernels import xla_attention
+from vllm_jax.pallas_kernels.kv_quant import quantize
 
 
 def write_mla_cache(kv_cache: jax.Array, latent: jax.Array, k_rope: jax.Array, slot_mapping: jax.Array,
                     layer_index: jax.Array | int | None = None) -> jax.Array:
     """Scatter this step's rows [latent (kv_lora_rank) | k_rope (qk_rope_head_dim)] ([T, .] each) into their
-    slots, as xla_common.write_kv_cache does for K/V; padding tokens write into the null block 0."""
-    row = jnp.concatenate([latent, k_rope], axis=-1)[:, None, :].astype(kv_cache.dtype)  # [T, 1, width]
+    slots, as xla_common.write_kv_cache does for K/V; padding tokens write into the null block 0. An fp8 cache
+    gets the row saturated like every other write (kv_quant.quantize, scale 1.0)."""
+    row = quantize(jnp.concatenate([latent, k_rope], axis=-1)[:, None, :], kv_cache.dtype)  # [T, 1, width]
     if layer_index is None:
         nb, bs = kv_cache.shape[:2]
         flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])
