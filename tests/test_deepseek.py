@@ -66,3 +66,78 @@ def test_tp2_and_expert_parallel_equal_tp1_with_replicated_latent_cache(tmp_path
     assert result["specs"] == {"q_b_proj": [None, None, "model"], "kv_b_proj": [None, None, "model"],
                                "o_proj": [None, "model"], "kv_a_proj": [], "shared_gate": [None, None, "model"],
                                "shared_down": [None, "model"], "kv_cache": []}
+
+
+def _routing_case(arch: str, **overrides):
+    """(our spec, transformers' router module with random weights and bias, hidden states [40, 64])."""
+    import torch
+
+    from tests.helpers.tiny_models import MLA_ARCHS
+    from vllm_jax.model.mla_spec import mla_spec_from_hf_config
+
+    config_cls, model_cls, extra = MLA_ARCHS[arch]
+    config = config_cls(**{**extra, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 320,
+                           "intermediate_size": 128, **overrides})
+    config.architectures = [model_cls.__name__]
+    module = __import__(model_cls.__module__, fromlist=["x"])
+    router_cls = getattr(module, model_cls.__name__.replace("ForCausalLM", "TopkRouter"))
+    torch.manual_seed(0)
+    router = router_cls(config)
+    with torch.no_grad():
+        router.weight.normal_(0, 0.3)
+        if hasattr(router, "e_score_correction_bias"):
+            router.e_score_correction_bias.normal_(0, 0.1)
+    return mla_spec_from_hf_config(config), router, torch.randn(40, 64)
+
+
+@pytest.mark.parametrize("arch, overrides", [
+    ("deepseek_v3", {}), ("deepseek_v3", {"norm_topk_prob": False, "n_group": 1, "topk_group": 1}),
+    ("deepseek_v2", {}), ("deepseek_v2", {"topk_method": "greedy", "num_experts_per_tok": 3}),
+])
+def test_routing_matches_transformers_routers(arch, overrides):
+    import jax.numpy as jnp
+    import torch
+
+    from vllm_jax.model.deepseek_routing import deepseek_route
+
+    spec, router, x = _routing_case(arch, **overrides)
+    with torch.no_grad():
+        _, ref_w, ref_ids = router(x)
+    bias = getattr(router, "e_score_correction_bias", None)
+    weights, ids = deepseek_route(spec, jnp.asarray(x.numpy()), jnp.asarray(router.weight.detach().numpy().T),
+                                  None if bias is None else jnp.asarray(bias.numpy()))
+    order, ref_order = np.argsort(np.asarray(ids), -1), np.argsort(ref_ids.numpy(), -1)
+    ids_sorted = np.take_along_axis(np.asarray(ids), order, -1)
+    np.testing.assert_array_equal(ids_sorted, np.take_along_axis(ref_ids.numpy(), ref_order, -1))
+    np.testing.assert_allclose(np.take_along_axis(np.asarray(weights), order, -1),
+                               np.take_along_axis(ref_w.numpy(), ref_order, -1), rtol=1e-5, atol=1e-6)
+    assert len({tuple(row) for row in ids_sorted.tolist()}) >= 8  # the routing really varies
+
+
+def test_bad_configs_and_options_are_refused_by_name(v3):
+    from transformers import AutoConfig
+
+    from vllm_jax import LLM
+    from vllm_jax.model.mla_spec import mla_spec_from_hf_config
+
+    path, _ = v3
+    config = AutoConfig.from_pretrained(path)
+    for key, value, message in (("attention_bias", True, "attention_bias"), ("n_group", 3, "n_group"),
+                                ("hidden_act", "gelu", "hidden_act")):
+        bad = AutoConfig.from_pretrained(path, **{key: value})
+        with pytest.raises(ValueError, match=message):
+            mla_spec_from_hf_config(bad)
+    assert mla_spec_from_hf_config(config).sm_scale == pytest.approx((16 + 8) ** -0.5)
+    with pytest.raises(ValueError, match="quantization"):
+        LLM(str(path), quantization="int8", max_model_len=64, num_gpu_blocks_override=16)
+
+
+def test_softmax_scale_takes_yarn_mscale_as_transformers_does():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    from vllm_jax.model.mla_spec import yarn_softmax_scale
+
+    for rope in ({"rope_type": "default"}, {"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0},
+                 {"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 0.707}, {"rope_type": "yarn", "factor": 4.0}):
+        assert yarn_softmax_scale(rope, 192) == pytest.approx(yarn_apply_mscale(rope, 192 ** -0.5), rel=1e-12)
+    assert yarn_softmax_scale({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0}, 192) != 192 ** -0.5

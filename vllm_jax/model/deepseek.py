@@ -80,8 +80,10 @@ class DeepseekLM(MoeLM):
                  expert_axis: str = "model", quantization: str | None = None,
                  quantization_group_size: int | None = None):
         if quantization is not None:
-            raise ValueError(f"{spec.architecture}: weight quantization ({quantization}) is not supported for MLA "
-                             f"models yet")
+            name = getattr(quantization, "scheme", None) or ("gguf" if not isinstance(quantization, str) else
+                                                             quantization)
+            raise ValueError(f"{spec.architecture}: weight quantization ({name}) is not supported for MLA models "
+                             f"yet; drop --quantization")
         super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform, mesh=mesh,
                          expert_mesh=expert_mesh, expert_axis=expert_axis)
         if self.kernels.backend != "xla":
