@@ -141,3 +141,36 @@ def test_softmax_scale_takes_yarn_mscale_as_transformers_does():
                  {"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 0.707}, {"rope_type": "yarn", "factor": 4.0}):
         assert yarn_softmax_scale(rope, 192) == pytest.approx(yarn_apply_mscale(rope, 192 ** -0.5), rel=1e-12)
     assert yarn_softmax_scale({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0}, 192) != 192 ** -0.5
+
+
+def test_pallas_backends_run_mla_through_the_xla_path(v3, caplog):
+    """No Pallas MLA kernel yet: a DeepSeek model built for pallas_tpu (interpret mode on CPU) logs that MLA runs
+    the XLA path and gives the xla backend's logits."""
+    import logging
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from tests.helpers.parity import BLOCK_SIZE, MAX_BLOCKS
+    from vllm_jax.model.decoder import forward
+    from vllm_jax.model.registry import resolve_architecture
+    from vllm_jax.model_loader.loader import build_model
+    from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+    from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+
+    source = resolve_model_source(str(v3[0]))
+    entry, spec = resolve_architecture(load_hf_config(source))
+    inputs = pack_step_inputs([RowChunk(list(range(3, 12)), 0, [1, 2, 3]), RowChunk([5, 6], 0, [4])],
+                              block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS, num_tokens_padded=16,
+                              num_seqs_padded=4)
+    logits = {}
+    for backend in ("xla", "pallas_tpu"):
+        with caplog.at_level(logging.INFO, logger="vllm_jax.model.deepseek"):
+            model = build_model(entry, spec, "float32", source, attention_backend=backend)
+        graphdef, params = nnx.split(model)
+        kv = jnp.zeros((spec.num_layers, 8, BLOCK_SIZE, 1, spec.kv_cache_width), jnp.float32)
+        logits[backend] = np.asarray(jax.jit(partial(forward, graphdef))(params, kv, inputs)[1])
+    assert "no MLA kernel" in caplog.text
+    np.testing.assert_allclose(logits["pallas_tpu"], logits["xla"], rtol=0, atol=1e-6)
