@@ -15,7 +15,7 @@ def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
     hf = make_tiny_checkpoint(arch, tmp_path)
     spec = load_forward(tmp_path)[0]
     assert spec.architecture == hf.config.architectures[0]
-    assert spec.kv_cache_heads == 1 and spec.kv_cache_width == 32 + 8
+    assert spec.kv_cache_heads == 1 and spec.kv_cache_width == 128  # 32 + 8, padded to 128 lanes
     assert spec.moe_layers[0] is False and all(spec.moe_layers[1:])
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
 
@@ -38,8 +38,8 @@ def test_engine_greedy_prefix_caching_preemption_and_kv_layout(v3):
     llm = LLM(str(path), max_model_len=64, num_gpu_blocks_override=14, block_size=8, max_num_seqs=8,
               max_num_batched_tokens=16)
     runner = llm.llm_engine.runner
-    assert runner.kv_cache.shape == (3, 14, 8, 1, 32 + 8)
-    assert spec_bytes_per_block(runner.spec, 8, "float32") == 3 * 8 * (32 + 8) * 4
+    assert runner.kv_cache.shape == (3, 14, 8, 1, 128)  # 32 + 8 padded to 128 lanes
+    assert spec_bytes_per_block(runner.spec, 8, "float32") == 3 * 8 * 128 * 4
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (7, 30, 1, 20)]
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)

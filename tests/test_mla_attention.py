@@ -22,7 +22,7 @@ def _oracle(q_nope, q_rope, cache, tables, seq_lens, qsl, n, w_uk, w_uv, scale):
         rows = range(int(qsl[s]), int(qsl[s + 1]))
         slots = [(int(tables[s, p // BLOCK]), p % BLOCK) for p in range(ctx_len)]
         latent = np.stack([cache[b, o, 0, :RANK] for b, o in slots])  # [L, RANK]
-        k_rope = np.stack([cache[b, o, 0, RANK:] for b, o in slots])
+        k_rope = np.stack([cache[b, o, 0, RANK:RANK + ROPE] for b, o in slots])
         k_nope = np.einsum("lr,rhd->lhd", latent, w_uk)
         values = np.einsum("lr,rhv->lhv", latent, w_uv)
         first_pos = ctx_len - len(rows)
@@ -44,6 +44,8 @@ def test_absorbed_mla_matches_dense_expanded_attention(kind):
         q_lens, q_lens + ctx, rng=rng, block_size=BLOCK, num_kv_heads=1, q_heads=HEADS, head_dim=RANK + ROPE,
         dtype=jnp.float32, layers=2)
     kv = kv[:, :, :, :1]  # one latent row per token: [layers, blocks, block, 1, RANK + ROPE]
+    if kind == "mixed":  # lane padding after the row (MlaSpec.kv_cache_width): junk there must not matter
+        kv = jnp.concatenate([kv, jnp.full(kv.shape[:-1] + (8,), 7.0, kv.dtype)], axis=-1)
     q_nope = rng.standard_normal((q.shape[0], HEADS, NOPE)).astype(np.float32)
     q_rope = np.asarray(q[..., RANK:])
     w_uk = (rng.standard_normal((RANK, HEADS, NOPE)) * 0.3).astype(np.float32)
@@ -61,15 +63,15 @@ def test_absorbed_mla_matches_dense_expanded_attention(kind):
 
 
 def test_write_mla_cache_puts_latent_and_rope_in_one_row_per_slot():
-    cache = jnp.zeros((2, 5, BLOCK, 1, RANK + ROPE), jnp.float32)
+    cache = jnp.full((2, 5, BLOCK, 1, RANK + ROPE + 8), 3.0, jnp.float32)  # 8 lanes of padding
     rng = np.random.default_rng(3)
     latent, rope = rng.standard_normal((3, RANK)), rng.standard_normal((3, ROPE))
     slots = jnp.asarray([6, 13, 0], jnp.int32)
     out = np.asarray(write_mla_cache(cache, jnp.asarray(latent), jnp.asarray(rope), slots, layer_index=1))
-    np.testing.assert_allclose(out[1, 1, 2, 0], np.concatenate([latent[0], rope[0]]), rtol=1e-6)
-    np.testing.assert_allclose(out[1, 3, 1, 0], np.concatenate([latent[1], rope[1]]), rtol=1e-6)
-    assert not out[0].any()  # the other layer untouched
+    np.testing.assert_allclose(out[1, 1, 2, 0], np.concatenate([latent[0], rope[0], np.zeros(8)]), rtol=1e-6)
+    np.testing.assert_allclose(out[1, 3, 1, 0], np.concatenate([latent[1], rope[1], np.zeros(8)]), rtol=1e-6)
+    assert (out[0] == 3.0).all()  # the other layer untouched
     with pytest.raises(ValueError, match="kv_lora_rank"):
-        mla_ragged_paged_attention(jnp.zeros((2, HEADS, RANK)), jnp.zeros((2, HEADS, ROPE + 1)), cache,
+        mla_ragged_paged_attention(jnp.zeros((2, HEADS, RANK)), jnp.zeros((2, HEADS, ROPE + 9)), cache,
                                    jnp.zeros((1, 2), jnp.int32), jnp.ones((1,), jnp.int32),
                                    jnp.asarray([0, 1], jnp.int32), jnp.ones((1,), jnp.int32), sm_scale=1.0)

@@ -5,7 +5,7 @@ It extends MoeSpec, so the runner and the MoE layer loop read the same fields: `
 expert's FFN size (`moe_intermediate_size`), `dense_intermediate_size` the first `first_k_dense_replace` layers'
 MLP. For the shared fields `num_kv_heads` is 1 (the latent is one row shared by every head) and `head_dim` the
 rope part (`qk_rope_head_dim`, what the rotary tables cover); the KV cache row is kv_lora_rank + qk_rope_head_dim
-wide (docs/architecture.md, "KV cache layout").
+wide, padded to a multiple of 128 (docs/architecture.md, "KV cache layout").
 
 Routing, as transformers computes it:
 - V3 (`noaux_tc`): sigmoid scores; experts chosen by scores + `e_score_correction_bias` among the `topk_group`
@@ -26,6 +26,7 @@ from vllm_jax.model.layers import rope_inv_freq
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.spec import _rope_parameters, pick_architecture
 
+KV_ROW_ALIGN = 128  # lanes of a TPU vreg: the cache row's width is padded to a multiple of it
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 _TOPK_METHODS = {"DeepseekV2ForCausalLM": ("greedy", "group_limited_greedy"),
                  "DeepseekV3ForCausalLM": ("noaux_tc",)}
@@ -51,7 +52,9 @@ class MlaSpec(MoeSpec):
 
     @property
     def kv_cache_width(self) -> int:
-        return self.kv_lora_rank + self.qk_rope_head_dim
+        """The latent row, padded to a multiple of 128 lanes: XLA:TPU relayouts (copies) the whole cache at every
+        gather or scatter of a row that is not lane-aligned (DeepSeek's 576 -> 640; docs/architecture.md)."""
+        return -(-(self.kv_lora_rank + self.qk_rope_head_dim) // KV_ROW_ALIGN) * KV_ROW_ALIGN
 
     @property
     def qk_head_dim(self) -> int:

@@ -1,8 +1,8 @@
 """Multi-head latent attention (DeepSeek-V2/V3 MLA) over the paged latent cache, absorbed form, in plain XLA.
 
 The cache holds one row per token and layer: [c_kv (kv_lora_rank), k_rope (qk_rope_head_dim)], the normed latent
-and the rotated shared key part ([num_layers, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim];
-docs/architecture.md, "KV cache layout"). With W_UK / W_UV the key / value halves of kv_b_proj, head h's score
+and the rotated shared key part, then zeros up to a multiple of 128 lanes ([num_layers, num_blocks, block_size, 1,
+width]; docs/architecture.md, "KV cache layout"). With W_UK / W_UV the key / value halves of kv_b_proj, head h's score
 against token s is q_nope_h . (W_UK_h c_s) + q_rope_h . k_rope_s = (W_UK_h^T q_nope_h) . c_s + q_rope_h . k_rope_s,
 so the caller absorbs q_nope into latent space (q_latent) and the attention is MQA with one shared key row
 [c_s, k_rope_s] of width kv_lora_rank + qk_rope_head_dim whose value is c_s: the output stays in latent space
@@ -26,9 +26,12 @@ from vllm_jax.pallas_kernels.kv_quant import quantize
 def write_mla_cache(kv_cache: jax.Array, latent: jax.Array, k_rope: jax.Array, slot_mapping: jax.Array,
                     layer_index: jax.Array | int | None = None) -> jax.Array:
     """Scatter this step's rows [latent (kv_lora_rank) | k_rope (qk_rope_head_dim)] ([T, .] each) into their
-    slots, as xla_common.write_kv_cache does for K/V; padding tokens write into the null block 0. An fp8 cache
-    gets the row saturated like every other write (kv_quant.quantize, scale 1.0)."""
-    row = quantize(jnp.concatenate([latent, k_rope], axis=-1)[:, None, :], kv_cache.dtype)  # [T, 1, width]
+    slots, as xla_common.write_kv_cache does for K/V; padding tokens write into the null block 0. A cache row
+    wider than the two (lane padding) gets zeros after them. An fp8 cache gets the row saturated like every other
+    write (kv_quant.quantize, scale 1.0)."""
+    row = jnp.concatenate([latent, k_rope.astype(latent.dtype)], axis=-1)
+    row = jnp.pad(row, ((0, 0), (0, kv_cache.shape[-1] - row.shape[-1])))
+    row = quantize(row[:, None, :], kv_cache.dtype)  # [T, 1, width]
     if layer_index is None:
         nb, bs = kv_cache.shape[:2]
         flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])
@@ -46,11 +49,12 @@ def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache:
     [T, H, qk_rope_head_dim] (rotated); `kv_cache` one layer [blocks, block_size, 1, width] or the whole stack
     with `layer_index`; the batch arguments as dispatch.ragged_paged_attention's."""
     rank = q_latent.shape[-1]
-    width = kv_cache.shape[-1]
-    if kv_cache.shape[-2] != 1 or width != rank + q_rope.shape[-1]:
-        raise ValueError(f"MLA cache rows must be [1, kv_lora_rank + qk_rope_head_dim] = [1, {rank} + "
+    width, used = kv_cache.shape[-1], rank + q_rope.shape[-1]
+    if kv_cache.shape[-2] != 1 or width < used:
+        raise ValueError(f"MLA cache rows must be [1, at least kv_lora_rank + qk_rope_head_dim = {rank} + "
                          f"{q_rope.shape[-1]}]; got {tuple(kv_cache.shape[-2:])}")
     q = jnp.concatenate([q_latent, q_rope.astype(q_latent.dtype)], axis=-1)
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, width - used)))  # zeros meet the row's lane padding
     out = xla_attention.ragged_paged_attention(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs,
                                                sm_scale=sm_scale, layer_index=layer_index, shared_kv=True)
     return out[..., :rank]
