@@ -174,3 +174,21 @@ def test_pallas_backends_run_mla_through_the_xla_path(v3, caplog):
         logits[backend] = np.asarray(jax.jit(partial(forward, graphdef))(params, kv, inputs)[1])
     assert "no MLA kernel" in caplog.text
     np.testing.assert_allclose(logits["pallas_tpu"], logits["xla"], rtol=0, atol=1e-6)
+
+
+def test_compile_checks_take_an_mla_model_without_pallas_kernels():
+    """compile-check reports an MLA model's backend as xla (no Pallas MLA kernel yet): a forward without the
+    kernels passes, and a copy of the cache still fails."""
+    from vllm_jax.aot import checks
+    from vllm_jax.aot.compile import CompileReport
+    from vllm_jax.aot.engine_programs import ProgramResult, TargetResult
+    from vllm_jax.worker.kv_budget import KVBudget
+
+    budget = KVBudget(device_bytes=1 << 30, usable_bytes=1 << 29, weight_bytes=1 << 20, temp_bytes=1 << 10,
+                      bytes_per_block=1 << 10, num_blocks=1 << 10)
+    for temp, ok in ((1 << 10, True), (1 << 20, False)):
+        memory = {"alias_size_in_bytes": 1 << 20, "temp_size_in_bytes": temp}
+        program = ProgramResult("forward T=8 S=8", "forward", 8, 8, CompileReport(target="x", ok=True, memory=memory))
+        result = checks.check(TargetResult("x", attention_backend="xla (MLA; no Pallas MLA kernel yet)",
+                                           budget=budget, programs=[program]))
+        assert result.ok == ok, result.failures
