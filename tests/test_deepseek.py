@@ -10,11 +10,15 @@ from tests.helpers.parity import (assert_greedy_matches_transformers, assert_log
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "deepseek_v2"])
-def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
-    hf = make_tiny_checkpoint(arch, tmp_path)
+@pytest.mark.parametrize("arch, overrides", [("deepseek_v3", {}), ("deepseek_v2", {}),
+                                             ("deepseek_v3", {"rope_interleave": False})])
+def test_logits_match_transformers_on_ragged_chunked_batches(arch, overrides, tmp_path):
+    """V3 (q LoRA, sigmoid + bias routing), V2 (plain q_proj, group-limited greedy) and V3 with the rotate-half
+    rope layout: every computed position's logits within 1e-4 of transformers' over two chunked steps."""
+    hf = make_tiny_checkpoint(arch, tmp_path, **overrides)
     spec = load_forward(tmp_path)[0]
     assert spec.architecture == hf.config.architectures[0]
+    assert spec.rope_interleave == (overrides.get("rope_interleave", True))
     assert spec.kv_cache_heads == 1 and spec.kv_cache_width == 128  # 32 + 8, padded to 128 lanes
     assert spec.moe_layers[0] is False and all(spec.moe_layers[1:])
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
