@@ -186,20 +186,20 @@ def check_expert_parallel(workdir: Path) -> dict:
 
 
 def check_mla_tensor_parallel(workdir: Path) -> dict:
-    """Tiny DeepSeek-V3 (4 heads, one latent KV row): greedy tokens at TP 1, TP 2 and TP 2 with expert
-    parallelism, and the TP 2 shardings (heads split, latent cache replicated)."""
+    """Tiny DeepSeek-V3 (4 heads, one latent KV row): greedy tokens at TP 1 and at TP 2 with expert parallelism
+    (one engine for both splits, to keep the check short), and the TP 2 shardings (heads split, latent cache
+    replicated, experts split)."""
     from flax import nnx
 
     model_dir = workdir / "deepseek_v3"
     make_tiny_checkpoint("deepseek_v3", model_dir, seed=5)
     result: dict = {"tp1": _greedy(str(model_dir))[0]}
-    tokens, engine = _greedy(str(model_dir), tensor_parallel_size=2)
-    result["tp2"] = tokens
+    tokens, engine = _greedy(str(model_dir), tensor_parallel_size=2, enable_expert_parallel=True)
+    result["tp2_ep"] = tokens
     layers = nnx.to_pure_dict(engine.runner.params)["layers"]
     result["specs"] = {name: _spec_list(layers[name]) for name in ("q_b_proj", "kv_b_proj", "o_proj", "kv_a_proj",
-                                                                   "shared_gate", "shared_down")}
+                                                                   "shared_gate", "shared_down", "experts_gate")}
     result["specs"]["kv_cache"] = _spec_list(engine.runner.kv_cache)
-    result["tp2_ep"] = _greedy(str(model_dir), tensor_parallel_size=2, enable_expert_parallel=True)[0]
     return result
 
 
