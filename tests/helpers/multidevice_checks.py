@@ -207,6 +207,24 @@ def check_gpt_oss_parallel(workdir: Path) -> dict:
     return result
 
 
+def check_mla_tensor_parallel(workdir: Path) -> dict:
+    """Tiny DeepSeek-V3 (4 heads, one latent KV row): greedy tokens at TP 1 and at TP 2 with expert parallelism
+    (one engine for both splits, to keep the check short), and the TP 2 shardings (heads split, latent cache
+    replicated, experts split)."""
+    from flax import nnx
+
+    model_dir = workdir / "deepseek_v3"
+    make_tiny_checkpoint("deepseek_v3", model_dir, seed=5)
+    result: dict = {"tp1": _greedy(str(model_dir))[0]}
+    tokens, engine = _greedy(str(model_dir), tensor_parallel_size=2, enable_expert_parallel=True)
+    result["tp2_ep"] = tokens
+    layers = nnx.to_pure_dict(engine.runner.params)["layers"]
+    result["specs"] = {name: _spec_list(layers[name]) for name in ("q_b_proj", "kv_b_proj", "o_proj", "kv_a_proj",
+                                                                   "shared_gate", "shared_down", "experts_gate")}
+    result["specs"]["kv_cache"] = _spec_list(engine.runner.kv_cache)
+    return result
+
+
 def check_data_parallel(workdir: Path) -> dict:
     """DP=2 x TP=2 on 4 devices answering concurrent requests, against one engine on one device."""
     import asyncio
@@ -343,7 +361,8 @@ CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel
           "prequantized_tensor_parallel": check_prequantized_tensor_parallel,
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
-          "pallas_tensor_parallel": check_pallas_tensor_parallel, "gpt_oss_parallel": check_gpt_oss_parallel}
+          "pallas_tensor_parallel": check_pallas_tensor_parallel, "gpt_oss_parallel": check_gpt_oss_parallel,
+          "mla_tensor_parallel": check_mla_tensor_parallel}
 
 CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
            for family in ("granite", "olmo2", "phi3")}

@@ -12,6 +12,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
 from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 
 VOCAB_SIZE = 320
 EOS_ID = 2
@@ -61,6 +62,20 @@ GEMMA_ARCHS = {
 }
 
 
+# DeepSeek MLA models (tests/test_deepseek.py): 8 experts in 4 groups, top-2 of the best 2 groups, a dense first
+# layer, shared experts. V3: q LoRA, sigmoid + correction bias (randomized below); V2: plain q_proj, softmax.
+_MLA = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32,
+            n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4, topk_group=2,
+            num_key_value_heads=4)  # transformers repeats its expanded K/V by heads / kv_heads: keep them equal
+MLA_ARCHS = {
+    "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM, dict(
+        _MLA, q_lora_rank=48, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        num_hidden_layers=3)),
+    "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM, dict(
+        _MLA, q_lora_rank=None, n_shared_experts=2, routed_scaling_factor=1.5, topk_method="group_limited_greedy")),
+}
+
+
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """Special tokens, the 256 byte tokens, and a few letters: any text encodes, decoding is byte-exact."""
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -75,7 +90,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
     """Save a random tiny model of `arch` (safetensors + tokenizer) to `path`; returns the torch model."""
-    config_cls, model_cls, extra = {**ARCHS, **MOE_ARCHS, **GEMMA_ARCHS}[arch]
+    config_cls, model_cls, extra = {**ARCHS, **MOE_ARCHS, **GEMMA_ARCHS, **MLA_ARCHS}[arch]
     kwargs = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
                   eos_token_id=EOS_ID, initializer_range=0.1, rms_norm_eps=1e-6)
@@ -90,6 +105,10 @@ def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
                     param.normal_(0.0, 0.3)
     if arch == "gpt_oss":
         _randomize_gpt_oss_extras(model)
+    with torch.no_grad():  # DeepSeek-V3's routing bias starts at zero: make it matter
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape) * 0.05)
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
     return model

@@ -104,10 +104,22 @@ GPT_OSS_20B = {
     "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                      "original_max_position_embeddings": 4096},
 }
+# deepseek-ai/DeepSeek-V3's config.json without its YaRN rope scaling (not supported yet; the default rope has
+# the same shapes): MLA (q LoRA 1536, kv LoRA 512, 128 heads), 256 experts in 8 groups, 8 per token, 3 dense layers.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+    "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3, "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "vocab_size": 129280,
+    "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+    "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
           "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B,
           "phi-3-mini-128k": PHI3_MINI_128K, "granite-3-8b": GRANITE_3_8B, "olmo-2-7b": OLMO2_7B,
-          "gpt-oss-20b": GPT_OSS_20B}
+          "gpt-oss-20b": GPT_OSS_20B, "deepseek-v3": DEEPSEEK_V3}
 # Gemma's layer kinds as transformers derives them; a reduced model keeps its last layer global so that both
 # kinds (Gemma 3: both rope tables) are in the compiled program.
 _SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}

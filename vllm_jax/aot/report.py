@@ -106,7 +106,7 @@ def format_target(result: TargetResult) -> str:
         lines.append("note: XLA's cost analysis counts the layer loop's body once, so GFLOP / GB / roofline cover "
                      "one layer plus the rest; --no-scan-layers compiles the layers unrolled for whole-step figures")
     lines += [f"FAILED: {f}" for f in result.failures] or ["ok: every program compiled" + (
-        ", both kernels in every forward" if result.attention_backend != "xla" else "")
+        ", both kernels in every forward" if not result.attention_backend.startswith("xla") else "")
         + ", the KV cache aliased in place"]
     return "\n".join(lines)
 

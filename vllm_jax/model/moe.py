@@ -176,6 +176,7 @@ class MoeLM(DecoderLM):
 
     layers_class = MoeLayers
     switched_scan = False  # its scans index stacked params; per-layer arrays mean the unrolled loop
+    mlp_param_set = _MLP_PARAMS  # the layer params indexed by a layer's place in its kind's stack, not its index
 
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None, expert_mesh: Mesh | None = None,
@@ -206,7 +207,7 @@ class MoeLM(DecoderLM):
         iteration indexes the stacked params by its layer's position in its own stack; `aux` records each
         chosen layer's input (its global index rides in the scan's xs)."""
         params = layer_param_values(self.layers)
-        attn = {name: value for name, value in params.items() if name not in _MLP_PARAMS}
+        attn = {name: value for name, value in params.items() if name not in self.mlp_param_set}
         if is_unstacked(params):
             return self._run_unrolled(ctx, params, attn, hidden, kv_cache, aux)
         for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
@@ -218,7 +219,7 @@ class MoeLM(DecoderLM):
                 w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
                 mlp = self._mlp(is_moe, {name: value[mlp_index] for name, value in mlp_params.items()})
                 aux = aux.record(layer_index, hidden)
-                hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window)
+                hidden, kv_cache = self._block(ctx, w, mlp, hidden, kv_cache, layer_index, window)
                 return (hidden, kv_cache, aux), None
 
             windows = np.array([self.spec.sliding_windows[i] for i in layer_ids], dtype=np.int32)
@@ -235,9 +236,14 @@ class MoeLM(DecoderLM):
                 w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
                 mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in self._mlp_param_names(is_moe)})
                 aux = aux.record(layer_index, hidden)
-                hidden, kv_cache = decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index,
-                                                 self.spec.sliding_windows[layer_index])
+                hidden, kv_cache = self._block(ctx, w, mlp, hidden, kv_cache, layer_index,
+                                               self.spec.sliding_windows[layer_index])
         return hidden, kv_cache, aux
+
+    def _block(self, ctx: LayerContext, w: dict, mlp: Mlp, hidden: jax.Array, kv_cache: jax.Array,
+               layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+        """One layer (attention, then `mlp`); families with another attention override it."""
+        return decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window)
 
     def _mlp(self, is_moe: bool, w: dict) -> Mlp:
         """The layer's FFN over its own params: the routed experts, or the dense gated MLP."""

@@ -16,6 +16,8 @@ from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, GEMMA_NOT_BUILT, gemm
 from vllm_jax.model.granite import GRANITE_ARCHITECTURES, GraniteLM, granite_spec_from_hf_config
 from vllm_jax.model.gpt_oss import GptOssLM
 from vllm_jax.model.gpt_oss_spec import GPT_OSS_ARCHITECTURES, gpt_oss_spec_from_hf_config
+from vllm_jax.model.deepseek import DeepseekLM
+from vllm_jax.model.mla_spec import MLA_ARCHITECTURES, mla_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config
 from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES, Olmo2LM, olmo2_spec_from_hf_config
@@ -38,6 +40,7 @@ MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(Olmo2LM, olmo2_spec_from_hf_config) for arch in OLMO2_ARCHITECTURES},
     **{arch: ModelEntry(DecoderLM, phi3_spec_from_hf_config) for arch in PHI3_ARCHITECTURES},
     **{arch: ModelEntry(GptOssLM, gpt_oss_spec_from_hf_config) for arch in GPT_OSS_ARCHITECTURES},
+    **{arch: ModelEntry(DeepseekLM, mla_spec_from_hf_config) for arch in MLA_ARCHITECTURES},
 }
 
 

@@ -57,6 +57,16 @@ class DecoderSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def kv_cache_heads(self) -> int:
+        """Rows per token in the KV cache's head axis: K and V interleaved (MLA: one latent row, MlaSpec)."""
+        return 2 * self.num_kv_heads
+
+    @property
+    def kv_cache_width(self) -> int:
+        """Width of one KV-cache row (docs/architecture.md, "KV cache layout")."""
+        return self.head_dim
+
+    @property
     def sm_scale(self) -> float:
         return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES
 from vllm_jax.model.granite import GRANITE_ARCHITECTURES
 from vllm_jax.model.gpt_oss_spec import GPT_OSS_ARCHITECTURES
+from vllm_jax.model.mla_spec import MLA_ARCHITECTURES
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES
 from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES
 from vllm_jax.model.phi3 import PHI3_ARCHITECTURES
@@ -16,6 +17,7 @@ from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model_loader.gemma_weights import gemma_param_sources
 from vllm_jax.model_loader.family_weights import olmo2_param_sources, phi3_param_sources
 from vllm_jax.model_loader.gpt_oss_weights import gpt_oss_param_sources
+from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
 from vllm_jax.model_loader.moe_weights import moe_param_sources
 from vllm_jax.model_loader.param_source import ParamSource
 
@@ -29,6 +31,7 @@ WEIGHT_MAPS: dict[str, WeightMap] = {
     **{arch: olmo2_param_sources for arch in OLMO2_ARCHITECTURES},
     **{arch: phi3_param_sources for arch in PHI3_ARCHITECTURES},
     **{arch: gpt_oss_param_sources for arch in GPT_OSS_ARCHITECTURES},
+    **{arch: deepseek_param_sources for arch in MLA_ARCHITECTURES},
 }
 
 

@@ -28,14 +28,16 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                            layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE,
-                           k_scale: float = 1.0, v_scale: float = 1.0, sinks: jax.Array | None = None) -> jax.Array:
+                           k_scale: float = 1.0, v_scale: float = 1.0, sinks: jax.Array | None = None,
+                           shared_kv: bool = False) -> jax.Array:
     """[T, num_q_heads, head_dim]; the contract of dispatch.ragged_paged_attention. Pages are read as float32
     (an fp8 cache's values exactly); k_scale joins sm_scale and v_scale the output (kv_quant); `sinks` join the
-    denominator once every key is folded in."""
+    denominator once every key is folded in. `shared_kv`: the cache's head axis holds rows that are both key and
+    value (MLA's latent, mla_attention.py), not K/V pairs."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
-    num_kv_heads = kv_cache.shape[3] // 2
+    num_kv_heads = kv_cache.shape[3] if shared_kv else kv_cache.shape[3] // 2
     block_tables, seq_lens, query_start_loc = map(jnp.asarray, (block_tables, seq_lens, query_start_loc))
     layout = row_layout(num_tokens, seq_lens, query_start_loc, num_seqs)
     window = window_value(sliding_window)
@@ -43,16 +45,16 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
                                                                 num_q_heads // num_kv_heads, head_dim)
     tile = min(query_tile, num_tokens)
     if num_tokens % tile or tile == num_tokens:  # one tile: the dense product, without a loop around it
-        state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap)
+        state = in_step_attention(qg, kv_cache, layer_index, block_tables, layout, window, soft_cap, shared_kv)
     else:
         state = _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, layout, window, soft_cap,
-                               tile)
+                               tile, shared_kv)
 
     width = block_tables.shape[1]
     tables = jnp.pad(block_tables, ((0, 0), (0, -(-width // _CHUNK_BLOCKS) * _CHUNK_BLOCKS - width)))
     live = jnp.arange(seq_lens.shape[0]) < jnp.reshape(num_seqs, ())
     has_context = live & (layout.context_lens > 0)
-    pages = _PageReader(kv_cache, layer_index, tables, soft_cap, window)
+    pages = _PageReader(kv_cache, layer_index, tables, soft_cap, window, shared_kv)
     state = _single_row_context(qg, state, pages, seq_lens, query_start_loc, layout,
                                 has_context & (layout.q_lens == 1))
     state = _multi_row_context(qg, state, pages, seq_lens, query_start_loc, layout, num_seqs,
@@ -67,12 +69,12 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
 
 
 def _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, layout: RowLayout, window, soft_cap,
-                   tile: int):
+                   tile: int, shared_kv: bool = False):
     """The keys written this step, by tiles of `tile` rows: query tile i only meets key tiles from the one holding
     the start of its first row's sequence up to i (causal), instead of all T keys. Returns (m, l, acc)."""
     num_tokens, num_kv_heads, group, _ = qg.shape
     seq_idx, valid, q_pos = layout.seq_idx, layout.valid, layout.q_pos
-    k_all, v_all = in_step_keys(kv_cache, layer_index, block_tables, layout)
+    k_all, v_all = in_step_keys(kv_cache, layer_index, block_tables, layout, shared_kv)
     m = jnp.full((num_tokens, num_kv_heads, group), MASKED, jnp.float32)
     state = (m, jnp.zeros_like(m), jnp.zeros_like(qg))
 
@@ -101,8 +103,8 @@ def _in_step_tiled(qg, kv_cache, layer_index, block_tables, query_start_loc, lay
 class _PageReader:
     """Reads chunks of sequences' pages from one layer of the cache."""
 
-    def __init__(self, kv_cache, layer_index, tables, soft_cap, window):
-        self.kv_cache, self.layer_index, self.tables = kv_cache, layer_index, tables
+    def __init__(self, kv_cache, layer_index, tables, soft_cap, window, shared_kv: bool = False):
+        self.kv_cache, self.layer_index, self.tables, self.shared_kv = kv_cache, layer_index, tables, shared_kv
         self.soft_cap, self.window = soft_cap, window
         self.chunk_tokens = _CHUNK_BLOCKS * kv_cache.shape[2]
 
@@ -111,6 +113,8 @@ class _PageReader:
         ids = jax.lax.dynamic_slice_in_dim(self.tables[seqs], j * _CHUNK_BLOCKS, _CHUNK_BLOCKS, axis=1)
         kv = self.kv_cache[self.layer_index, ids].astype(jnp.float32)  # [R, C, BS, 2*KVH, D]
         kv = kv.reshape(seqs.shape[0], self.chunk_tokens, *kv.shape[-2:])
+        if self.shared_kv:
+            return kv, kv
         return kv[:, :, 0::2], kv[:, :, 1::2]
 
 

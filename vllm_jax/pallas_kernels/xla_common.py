@@ -67,23 +67,27 @@ def row_layout(num_tokens: int, seq_lens: jax.Array, query_start_loc: jax.Array,
     return RowLayout(seq_idx, valid, jnp.where(valid, q_pos, 0), q_lens, context_lens)
 
 
-def in_step_keys(kv_cache: jax.Array, layer_index, block_tables: jax.Array,
-                 layout: RowLayout) -> tuple[jax.Array, jax.Array]:
-    """K and V of the tokens written this step, read back from their slots: [T, KVH, D] float32 each."""
+def in_step_keys(kv_cache: jax.Array, layer_index, block_tables: jax.Array, layout: RowLayout,
+                 shared_kv: bool = False) -> tuple[jax.Array, jax.Array]:
+    """K and V of the tokens written this step, read back from their slots: [T, KVH, D] float32 each.
+    `shared_kv` (MLA's latent rows, mla_attention.py): every row is a key and also its value."""
     block_size = kv_cache.shape[2]
     q_pos = layout.q_pos
     slots = block_tables[layout.seq_idx, q_pos // block_size] * block_size + q_pos % block_size
     flat = kv_cache.reshape(kv_cache.shape[0], -1, *kv_cache.shape[3:])
     batch_kv = flat[layer_index, slots].astype(jnp.float32)  # [T, 2*KVH, D]
+    if shared_kv:
+        return batch_kv, batch_kv
     return batch_kv[:, 0::2], batch_kv[:, 1::2]
 
 
 def in_step_attention(qg: jax.Array, kv_cache: jax.Array, layer_index, block_tables: jax.Array, layout: RowLayout,
-                      window: jax.Array, soft_cap: float | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      window: jax.Array, soft_cap: float | None,
+                      shared_kv: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Unnormalized softmax state (m, l, acc) of every row over the keys written this step: a [T, T] masked
     product over the batch's own slots, read back from the cache."""
     seq_idx, valid, q_pos = layout.seq_idx, layout.valid, layout.q_pos
-    k_b, v_b = in_step_keys(kv_cache, layer_index, block_tables, layout)
+    k_b, v_b = in_step_keys(kv_cache, layer_index, block_tables, layout, shared_kv)
     scores = cap(jnp.einsum("tkgd,skd->tkgs", qg, k_b), soft_cap)
     visible = ((seq_idx[:, None] == seq_idx[None, :]) & (q_pos[None, :] <= q_pos[:, None])
                & valid[:, None] & valid[None, :] & in_window(q_pos[:, None], q_pos[None, :], window))

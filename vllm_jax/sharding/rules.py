@@ -32,6 +32,10 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^embed_tokens(_scale|_min)?$", -2),  # [V, H] (kept: [V, H // 32] scales): vocab-parallel
     (r"^lm_head(_scale|_min)?$", _COLUMN),  # [H, V] (kept: [H // 32, V] scales): vocab-parallel
     (r"^layers/(q_proj|gate_proj|up_proj)$", _COLUMN),
+    # MLA (model/mla.py): q_b / kv_b outputs are head-major, split by heads; the latent projections (q_a_proj,
+    # kv_a_proj) and the latent cache are replicated; DeepSeek's shared experts split like a dense MLP
+    (r"^layers/(q_b_proj|kv_b_proj|shared_gate|shared_up)$", _COLUMN),
+    (r"^layers/shared_down$", _ROW),
     (r"^layers/(k_proj|v_proj)$", _COLUMN),  # replicated when tp does not divide num_kv_heads (below)
     (r"^layers/(q_bias|gate_bias|up_bias)$", -1),
     (r"^layers/(k_bias|v_bias)$", -1),

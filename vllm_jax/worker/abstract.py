@@ -38,7 +38,7 @@ from vllm_jax.worker.draft_chain import chain_buckets
 from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
-from vllm_jax.worker.kv_cache import blocks_per_sequence, bytes_per_block, cache_shape, min_kv_blocks
+from vllm_jax.worker.kv_cache import blocks_per_sequence, cache_shape, min_kv_blocks, spec_bytes_per_block
 from vllm_jax.worker.speculators import SpeculatorModel
 
 DeviceStepFactory = Callable[..., DeviceStep]
@@ -106,8 +106,7 @@ class AbstractEngine:
     def target_kv_bytes_per_block(self) -> int:
         """The target's own cache's share of a block (a draft model's cache holds the rest)."""
         s, mc = self.spec, self.config.model_config
-        return bytes_per_block(s.num_layers, self.config.cache_config.block_size, s.num_kv_heads, s.head_dim,
-                               mc.kv_cache_dtype) // self.kv_shards
+        return spec_bytes_per_block(s, self.config.cache_config.block_size, mc.kv_cache_dtype) // self.kv_shards
 
     @property
     def weight_bytes(self) -> int:

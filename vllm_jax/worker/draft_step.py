@@ -31,7 +31,7 @@ from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.device_step import input_signature
-from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block, cache_shape
+from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, spec_bytes_per_block
 
 # (key, jitted, args, dynamic args, outputs-shaped pytree) -> executable: DeviceStep.load_or_compile
 LoadOrCompile = Callable[[tuple, Any, tuple, tuple, Any], Any]
@@ -49,8 +49,8 @@ def draft_cache_layout(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> D
     tp = config.parallel_config.tensor_parallel_size
     kv_spec = kv_cache_partition_spec(spec, tp)
     num_shards = tp if kv_spec != PartitionSpec() else 1
-    per_block = bytes_per_block(spec.num_layers, config.cache_config.block_size, spec.num_kv_heads, spec.head_dim,
-                                config.model_config.kv_cache_dtype) // num_shards
+    per_block = spec_bytes_per_block(spec, config.cache_config.block_size,
+                                     config.model_config.kv_cache_dtype) // num_shards
     return DraftCacheLayout(cache_shape(config, spec, 0), NamedSharding(mesh, kv_spec), per_block)
 
 

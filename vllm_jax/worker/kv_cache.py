@@ -1,7 +1,8 @@
 """Sizing and allocating the device KV cache (paged_kv/ does the block accounting, in pure Python).
 
 Layout (docs/architecture.md, "KV cache layout"): one array [num_layers, num_blocks, block_size, 2 * num_kv_heads,
-head_dim], K and V interleaved on the head axis. The block count comes from a memory budget
+head_dim], K and V interleaved on the head axis; an MLA model (DeepSeek) holds one row of kv_lora_rank +
+qk_rope_head_dim per token instead ([..., 1, width]: `DecoderSpec.kv_cache_heads` / `kv_cache_width`). The block count comes from a memory budget
 (worker/kv_budget.py): `--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU
 `--gpu-memory-utilization` of device memory minus what is already in use (the weights) and the compiled
 programs' temporaries, measured by a probe compile. On CPU the budget is always explicit (1 GiB by default),
@@ -33,10 +34,12 @@ class KVCacheShape:
     num_kv_heads: int
     head_dim: int
     dtype: str
+    cache_heads: int | None = None  # rows per token on the head axis; None: 2 * num_kv_heads (K/V interleaved)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.num_layers, self.num_blocks, self.block_size, 2 * self.num_kv_heads, self.head_dim)
+        heads = 2 * self.num_kv_heads if self.cache_heads is None else self.cache_heads
+        return (self.num_layers, self.num_blocks, self.block_size, heads, self.head_dim)
 
     def abstract(self, sharding: jax.sharding.Sharding | None = None) -> jax.ShapeDtypeStruct:
         """The cache as a ShapeDtypeStruct (for compiling without allocating)."""
@@ -69,8 +72,7 @@ def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp
     The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
     each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
-    per_block = bytes_per_block(spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim,
-                                mc.kv_cache_dtype) // num_shards + extra_bytes_per_block
+    per_block = spec_bytes_per_block(spec, block_size, mc.kv_cache_dtype) // num_shards + extra_bytes_per_block
     device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
     device_bytes, weight_bytes = device_memory(device) if measures_device_memory(config) else (0, 0)
     num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks
@@ -91,11 +93,16 @@ def min_kv_blocks(config: EngineConfig) -> int:
 def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:
     mc = config.model_config
     return KVCacheShape(spec.num_layers, num_blocks, config.cache_config.block_size, spec.num_kv_heads,
-                        spec.head_dim, mc.kv_cache_dtype)
+                        spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
     return num_layers * block_size * 2 * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+
+
+def spec_bytes_per_block(spec: DecoderSpec, block_size: int, dtype: str) -> int:
+    """One block's bytes (all layers, unsharded) in the spec's own layout: K/V rows, or MLA's latent row."""
+    return spec.num_layers * block_size * spec.kv_cache_heads * spec.kv_cache_width * jnp.dtype(dtype).itemsize
 
 
 def log_capacity(config: EngineConfig, num_blocks: int, per_block: int) -> None:

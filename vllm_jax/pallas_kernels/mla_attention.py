@@ -1,0 +1,60 @@
+"""Multi-head latent attention (DeepSeek-V2/V3 MLA) over the paged latent cache, absorbed form, in plain XLA.
+
+The cache holds one row per token and layer: [c_kv (kv_lora_rank), k_rope (qk_rope_head_dim)], the normed latent
+and the rotated shared key part, then zeros up to a multiple of 128 lanes ([num_layers, num_blocks, block_size, 1,
+width]; docs/architecture.md, "KV cache layout"). With W_UK / W_UV the key / value halves of kv_b_proj, head h's score
+against token s is q_nope_h . (W_UK_h c_s) + q_rope_h . k_rope_s = (W_UK_h^T q_nope_h) . c_s + q_rope_h . k_rope_s,
+so the caller absorbs q_nope into latent space (q_latent) and the attention is MQA with one shared key row
+[c_s, k_rope_s] of width kv_lora_rank + qk_rope_head_dim whose value is c_s: the output stays in latent space
+and the caller applies W_UV. That is xla_attention.ragged_paged_attention with `shared_kv` (the row is key and
+value; its rope tail is dropped from the output), so ragged batches, chunked prefill reading earlier pages and
+decode take the same paths as every other model.
+
+There is no Pallas MLA kernel yet: the Pallas backends run MLA models through this XLA path (dispatch is by the
+model, model/mla.py), and GSPMD partitions it under tensor parallelism (heads split, latent cache replicated).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from vllm_jax.pallas_kernels import xla_attention
+from vllm_jax.pallas_kernels.kv_quant import quantize
+
+
+def write_mla_cache(kv_cache: jax.Array, latent: jax.Array, k_rope: jax.Array, slot_mapping: jax.Array,
+                    layer_index: jax.Array | int | None = None) -> jax.Array:
+    """Scatter this step's rows [latent (kv_lora_rank) | k_rope (qk_rope_head_dim)] ([T, .] each) into their
+    slots, as xla_common.write_kv_cache does for K/V; padding tokens write into the null block 0. A cache row
+    wider than the two (lane padding) gets zeros after them. An fp8 cache gets the row saturated like every other
+    write (kv_quant.quantize, scale 1.0)."""
+    row = jnp.concatenate([latent, k_rope.astype(latent.dtype)], axis=-1)
+    row = jnp.pad(row, ((0, 0), (0, kv_cache.shape[-1] - row.shape[-1])))
+    row = quantize(row[:, None, :], kv_cache.dtype)  # [T, 1, width]
+    if layer_index is None:
+        nb, bs = kv_cache.shape[:2]
+        flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])
+        return flat.at[slot_mapping].set(row, mode="promise_in_bounds").reshape(kv_cache.shape)
+    nl, nb, bs = kv_cache.shape[:3]
+    flat = kv_cache.reshape(nl, nb * bs, *kv_cache.shape[3:])
+    return flat.at[layer_index, slot_mapping].set(row, mode="promise_in_bounds").reshape(kv_cache.shape)
+
+
+def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array, block_tables: jax.Array,
+                               seq_lens: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array, *,
+                               sm_scale: float, layer_index: jax.Array | int | None = None) -> jax.Array:
+    """Causal ragged MLA over the paged latent cache -> [T, num_heads, kv_lora_rank] in latent space (float32
+    softmax, result in q_latent's dtype). q_latent [T, H, kv_lora_rank] (q_nope absorbed through W_UK), q_rope
+    [T, H, qk_rope_head_dim] (rotated); `kv_cache` one layer [blocks, block_size, 1, width] or the whole stack
+    with `layer_index`; the batch arguments as dispatch.ragged_paged_attention's."""
+    rank = q_latent.shape[-1]
+    width, used = kv_cache.shape[-1], rank + q_rope.shape[-1]
+    if kv_cache.shape[-2] != 1 or width < used:
+        raise ValueError(f"MLA cache rows must be [1, at least kv_lora_rank + qk_rope_head_dim = {rank} + "
+                         f"{q_rope.shape[-1]}]; got {tuple(kv_cache.shape[-2:])}")
+    q = jnp.concatenate([q_latent, q_rope.astype(q_latent.dtype)], axis=-1)
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, width - used)))  # zeros meet the row's lane padding
+    out = xla_attention.ragged_paged_attention(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs,
+                                               sm_scale=sm_scale, layer_index=layer_index, shared_kv=True)
+    return out[..., :rank]
