@@ -10,11 +10,15 @@ from tests.helpers.parity import (assert_greedy_matches_transformers, assert_log
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+
+
 @pytest.mark.parametrize("arch, overrides", [("deepseek_v3", {}), ("deepseek_v2", {}),
-                                             ("deepseek_v3", {"rope_interleave": False})])
+                                             ("deepseek_v3", {"rope_interleave": False, "rope_scaling": YARN})])
 def test_logits_match_transformers_on_ragged_chunked_batches(arch, overrides, tmp_path):
     """V3 (q LoRA, sigmoid + bias routing), V2 (plain q_proj, group-limited greedy) and V3 with the rotate-half
-    rope layout: every computed position's logits within 1e-4 of transformers' over two chunked steps."""
+    rope layout and YaRN (frequencies, and mscale in the softmax scale): every computed position's logits within 1e-4 of transformers' over two chunked steps."""
     hf = make_tiny_checkpoint(arch, tmp_path, **overrides)
     spec = load_forward(tmp_path)[0]
     assert spec.architecture == hf.config.architectures[0]

@@ -104,8 +104,8 @@ GPT_OSS_20B = {
     "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                      "original_max_position_embeddings": 4096},
 }
-# deepseek-ai/DeepSeek-V3's config.json without its YaRN rope scaling (not supported yet; the default rope has
-# the same shapes): MLA (q LoRA 1536, kv LoRA 512, 128 heads), 256 experts in 8 groups, 8 per token, 3 dense layers.
+# deepseek-ai/DeepSeek-V3's config.json: MLA (q LoRA 1536, kv LoRA 512, 128 heads), 256 experts in 8 groups, 8
+# per token, 3 dense layers, YaRN rope (factor 40).
 DEEPSEEK_V3 = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
     "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
@@ -115,6 +115,8 @@ DEEPSEEK_V3 = {
     "routed_scaling_factor": 2.5, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "vocab_size": 129280,
     "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
     "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
 }
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
           "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B,
