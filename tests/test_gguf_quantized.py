@@ -57,6 +57,17 @@ def _dequantized(params: dict, name: str, fmt: str, axis: int) -> np.ndarray:
     return dequantize_grouped(params[name], params[scale_name(name)], params.get(min_name(name)), fmt, axis)
 
 
+def _assert_kept_equal_the_dequantizing_loader(params: dict, reference: GGUFCheckpoint, fmt: str) -> None:
+    """Every kept linear (2 layers), the embedding and the LM head rebuild the dequantizing loader's arrays bit
+    for bit."""
+    for name in LINEARS:
+        want = np.stack([reference.read(f"model.layers.{i}.{LAYER_TENSORS[name][0]}", ()).T for i in range(2)])
+        assert np.array_equal(_dequantized(params["layers"], name, fmt, -2), want), name
+    embed = reference.read("model.embed_tokens.weight", ())
+    assert np.array_equal(_dequantized(params, "embed_tokens", fmt, -1), embed)
+    assert np.array_equal(_dequantized(params, "lm_head", fmt, -2), reference.read("lm_head.weight", ()).T)
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_kept_blocks_dequantize_bit_exactly_to_the_dequantizing_loader(files, qtype):
     formats, params = _kept_params(files[qtype])
@@ -67,12 +78,7 @@ def test_kept_blocks_dequantize_bit_exactly_to_the_dequantizing_loader(files, qt
     assert layers["q_proj"].dtype == (np.int8 if fmt == "q8_0" else np.uint8)
     assert layers["q_proj_scale"].dtype == np.float16 and layers["q_proj_scale"].shape == (2, 128 // 32, 128)
     assert (min_name("q_proj") in layers) == (fmt == "q4_1")
-    for name in LINEARS:
-        want = np.stack([reference.read(f"model.layers.{i}.{LAYER_TENSORS[name][0]}", ()).T for i in range(2)])
-        assert np.array_equal(_dequantized(layers, name, fmt, -2), want), name
-    embed = reference.read("model.embed_tokens.weight", ())
-    assert np.array_equal(_dequantized(params, "embed_tokens", fmt, -1), embed)
-    assert np.array_equal(_dequantized(params, "lm_head", fmt, -2), reference.read("lm_head.weight", ()).T)
+    _assert_kept_equal_the_dequantizing_loader(params, reference, fmt)
 
 
 def test_a_param_in_another_type_is_dequantized_as_before(files):
@@ -244,12 +250,7 @@ def test_k_quants_dequantize_near_the_weights_and_keep_bit_exactly(k_files, qtyp
     assert layers["q_proj"].dtype == (np.uint8 if fmt == "q4_k" else np.int8)
     assert layers["q_proj_scale"].dtype == np.float32 and layers["q_proj_scale"].shape == (2, 256 // rows, 256)
     assert (min_name("q_proj") in layers) == (fmt == "q4_k")
-    for name in LINEARS:
-        want = np.stack([reference.read(f"model.layers.{i}.{LAYER_TENSORS[name][0]}", ()).T for i in range(2)])
-        assert np.array_equal(_dequantized(layers, name, fmt, -2), want), name
-    embed = reference.read("model.embed_tokens.weight", ())
-    assert np.array_equal(_dequantized(params, "embed_tokens", fmt, -1), embed)
-    assert np.array_equal(_dequantized(params, "lm_head", fmt, -2), reference.read("lm_head.weight", ()).T)
+    _assert_kept_equal_the_dequantizing_loader(params, reference, fmt)
 
 
 def test_k_quant_logits_equal_the_dequantizing_loader(k_files):

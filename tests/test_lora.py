@@ -28,7 +28,8 @@ from vllm_jax.cli import add_engine_args, engine_args_from_namespace
 from vllm_jax.lora.adapter import TargetShapes, load_peft_adapter
 from vllm_jax.lora.config import LoRAConfig, parse_lora_modules
 from vllm_jax.lora.slots import LoRASlots
-from vllm_jax.model.layers import LoRAMask, LoRAWeight, linear
+from vllm_jax.model.layers import linear
+from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.paged_kv.block_hash import extend_block_hashes
 from vllm_jax.worker.input_batch import InputBatch
 

@@ -28,7 +28,8 @@ from tests.helpers.quantized_models import (QUANT_MODEL, dequantized_logits, mak
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from tests.test_sharding import run_check
 from vllm_jax import EngineArgs
-from vllm_jax.model.layers import QuantizedWeight, linear, quantized_dot_rows
+from vllm_jax.model.layers import QuantizedWeight, linear
+from vllm_jax.model.quantized_dots import quantized_dot_rows
 from vllm_jax.model.quantization import dequantize, quantize, quantize_table
 
 LOGIT_BOUNDS = {"int8": 0.15, "fp8": 0.25}  # relative L2 error of the logits vs float32 (measured 0.069, 0.134)

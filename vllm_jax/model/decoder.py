@@ -22,18 +22,19 @@ from jax.sharding import Mesh
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, LoRAMask, attention_params,
-                                   QuantizedWeight, bundle_lora, bundle_quantized, decoder_block, gated_mlp,
-                                   gguf_dot, gguf_dot_rows, grouped_params, init_param, is_unstacked,
-                                   layer_param_values, linear_params, matmul_f32, quantized_dot_rows, rms_norm,
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, QuantizedWeight, attention_params,
+                                   bundle_quantized, decoder_block, gated_mlp, grouped_params, init_param,
+                                   is_unstacked, layer_param_values, linear_params, matmul_f32, rms_norm,
                                    rotary_tables)
+from vllm_jax.model.lora_layers import LoRAMask, bundle_lora
+from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot_rows
 from vllm_jax.model.quantization import (SCALE_SUFFIX, KeptFormats, OnlineQuantization, Quantization,
                                          quantize_table, scale_name)
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels import resolve_backend
 
-# A kept (or online-quantized) tied LM head's vocab rows per chunk (layers.gguf_dot_rows, quantized_dot_rows): on
+# A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows, quantized_dot_rows): on
 # CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole table dequantized (the
 # default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md, "Quantized weights")
 HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}

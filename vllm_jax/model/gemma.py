@@ -20,7 +20,8 @@ from flax import nnx
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma_spec import GemmaSpec
-from vllm_jax.model.layers import LayerContext, apply_rotary, attention_params, linear, linear_params
+from vllm_jax.model.layers import (LayerContext, apply_rotary, attention_params, linear, linear_params,
+                                   project_qkv)
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.step_inputs import StepInputs
 
@@ -86,9 +87,7 @@ def gemma_attention(spec: GemmaSpec, ctx: LayerContext, w: dict, x: jax.Array, k
                     sin: jax.Array) -> tuple[jax.Array, jax.Array]:
     """layers.attention with Gemma's q/k norms, this layer's rotary tables and the attention soft cap."""
     t, inputs = x.shape[0], ctx.inputs
-    q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
-    k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
-    v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    q, k, v = project_qkv(spec, w, x)
     if spec.qk_norm:
         q = gemma_rms_norm(q, w["q_norm"], spec.rms_norm_eps)
         k = gemma_rms_norm(k, w["k_norm"], spec.rms_norm_eps)

@@ -2,7 +2,8 @@
 linear and llama3 frequency scalings), linear layers with optional bias, the gated MLP, the attention call
 through `pallas_kernels` (shard_map-wrapped under tensor parallelism: `AttentionKernels`), one pre-norm decoder
 block, and the stacked / per-layer param layouts. A quantized weight (model/quantization.py) reaches `linear` as a
-`QuantizedWeight`, which dequantizes inside the dot.
+`QuantizedWeight`, which dequantizes inside the dot (model/quantized_dots.py); LoRA adapters as a `LoRAWeight`
+(model/lora_layers.py).
 
 All functions are pure (arrays in, arrays out) and follow transformers' order of operations and float32
 islands, which is what keeps logits within 1e-4 of it. Linear weights are [in, out] (x @ W); the loader
@@ -22,8 +23,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes, min_name
+from vllm_jax.model.grouped_quant import grouped_shapes, min_name
+from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
+from vllm_jax.model.quantized_dots import dot, gguf_dot, grouped_dot
 from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
@@ -169,7 +172,7 @@ class LayerSwitch:
     fmt: str | None = None  # kept GGUF format of `arrays` (model/grouped_quant.py), static
 
     def matmul(self, x: jax.Array) -> jax.Array:
-        return self.apply(_dot if self.fmt is None else partial(_gguf_dot_parts, fmt=self.fmt), x)
+        return self.apply(dot if self.fmt is None else partial(_gguf_dot_parts, fmt=self.fmt), x)
 
     def apply(self, fn: Callable[[jax.Array, Any], jax.Array], x: jax.Array) -> jax.Array:
         """fn(x, W[layer]) as a switch over the layers."""
@@ -185,85 +188,8 @@ def _gguf_dot_parts(x: jax.Array, parts: tuple, fmt: str) -> jax.Array:
     return gguf_dot(x, *parts, fmt)
 
 
-def gguf_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
-             fmt: str) -> jax.Array:
-    """x @ W for W kept in GGUF blocks: dequantized to float32 (exactly the dequantizing loader's weight), cast
-    to x's dtype and dotted in one fusion; weight-only on every platform (docs/architecture.md: on CPU faster
-    than W8A8 over groups, whose int8 dot is batched over 32-wide groups)."""
-    w = dequantize_grouped(values, scale, minimum, fmt, axis=-2).astype(x.dtype)
-    return jnp.dot(x, w, preferred_element_type=jnp.float32)
-
-
-_NARROW_WEIGHTS = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
-
-
-def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w: int8 activations (W8A8) accumulate in int32; a quantized weight under float activations is
-    converted to their dtype inside the dot (weight-only); everything else accumulates in float32."""
-    if x.dtype == jnp.int8:
-        return jnp.dot(x, w, preferred_element_type=jnp.int32)
-    if w.dtype in _NARROW_WEIGHTS:
-        w = w.astype(x.dtype)
-    return jnp.dot(x, w, preferred_element_type=jnp.float32)
-
-
 def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
-    return weight.matmul(x) if isinstance(weight, LayerSwitch) else _dot(x, weight)
-
-
-def _over_row_chunks(dot_rows: Callable[..., jax.Array], tables: tuple, chunk_rows: int | None) -> jax.Array:
-    """float32 [T, V]: `dot_rows(*tables)` ([T, rows] logits of a table's rows; parts [V, ...] or None) over
-    the whole table, or with `chunk_rows` (CPU) over chunks of rows through a loop: XLA:CPU writes a converted /
-    dequantized operand out before its dot, and a chunk's (1024 x 576 float32 on the default model) stays in
-    cache where the whole table's (113 MB) does not."""
-    v = tables[0].shape[0]
-    chunk_rows = _dividing_chunk(v, chunk_rows) if chunk_rows else None
-    if chunk_rows is None:
-        return dot_rows(*tables)
-    n = v // chunk_rows
-    chunks = tuple(None if a is None else a.reshape(n, chunk_rows, *a.shape[1:]) for a in tables)
-    out = jax.lax.map(lambda parts: dot_rows(*parts), chunks)  # [n, T, chunk_rows]
-    return out.transpose(1, 0, 2).reshape(out.shape[1], v)
-
-
-def _dividing_chunk(v: int, target: int) -> int | None:
-    """The largest divisor of `v` rows at most `target` and above target / 4 (a chunk loop needs equal chunks), or
-    None when there is none or it would be the whole table."""
-    for rows in range(min(target, v - 1), target // 4, -1):
-        if v % rows == 0:
-            return rows
-    return None
-
-
-def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
-                  chunk_rows: int | None) -> jax.Array:
-    """float32 x @ E^T for a table E [V, H] kept in GGUF blocks grouped along H (the tied LM head), in row chunks
-    on CPU (`_over_row_chunks`; measured 17 ms vs 124 ms for the default model's head at 2 rows, float32 105 ms)."""
-    def dot_rows(v: jax.Array, s: jax.Array, m: jax.Array | None) -> jax.Array:
-        table = dequantize_grouped(v, s, m, fmt, axis=-1).astype(x.dtype)
-        return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
-
-    return _over_row_chunks(dot_rows, (values, scale, minimum), chunk_rows)
-
-
-def quantized_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, chunk_rows: int | None) -> jax.Array:
-    """float32 x @ E^T for a table E [V, H] quantized per row (int8 / fp8 values, float32 scales [V, 1]: online
-    quantization's tied LM head), weight-only: the values converted to x's dtype inside the dot, each logit
-    scaled by its row's scale; in row chunks on CPU (`_over_row_chunks`; docs/architecture.md: the default
-    model's int8 head 6.5 ms at 2 rows chunked, 54 ms whole, W8A8 70 ms; float32 8.7 ms)."""
-    def dot_rows(v: jax.Array, s: jax.Array) -> jax.Array:
-        return jnp.dot(x, v.astype(x.dtype).T, preferred_element_type=jnp.float32) * s[:, 0]
-
-    return _over_row_chunks(dot_rows, (values, scale), chunk_rows)
-
-
-def _grouped_dot(x: jax.Array, w: jax.Array, groups: int) -> jax.Array:
-    """float32 [..., groups, out]: each run of in // groups input rows' share of x @ w (weight-only: the values
-    converted to x's dtype inside the dot), for grouped scales to weight before the sum."""
-    rows = w.shape[0] // groups
-    xg = x.reshape(*x.shape[:-1], groups, rows)
-    wg = w.astype(x.dtype).reshape(groups, rows, w.shape[1])
-    return jnp.einsum("...gk,gko->...go", xg, wg, preferred_element_type=jnp.float32)
+    return weight.matmul(x) if isinstance(weight, LayerSwitch) else dot(x, weight)
 
 
 @dataclass(frozen=True)
@@ -301,63 +227,6 @@ def bundle_quantized(w: dict, quant: Quantization | None) -> dict:
     return out
 
 
-@dataclass(frozen=True)
-class LoRAMask:
-    """Which adapter slot each token of the step reads: one-hot over slots 1..N-1, [T, N - 1] float32 (a token of
-    slot 0, no adapter, has an all-zero row), and whether any token has an adapter at all (a scalar bool)."""
-
-    one_hot: jax.Array
-    active: jax.Array
-
-    @classmethod
-    def of(cls, lora_slots: jax.Array, num_slots: int) -> LoRAMask:
-        return cls(jax.nn.one_hot(lora_slots - 1, num_slots - 1, dtype=jnp.float32), jnp.any(lora_slots > 0))
-
-
-@dataclass(frozen=True)
-class LoRAWeight:
-    """A base linear weight plus the adapter slots of every layer: a [L, N, in, R], b [L, N, R, out] (N = max_loras
-    + 1, slot 0 zeros, scaling folded into b), this layer's index and the step's LoRAMask. (With `layer` None, a
-    and b are one layer's [N, in, R] / [N, R, out].)
-
-    The delta is computed for all adapter slots at once and masked per token: (x @ a[1:]) is [T, N - 1, R], the mask
-    keeps each token's own slot, and the [T, (N - 1) * R] result meets b[1:] as one [(N - 1) * R, out] matrix. Two
-    dense dots of (N - 1) * R columns, no [T, in, R] gather of per-token adapters; slot 0 is left out (it is
-    zeros). A step in which no token has an adapter skips it all (a cond), the layer's slice of the stacks
-    included (it is taken inside the branch, not by the layer scan), so base-only batches cost nothing extra
-    (docs/architecture.md, "LoRA adapters")."""
-
-    base: jax.Array | LayerSwitch | QuantizedWeight
-    a: jax.Array
-    b: jax.Array
-    mask: LoRAMask
-    layer: jax.Array | int | None = None
-
-    def delta(self, x: jax.Array) -> jax.Array:
-        """[T, out] float32: each token's B(A(x)) under its own slot."""
-        def product(x: jax.Array) -> jax.Array:
-            a, b = (self.a, self.b) if self.layer is None else (self.a[self.layer], self.b[self.layer])
-            xa = jnp.einsum("ti,nir->tnr", x, a[1:].astype(x.dtype), preferred_element_type=jnp.float32)
-            xa = (xa * self.mask.one_hot[:, :, None]).astype(b.dtype)
-            return jnp.einsum("tnr,nro->to", xa, b[1:], preferred_element_type=jnp.float32)
-
-        def nothing(x: jax.Array) -> jax.Array:
-            return jnp.zeros((x.shape[0], self.b.shape[-1]), jnp.float32)
-
-        return jax.lax.cond(self.mask.active, product, nothing, x)
-
-
-def bundle_lora(w: dict, lora: dict | None, mask: LoRAMask | None, layer: jax.Array | int) -> dict:
-    """Layer `layer`'s weights with each adapted linear wrapped in a LoRAWeight (unchanged without `lora`).
-    `lora`: target name -> (a [L, N, in, R], b [L, N, R, out]), every layer's slots."""
-    if not lora:
-        return w
-    out = dict(w)
-    for name, (a, b) in lora.items():
-        out[name] = LoRAWeight(out[name], a, b, mask, layer)
-    return out
-
-
 def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight | LoRAWeight,
            bias: jax.Array | None = None) -> jax.Array:
     """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype. A QuantizedWeight is
@@ -379,8 +248,9 @@ def matmul_f32(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight) 
     elif isinstance(weight, QuantizedWeight):
         if weight.scale.ndim == 2:  # grouped scales [in // g, out]: weight each group's partial sums, then add
             groups = weight.scale.shape[0]
-            dot = partial(_grouped_dot, groups=groups)
-            parts = weight.values.apply(dot, x) if isinstance(weight.values, LayerSwitch) else dot(x, weight.values)
+            by_group = partial(grouped_dot, groups=groups)
+            parts = (weight.values.apply(by_group, x) if isinstance(weight.values, LayerSwitch)
+                     else by_group(x, weight.values))
             y = jnp.sum(parts * weight.scale, axis=-2)
         elif weight.quantize_activations:
             xq, row_scale = quantize_rows(x)
@@ -457,14 +327,20 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
     """Self-attention of the normed hidden states `x` [T, hidden] over the paged KV cache: q/k/v (q/k norms,
     rotary), this step's K/V written through `slot_mapping` before the ragged paged attention reads the pages,
     then o_proj. -> (attention output [T, hidden], updated kv_cache)."""
-    t = x.shape[0]
-    q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
-    k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
-    v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    q, k, v = project_qkv(spec, w, x)
     if spec.qk_norm:
         q = rms_norm(q, w["q_norm"], spec.rms_norm_eps)
         k = rms_norm(k, w["k_norm"], spec.rms_norm_eps)
     return attend(spec, ctx, w, q, k, v, kv_cache, layer_index, window)
+
+
+def project_qkv(spec: DecoderSpec, w: dict, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] from x [T, hidden] (with their biases)."""
+    t = x.shape[0]
+    q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
+    k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
+    return q, k, v
 
 
 def attend(spec: DecoderSpec, ctx: LayerContext, w: dict, q: jax.Array, k: jax.Array, v: jax.Array,
