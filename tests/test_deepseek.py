@@ -18,7 +18,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
                                              ("deepseek_v3", {"rope_interleave": False, "rope_scaling": YARN})])
 def test_logits_match_transformers_on_ragged_chunked_batches(arch, overrides, tmp_path):
     """V3 (q LoRA, sigmoid + bias routing), V2 (plain q_proj, group-limited greedy) and V3 with the rotate-half
-    rope layout and YaRN (frequencies, and mscale in the softmax scale): every computed position's logits within 1e-4 of transformers' over two chunked steps."""
+    rope layout and YaRN (frequencies, and mscale in the softmax scale): every computed position's logits within 1e-4 of
+    transformers' over two chunked steps."""
     hf = make_tiny_checkpoint(arch, tmp_path, **overrides)
     spec = load_forward(tmp_path)[0]
     assert spec.architecture == hf.config.architectures[0]

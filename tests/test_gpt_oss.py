@@ -25,9 +25,9 @@ def checkpoint(tmp_path_factory):
 
 
 def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
-    """Two chunked steps over four ragged sequences (the second chunk reads the first's pages; windows cut in):
-    every computed position within 1e-4, layers scanned and unrolled. The checkpoint really exercises gpt-oss's parts: every expert routed
-    in every layer, the clamp active, the sinks large."""
+    """Two chunked steps over four ragged sequences (the second chunk reads the first's pages; windows cut in): every
+    computed position within 1e-4, layers scanned and unrolled. The checkpoint really exercises gpt-oss's parts: every
+    expert routed in every layer, the clamp active, the sinks large."""
     path, hf = checkpoint
     spec = load_forward(path)[0]
     assert spec.sliding_windows == (5, 0, 5) and spec.rope_attention_scaling > 1.0

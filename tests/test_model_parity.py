@@ -37,3 +37,17 @@ def test_every_layer_form_matches_transformers(layers, tmp_path):
 def test_greedy_continuation_of_32_tokens_is_token_identical(arch, tmp_path):
     hf = make_tiny_checkpoint(arch, tmp_path, seed=3)
     assert_greedy_matches_transformers(hf, tmp_path)
+
+
+def test_per_layer_type_rope_parameters_are_refused_where_a_family_does_not_read_them():
+    """Gemma 3 style nested `rope_parameters` (one dict per layer type) on an architecture that reads one flat
+    dict: a ValueError naming them, not a silent fall back to rope_theta 10000."""
+    from transformers import Gemma3TextConfig
+
+    from vllm_jax.model.spec import spec_from_hf_config
+
+    config = Gemma3TextConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_activation="silu")
+    config.architectures, config.hidden_act = ["LlamaForCausalLM"], "silu"
+    with pytest.raises(ValueError, match=r"rope_parameters per layer type \(full_attention, sliding_attention\)"):
+        spec_from_hf_config(config)

@@ -119,7 +119,8 @@ def test_embedding_rows_quantized_per_row_and_the_tied_head_within_its_bound(sch
 @pytest.mark.parametrize("vocab, target, chunks", [(96, 40, 3), (96, 20, 6), (97, 40, 1)])
 def test_a_tied_quantized_head_in_row_chunks_equals_the_whole_table(vocab, target, chunks):
     """The head runs over equal chunks of vocab rows (the largest divisor of the vocab size at most the target and
-    above a quarter of it: 96 rows at 40 -> three of 32, at 20 -> six of 16; none for 97) with the whole table's logits."""
+    above a quarter of it: 96 rows at 40 -> three of 32, at 20 -> six of 16; none for 97) with the whole table's
+    logits."""
     table = np.random.RandomState(1).randn(vocab, 16).astype(np.float32)
     values, scale = quantize_table(jnp.asarray(table), "int8")
     x = jnp.asarray(np.random.RandomState(2).randn(3, 16).astype(np.float32))

@@ -10,7 +10,7 @@ from transformers import GptOssConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from vllm_jax.model.layers import rope_inv_freq
-from vllm_jax.model.spec import _rope_parameters
+from vllm_jax.model.spec import rope_parameters_of
 
 YARN = [
     dict(factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False, original_max_position_embeddings=4096,
@@ -27,7 +27,7 @@ def test_yarn_matches_transformers(rope):
     config = GptOssConfig(head_dim=64, hidden_size=256, num_attention_heads=4, max_position_embeddings=8192,
                           rope_parameters={"rope_type": "yarn", **rope})
     want, want_scale = ROPE_INIT_FUNCTIONS["yarn"](config)
-    got, scale = rope_inv_freq(_rope_parameters(config), 64)
+    got, scale = rope_inv_freq(rope_parameters_of(config), 64)
     assert got.dtype == np.float32 and got.shape == (32,)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=0)  # pow's last bit may differ
     assert scale == pytest.approx(want_scale, rel=1e-12) and scale > 1.0

@@ -24,7 +24,7 @@ from typing import Any
 
 from vllm_jax.model.layers import rope_inv_freq
 from vllm_jax.model.moe_spec import MoeSpec
-from vllm_jax.model.spec import _rope_parameters, pick_architecture
+from vllm_jax.model.spec import pick_architecture, rope_parameters_of
 
 KV_ROW_ALIGN = 128  # lanes of a TPU vreg: the cache row's width is padded to a multiple of it
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
@@ -81,7 +81,7 @@ def mla_spec_from_hf_config(config: Any) -> MlaSpec:
         raise ValueError(f"{arch}: attention_bias=True is not supported (DeepSeek checkpoints have none)")
     n = config.num_hidden_layers
     rope_dim = config.qk_rope_head_dim
-    rope = _rope_parameters(config)
+    rope = rope_parameters_of(config)
     inv_freq, rope_scaling = rope_inv_freq(rope, rope_dim)
     num_experts = config.n_routed_experts
     top_k = config.num_experts_per_tok

@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_jax.model.rope_longrope import longrope_inv_freq, original_context
-from vllm_jax.model.spec import DecoderSpec, _rope_parameters, common_spec_fields, pick_architecture
+from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architecture, rope_parameters_of
 
 PHI3_ARCHITECTURES = ("Phi3ForCausalLM",)
 
 
 def phi3_spec_from_hf_config(config: Any) -> DecoderSpec:
     arch = pick_architecture(config, PHI3_ARCHITECTURES)
-    rope = _rope_parameters(config)
+    rope = rope_parameters_of(config)
     if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError(f"{arch}: partial_rotary_factor {rope['partial_rotary_factor']} is not supported (only 1.0)")
     if rope["rope_type"] not in ("default", "longrope"):

@@ -19,7 +19,8 @@ read from the file; those weights are dequantized inside the dot on every platfo
 
 Online quantization of a float checkpoint (`OnlineQuantization`, not a pre-quantized checkpoint's scheme) also
 quantizes the embedding [V, H], one scale per vocab row (`embed_tokens_scale` [V, 1]: `quantize_table`), and an
-untied LM head [H, V] per output channel like a linear; the tied head is weight-only (quantized_dots.quantized_dot_rows).
+untied LM head [H, V] per output channel like a linear; the tied head is weight-only
+(quantized_dots.quantized_dot_rows).
 
 The quantization itself (`quantize`) runs on numpy (the loader, per host slice) or jax (random init) arrays.
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def longrope_inv_freq(rope: dict, head_dim: int, which: str = "short") -> tuple[np.ndarray, float]:
     """(inverse frequencies with the `which` ("short" / "long") factors, cos/sin multiplier) for HF rope
     parameters holding `rope_theta`, `short_factor`, `long_factor`, `original_max_position_embeddings` and
-    `factor` or `max_position_embeddings` (added by spec._rope_parameters)."""
+    `factor` or `max_position_embeddings` (added by spec.rope_parameters_of)."""
     dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     factors = np.asarray(rope[f"{which}_factor"], dtype=np.float32)
     if factors.shape != (dim // 2,):

@@ -105,7 +105,7 @@ def common_spec_fields(config: Any, arch: str, check_activation: bool = True) ->
     if num_heads % num_kv_heads:
         raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
                          f"num_key_value_heads ({num_kv_heads})")
-    inv_freq, scaling = rope_inv_freq(_rope_parameters(config), head_dim)
+    inv_freq, scaling = rope_inv_freq(rope_parameters_of(config), head_dim)
     return dict(
         architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -126,9 +126,13 @@ def _sliding_windows(config: Any) -> tuple[int, ...]:
     return (int(window),) * n
 
 
-def _rope_parameters(config: Any) -> dict:
+def rope_parameters_of(config: Any) -> dict:
     """transformers 5 keeps everything in `rope_parameters`; 4.x used rope_theta + rope_scaling."""
     params = dict(getattr(config, "rope_parameters", None) or {})
+    nested = sorted(key for key, value in params.items() if isinstance(value, dict))
+    if nested:  # per-layer-type rope (Gemma 3's style): a family must read it itself, not fall back to defaults
+        raise ValueError(f"{getattr(config, 'architectures', None)}: rope_parameters per layer type "
+                         f"({', '.join(nested)}) are not supported for this architecture")
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
     scaling = getattr(config, "rope_scaling", None)
