@@ -36,7 +36,8 @@ from vllm_jax.pallas_kernels import resolve_backend
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
-# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md, "Quantized weights")
+# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md,
+# "Quantized weights")
 HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
 
 
