@@ -61,14 +61,12 @@ def gemma_spec_from_hf_config(config: Any) -> GemmaSpec:
         raise ValueError(f"{arch}: hidden_activation {act!r} is not supported (only gelu_pytorch_tanh)")
     if getattr(config, "use_bidirectional_attention", None):
         raise ValueError(f"{arch}: use_bidirectional_attention is not supported (causal decoding only)")
-    common = common_spec_fields(config, arch, check_activation=False)
+    rope = _per_layer_type_rope(config, arch) if arch == "Gemma3ForCausalLM" else None
+    common = common_spec_fields(config, arch, check_activation=False, rope=rope and rope["full_attention"])
     head_dim = common["head_dim"]
     local_inv_freq, local_scaling = common["inv_freq"], common["rope_attention_scaling"]
-    if arch == "Gemma3ForCausalLM":
-        rope = _per_layer_type_rope(config, arch)
-        inv_freq, scaling = rope_inv_freq(rope["full_attention"], head_dim)
+    if rope is not None:  # the sliding layers' own rope (the global layers' is common's)
         local, local_scaling = rope_inv_freq(rope["sliding_attention"], head_dim)
-        common.update(inv_freq=tuple(float(x) for x in inv_freq), rope_attention_scaling=scaling)
         local_inv_freq = tuple(float(x) for x in local)
     attention_bias = bool(getattr(config, "attention_bias", False))
     scalar = getattr(config, "query_pre_attn_scalar", None) or head_dim

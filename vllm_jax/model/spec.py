@@ -92,10 +92,12 @@ def pick_architecture(config: Any, supported: tuple[str, ...]) -> str:
     return arch
 
 
-def common_spec_fields(config: Any, arch: str, check_activation: bool = True) -> dict[str, Any]:
+def common_spec_fields(config: Any, arch: str, check_activation: bool = True,
+                       rope: dict | None = None) -> dict[str, Any]:
     """The DecoderSpec fields every Llama-family architecture reads the same way (attention shape, rope,
     norms, windows), checked once. `check_activation`: refuse a `hidden_act` other than silu (a family with
-    another FFN, Gemma's GeGLU, checks its own)."""
+    another FFN, Gemma's GeGLU, checks its own). `rope`: the rope parameters, when the family reads them itself
+    (Gemma 3's per layer type); None: `rope_parameters_of(config)`."""
     act = getattr(config, "hidden_act", "silu")
     if check_activation and act not in ("silu", "swish"):
         raise ValueError(f"{arch}: hidden_act {act!r} is not supported (only silu)")
@@ -105,7 +107,7 @@ def common_spec_fields(config: Any, arch: str, check_activation: bool = True) ->
     if num_heads % num_kv_heads:
         raise ValueError(f"{arch}: num_attention_heads ({num_heads}) is not a multiple of "
                          f"num_key_value_heads ({num_kv_heads})")
-    inv_freq, scaling = rope_inv_freq(rope_parameters_of(config), head_dim)
+    inv_freq, scaling = rope_inv_freq(rope if rope is not None else rope_parameters_of(config), head_dim)
     return dict(
         architecture=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
