@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from vllm_jax.pallas_kernels import xla_attention
 from vllm_jax.pallas_kernels.kv_quant import quantize
+from vllm_jax.pallas_kernels.xla_common import scatter_slots
 
 
 def write_mla_cache(kv_cache: jax.Array, latent: jax.Array, k_rope: jax.Array, slot_mapping: jax.Array,
@@ -32,13 +33,7 @@ def write_mla_cache(kv_cache: jax.Array, latent: jax.Array, k_rope: jax.Array, s
     row = jnp.concatenate([latent, k_rope.astype(latent.dtype)], axis=-1)
     row = jnp.pad(row, ((0, 0), (0, kv_cache.shape[-1] - row.shape[-1])))
     row = quantize(row[:, None, :], kv_cache.dtype)  # [T, 1, width]
-    if layer_index is None:
-        nb, bs = kv_cache.shape[:2]
-        flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])
-        return flat.at[slot_mapping].set(row, mode="promise_in_bounds").reshape(kv_cache.shape)
-    nl, nb, bs = kv_cache.shape[:3]
-    flat = kv_cache.reshape(nl, nb * bs, *kv_cache.shape[3:])
-    return flat.at[layer_index, slot_mapping].set(row, mode="promise_in_bounds").reshape(kv_cache.shape)
+    return scatter_slots(kv_cache, row, slot_mapping, layer_index)
 
 
 def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array, block_tables: jax.Array,

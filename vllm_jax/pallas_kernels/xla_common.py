@@ -33,14 +33,18 @@ def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping
     Padding tokens carry slots inside the null block 0, which no sequence reads. The cache holds K / k_scale and
     V / v_scale in its dtype (kv_quant.quantize: saturated for fp8).
     """
-    new = interleave(k, v, kv_cache.dtype, k_scale, v_scale)
+    return scatter_slots(kv_cache, interleave(k, v, kv_cache.dtype, k_scale, v_scale), slot_mapping, layer_index)
+
+
+def scatter_slots(kv_cache, rows, slot_mapping, layer_index):
+    """`rows` [T, ...] written at their token slots of the cache (of layer `layer_index` of a stacked one)."""
     if layer_index is None:
         nb, bs = kv_cache.shape[:2]
         flat = kv_cache.reshape(nb * bs, *kv_cache.shape[2:])
-        return flat.at[slot_mapping].set(new, mode="promise_in_bounds").reshape(kv_cache.shape)
+        return flat.at[slot_mapping].set(rows, mode="promise_in_bounds").reshape(kv_cache.shape)
     nl, nb, bs = kv_cache.shape[:3]
     flat = kv_cache.reshape(nl, nb * bs, *kv_cache.shape[3:])
-    return flat.at[layer_index, slot_mapping].set(new, mode="promise_in_bounds").reshape(kv_cache.shape)
+    return flat.at[layer_index, slot_mapping].set(rows, mode="promise_in_bounds").reshape(kv_cache.shape)
 
 
 @dataclass
