@@ -204,3 +204,24 @@ def test_compile_check_takes_a_config_json_its_folder_or_a_gguf_file(tmp_path):
     assert model_directory(str(other), str(tmp_path / "scratch")) == str(tmp_path / "scratch")
     with pytest.raises(ValueError, match="GGUF"):
         model_directory(str(tmp_path / "missing"), "unused")
+
+
+def test_a_failed_forward_leaves_its_samplers_a_message_not_a_key_error():
+    """The check goes on past a forward that does not compile; the samplers of its sequence bucket then have no
+    logits to compile for, and their reports must say so (they once read `KeyError: 8`)."""
+    from vllm_jax.aot.engine_programs import _Recorder
+    from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
+
+    class FailingForward:
+        lora = None
+
+        def precompile_forward(self, inputs):
+            raise ValueError("the kernel plan needs more VMEM than the chip has")
+
+    shapes = StepShapes(buckets=[(16, 8)], block_size=16, max_blocks_per_seq=4, vocab_size=320, max_logprobs=2)
+    plan = CompilationManager(FailingForward(), TraceCounter(), shapes, None).plan()
+    results = _Recorder(targets.get_target("cpu"), None).run(plan)
+    assert [r.label.split()[0] for r in results] == ["forward"] + ["sampler"] * 4
+    assert "VMEM" in results[0].report.error
+    for sampler in results[1:]:
+        assert not sampler.report.ok and "forward of sequence bucket S=8 failed" in sampler.report.error

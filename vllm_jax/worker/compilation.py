@@ -151,6 +151,9 @@ class CompilationManager:
                                             self.shapes.vocab_size)
         if self.shapes.speculative:
             tensors = dataclasses.replace(tensors, draft_token_ids=np.full(num_seqs, -1, np.int32))
+        if num_seqs not in logits_for:  # the ahead-of-time check goes on past a forward that did not compile
+            raise RuntimeError(f"not compiled: the forward of sequence bucket S={num_seqs} failed, so there are no "
+                               "logits to compile this sampler for (see that forward's error)")
         self.device.precompile_sample(logits_for[num_seqs], tensors, num_logprobs)
 
     def warmup(self, show_progress: bool = True) -> float:
