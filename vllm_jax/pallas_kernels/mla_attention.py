@@ -36,6 +36,13 @@ def write_mla_cache(kv_cache: jax.Array, latent: jax.Array, k_rope: jax.Array, s
     return scatter_slots(kv_cache, row, slot_mapping, layer_index)
 
 
+def mla_query(q_latent: jax.Array, q_rope: jax.Array, width: int) -> jax.Array:
+    """[q_latent | q_rope | zeros] ([T, H, width]): the query every backend scores against the cache row; the
+    zeros meet the row's lane padding."""
+    q = jnp.concatenate([q_latent, q_rope.astype(q_latent.dtype)], axis=-1)
+    return jnp.pad(q, ((0, 0), (0, 0), (0, width - q.shape[-1])))
+
+
 def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array, block_tables: jax.Array,
                                seq_lens: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array, *,
                                sm_scale: float, layer_index: jax.Array | int | None = None) -> jax.Array:
@@ -48,8 +55,7 @@ def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache:
     if kv_cache.shape[-2] != 1 or width < used:
         raise ValueError(f"MLA cache rows must be [1, at least kv_lora_rank + qk_rope_head_dim = {rank} + "
                          f"{q_rope.shape[-1]}]; got {tuple(kv_cache.shape[-2:])}")
-    q = jnp.concatenate([q_latent, q_rope.astype(q_latent.dtype)], axis=-1)
-    q = jnp.pad(q, ((0, 0), (0, 0), (0, width - used)))  # zeros meet the row's lane padding
+    q = mla_query(q_latent, q_rope, width)
     out = xla_attention.ragged_paged_attention(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs,
                                                sm_scale=sm_scale, layer_index=layer_index, shared_kv=True)
     return out[..., :rank]

@@ -1,0 +1,67 @@
+"""The Pallas MLA kernels (pallas_kernels/tpu_mla_attention.py, gpu_mla_attention.py) in interpret mode against the
+XLA MLA path (mla_attention.mla_ragged_paged_attention) and the dense numpy oracle (tests/helpers/attention_oracle.py,
+fed the latent row as both the key and the value of one KV head), on ragged mixed prefill / decode batches with
+chunked prefill over earlier pages, padding rows and sequence slots, and pages shuffled through the cache."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers import attention_oracle as oracle
+from tests.helpers.ragged_batches import _lengths, paged_batch
+from vllm_jax.pallas_kernels import mla_attention, tpu_attention, tpu_mla_attention
+
+RANK, ROPE, HEADS, WIDTH = 16, 8, 4, 128  # the latent row: 16 + 8 used lanes, padded to 128
+FP8 = jnp.float8_e4m3fn
+
+
+def mla_batch(kind: str, seed: int, block_size: int, dtype=jnp.float32, heads: int = HEADS):
+    """(q_latent, q_rope, cache [2 layers, blocks, block, 1, WIDTH], tables, seq_lens, qsl, num_seqs, real rows).
+    The row's padding lanes hold zeros, as write_mla_cache leaves them."""
+    rng = np.random.default_rng(seed)
+    q_lens, ctx = _lengths(kind, rng)
+    q, kv, tables, seq_lens, qsl, num_seqs, real = paged_batch(
+        q_lens, q_lens + ctx, rng=rng, block_size=block_size, num_kv_heads=1, q_heads=heads,
+        head_dim=RANK + ROPE, dtype=jnp.float32, layers=2)
+    kv = jnp.pad(kv[:, :, :, :1], ((0, 0),) * 4 + ((0, WIDTH - RANK - ROPE),)).astype(dtype)
+    q = q.astype(dtype)
+    return q[..., :RANK], q[..., RANK:], kv, tables, seq_lens, qsl, num_seqs, real
+
+
+def _dense_oracle(q_latent, q_rope, kv, tables, seq_lens, qsl, num_seqs, *, sm_scale, layer_index, scale=1.0):
+    """The oracle's GQA attention with one KV head whose key and value are both the (dequantized) row."""
+    row = np.asarray(kv[layer_index], np.float64) * scale
+    cache = np.concatenate([row, row], axis=-2)  # k0 = v0 = the row
+    q = np.concatenate([np.asarray(q_latent, np.float64), np.asarray(q_rope, np.float64)], -1)
+    q = np.pad(q, ((0, 0), (0, 0), (0, WIDTH - q.shape[-1])))
+    return oracle.attention(q, cache, tables, seq_lens, qsl, num_seqs, sm_scale=sm_scale)[..., :RANK]
+
+
+TPU_RUNS = {
+    "tpu_interpreter_small_tiles": dict(interpret=tpu_attention.interpret_params(), tq=4, pages_per_block=2),
+    "tpu_generic_default_plan": dict(interpret=True),
+}
+
+
+@pytest.mark.parametrize("kind", ["mixed", "decode", "prefill"])
+@pytest.mark.parametrize("run", list(TPU_RUNS))
+def test_tpu_mla_kernel_matches_xla_path_and_oracle(run, kind):
+    seed = {"mixed": 0, "decode": 1, "prefill": 2}[kind]
+    block = 4 if run.startswith("tpu_interpreter") else 8
+    q_lat, q_rope, kv, *batch, real = mla_batch(kind, seed, block)
+    scale = (RANK + ROPE) ** -0.5
+    want = _dense_oracle(q_lat, q_rope, kv, *batch, sm_scale=scale, layer_index=1)
+    xla = np.asarray(mla_attention.mla_ragged_paged_attention(q_lat, q_rope, kv, *batch, sm_scale=scale,
+                                                              layer_index=1))
+    q = mla_attention.mla_query(q_lat, q_rope, WIDTH)
+    fn = jax.jit(functools.partial(tpu_mla_attention.mla_attention_tpu, kv_lora_rank=RANK, sm_scale=scale,
+                                   **TPU_RUNS[run]))
+    got = np.asarray(fn(q, kv, *batch, layer_index=jnp.int32(1)))
+    assert got.shape == (q.shape[0], HEADS, RANK) and np.isfinite(got).all()
+    np.testing.assert_allclose(xla[:real], want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(got[:real], want, atol=2e-5, rtol=2e-5)
