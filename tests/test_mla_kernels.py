@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import attention_oracle as oracle
 from tests.helpers.ragged_batches import _lengths, paged_batch
-from vllm_jax.pallas_kernels import mla_attention, tpu_attention, tpu_mla_attention
+from vllm_jax.pallas_kernels import gpu_mla_attention, mla_attention, tpu_attention, tpu_mla_attention
 
 RANK, ROPE, HEADS, WIDTH = 16, 8, 4, 128  # the latent row: 16 + 8 used lanes, padded to 128
 FP8 = jnp.float8_e4m3fn
@@ -64,4 +64,21 @@ def test_tpu_mla_kernel_matches_xla_path_and_oracle(run, kind):
     got = np.asarray(fn(q, kv, *batch, layer_index=jnp.int32(1)))
     assert got.shape == (q.shape[0], HEADS, RANK) and np.isfinite(got).all()
     np.testing.assert_allclose(xla[:real], want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(got[:real], want, atol=2e-5, rtol=2e-5)
+
+
+GPU_RUNS = {"gpu_split3_rows16": dict(num_splits=3, rows=16), "gpu_default_plan": dict()}
+
+
+@pytest.mark.parametrize("kind", ["mixed", "decode"])
+@pytest.mark.parametrize("run", list(GPU_RUNS))
+def test_gpu_mla_kernel_matches_xla_path_and_oracle(run, kind):
+    q_lat, q_rope, kv, *batch, real = mla_batch(kind, 3 + len(kind), 8, heads=6)  # 6 heads: a padded head block
+    scale = (RANK + ROPE) ** -0.5
+    want = _dense_oracle(q_lat, q_rope, kv, *batch, sm_scale=scale, layer_index=1)
+    q = mla_attention.mla_query(q_lat, q_rope, WIDTH)
+    fn = jax.jit(functools.partial(gpu_mla_attention.mla_attention_gpu, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                                   sm_scale=scale, interpret=True, **GPU_RUNS[run]))
+    got = np.asarray(fn(q, kv, *batch, layer_index=jnp.int32(1)))
+    assert got.shape == (q.shape[0], 6, RANK) and np.isfinite(got).all()
     np.testing.assert_allclose(got[:real], want, atol=2e-5, rtol=2e-5)
