@@ -48,8 +48,8 @@ TPU_RUNS = {
 }
 
 
-@pytest.mark.parametrize("run, kind", [("tpu_interpreter_small_tiles", "mixed"), ("tpu_generic_default_plan", "prefill"),
-                                       ("tpu_generic_default_plan", "decode")])
+@pytest.mark.parametrize("run, kind", [("tpu_interpreter_small_tiles", "mixed"),
+                                       ("tpu_generic_default_plan", "prefill"), ("tpu_generic_default_plan", "decode")])
 def test_tpu_mla_kernel_matches_xla_path_and_oracle(run, kind):
     """Small tiles split sequences and the page prefetch crosses page blocks and sequences (InterpretParams: DMAs
     land at their wait, fresh VMEM is NaN); the default plan takes the whole batch in one tile."""
