@@ -116,3 +116,20 @@ def test_bad_mla_shapes_are_refused_by_name():
         dispatch.mla_ragged_paged_attention(q_lat[..., :12], q_rope, kv, *batch, sm_scale=1.0, backend="pallas_gpu")
     with pytest.raises(ValueError, match="kv_lora_rank"):
         dispatch.mla_ragged_paged_attention(q_lat, q_rope, kv[..., :20], *batch, sm_scale=1.0, backend="pallas_tpu")
+
+
+def test_mla_kernels_lower_to_mosaic_and_triton_for_deepseek_v3_heads():
+    """DeepSeek-V3's attention at TP 1 (128 heads, kv_lora_rank 512, rope 64, a 640-wide row), bfloat16 with a
+    bfloat16 and an fp8 cache: the TPU kernel lowers to a Mosaic call and the GPU kernel to a Triton call."""
+    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    for kv_dtype in (jnp.bfloat16, FP8):
+        bf16 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.bfloat16)
+        args = (bf16((64, 128, 512)), bf16((64, 128, 64)),
+                jax.ShapeDtypeStruct((2, 64, 16, 1, 640), kv_dtype), i32((8, 256)), i32((8,)), i32((9,)), i32((1,)),
+                i32(()))
+        for backend, platform, marker in (("pallas_tpu", "tpu", "tpu_custom_call"), ("pallas_gpu", "cuda", "triton")):
+            fn = functools.partial(dispatch.mla_ragged_paged_attention, sm_scale=0.1, backend=backend,
+                                   platform="gpu" if platform == "cuda" else platform)
+            text = jax.jit(lambda *a, fn=fn: fn(*a[:-1], layer_index=a[-1])).trace(*args).lower(
+                lowering_platforms=(platform,)).as_text()
+            assert marker in text, (backend, kv_dtype)
