@@ -69,13 +69,13 @@ def test_tpu_mla_kernel_matches_xla_path_and_oracle(run, kind):
     np.testing.assert_allclose(got[:real], want, atol=2e-5, rtol=2e-5)
 
 
-GPU_RUNS = {"gpu_split3_rows16": dict(num_splits=3, rows=16), "gpu_default_plan": dict()}
+GPU_RUNS = {"gpu_split3_rows16": dict(num_splits=3, rows=16), "gpu_one_split": dict(num_splits=1)}
 
 
-@pytest.mark.parametrize("run, kind", [("gpu_split3_rows16", "mixed"), ("gpu_default_plan", "decode")])
+@pytest.mark.parametrize("run, kind", [("gpu_split3_rows16", "mixed"), ("gpu_one_split", "decode")])
 def test_gpu_mla_kernel_matches_xla_path_and_oracle(run, kind):
-    """Uneven flash-decoding splits with 2-token tiles of 8 heads (6 real: a padded head block), and the default
-    plan."""
+    """Uneven flash-decoding splits with 2-token tiles of 8 heads (6 real: a padded head block), and one split
+    (normalized in the kernel, no merge)."""
     q_lat, q_rope, kv, *batch, real = mla_batch(kind, 3 + len(kind), 8, heads=6)  # 6 heads: a padded head block
     scale = (RANK + ROPE) ** -0.5
     want = _dense_oracle(q_lat, q_rope, kv, *batch, sm_scale=scale, layer_index=1)

@@ -12,8 +12,9 @@ the latent part already loaded for the first dot. kv_lora_rank must be a power o
 How the work is cut is gpu_attention.py's, with the heads in place of a KV head's GQA group: the heads are split
 into blocks of `head_block` (a power of two; the accumulator is [rows, kv_lora_rank] float32 in registers, so a
 program holds 16 to 64 rows), a tile is `rows // head_block` tokens of one sequence, the grid is (head block,
-tile, kv split), and a log-sum-exp merge in XLA combines the flash-decoding splits. The cache comes in as
-[L, blocks, block_size, width] (dropping its size-1 axis is free). An fp8 cache is cast to q's dtype as it is read
+tile, kv split), and a log-sum-exp merge in XLA combines the flash-decoding splits (with one split, the kernel
+normalizes and writes q's dtype: the partials of a long prefill bucket are its largest temporaries). The cache
+comes in as [L, blocks, block_size, width] (dropping its size-1 axis is free). An fp8 cache is cast to q's dtype as it is read
 (Triton: compute capability 8.9 or later, refused before); the row's one scale is folded into the score scale
 and the output.
 """
@@ -145,7 +146,9 @@ def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, layer_ref,
     init = (jnp.full((rows,), MASKED, jnp.float32), jnp.zeros((rows,), jnp.float32),
             jnp.zeros((rows, rank), jnp.float32))
     m, l, acc = jax.lax.fori_loop(lo, hi, chunk_step, init)
-    o_ref[...] = acc
+    if num_splits == 1:  # nothing to merge: the normalized output, in q's dtype (half a float32 partial's bytes)
+        acc = acc / jnp.maximum(l, 1e-30)[:, None]
+    o_ref[...] = acc.astype(o_ref.dtype)
     m_ref[...] = m
     l_ref[...] = l
 
@@ -201,7 +204,8 @@ def mla_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array
         out_specs=[pl.BlockSpec((None, None, rows, rank), lambda h, i, s: (s, h, i, 0)),
                    pl.BlockSpec((None, None, rows), lambda h, i, s: (s, h, i)),
                    pl.BlockSpec((None, None, rows), lambda h, i, s: (s, h, i))],
-        out_shape=[jax.ShapeDtypeStruct((num_splits, num_blocks, part_rows, rank), jnp.float32),
+        out_shape=[jax.ShapeDtypeStruct((num_splits, num_blocks, part_rows, rank),
+                                        q.dtype if num_splits == 1 else jnp.float32),
                    jax.ShapeDtypeStruct((num_splits, num_blocks, part_rows), jnp.float32),
                    jax.ShapeDtypeStruct((num_splits, num_blocks, part_rows), jnp.float32)],
         compiler_params=_CompilerParams(num_warps=num_warps, num_stages=plan.num_stages),
@@ -218,10 +222,13 @@ def mla_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array
     first_row = (seq_first_tile[seq] + offset // tile_tokens) * rows + (offset % tile_tokens) * head_block
     first_row = jnp.where(tokens < query_start_loc[jnp.reshape(num_seqs, ())], first_row, 0)  # padding rows
     idx = first_row[:, None] + jnp.arange(head_block, dtype=jnp.int32)[None, :]  # [T, head_block]
-    o, m, l = o[:, :, idx], m[:, :, idx], l[:, :, idx]  # [P, blocks, T, head_block(, rank)]
-    m_all = jnp.max(m, axis=0)
-    w = jnp.exp(m - m_all[None])
-    out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(jnp.sum(w * l, axis=0), 1e-30)[..., None]
+    if num_splits == 1:
+        out = o[0][:, idx]  # [blocks, T, head_block, rank], normalized by the kernel
+    else:
+        o, m, l = o[:, :, idx], m[:, :, idx], l[:, :, idx]  # [P, blocks, T, head_block(, rank)]
+        m_all = jnp.max(m, axis=0)
+        w = jnp.exp(m - m_all[None])
+        out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(jnp.sum(w * l, axis=0), 1e-30)[..., None]
     if kv_scale != 1.0:
         out = out * kv_scale
     out = out.transpose(1, 0, 2, 3).reshape(num_tokens, num_blocks * head_block, rank)
