@@ -14,9 +14,9 @@ into blocks of `head_block` (a power of two; the accumulator is [rows, kv_lora_r
 program holds 16 to 64 rows), a tile is `rows // head_block` tokens of one sequence, the grid is (head block,
 tile, kv split), and a log-sum-exp merge in XLA combines the flash-decoding splits (with one split, the kernel
 normalizes and writes q's dtype: the partials of a long prefill bucket are its largest temporaries). The cache
-comes in as [L, blocks, block_size, width] (dropping its size-1 axis is free). An fp8 cache is cast to q's dtype as it is read
-(Triton: compute capability 8.9 or later, refused before); the row's one scale is folded into the score scale
-and the output.
+comes in as [L, blocks, block_size, width] (dropping its size-1 axis is free). An fp8 cache is cast to q's dtype
+as it is read (Triton: compute capability 8.9 or later, refused before); the row's one scale is folded into the
+score scale and the output.
 """
 
 from __future__ import annotations
