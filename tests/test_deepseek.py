@@ -152,10 +152,10 @@ def test_softmax_scale_takes_yarn_mscale_as_transformers_does():
     assert yarn_softmax_scale({"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0}, 192) != 192 ** -0.5
 
 
-def test_pallas_backends_run_mla_through_the_xla_path(v3, caplog):
-    """No Pallas MLA kernel yet: a DeepSeek model built for pallas_tpu (interpret mode on CPU) logs that MLA runs
-    the XLA path and gives the xla backend's logits."""
-    import logging
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_pallas_backends_run_their_mla_kernel_with_the_xla_backends_logits(v3, backend):
+    """A DeepSeek model built for a Pallas backend (interpret mode on CPU) calls its MLA kernel (a pallas_call in
+    the forward, none with xla) and gives the xla backend's logits on a chunked prefill + decode batch."""
     from functools import partial
 
     import jax
@@ -174,20 +174,22 @@ def test_pallas_backends_run_mla_through_the_xla_path(v3, caplog):
     inputs = pack_step_inputs([RowChunk(list(range(3, 12)), 0, [1, 2, 3]), RowChunk([5, 6], 0, [4])],
                               block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS, num_tokens_padded=16,
                               num_seqs_padded=4)
-    logits = {}
-    for backend in ("xla", "pallas_tpu"):
-        with caplog.at_level(logging.INFO, logger="vllm_jax.model.deepseek"):
-            model = build_model(entry, spec, "float32", source, attention_backend=backend)
+    rng = np.random.default_rng(0)  # earlier pages hold latent rows, so the chunks read a context
+    kv = jnp.asarray(rng.standard_normal((spec.num_layers, 8, BLOCK_SIZE, 1, spec.kv_cache_width)), jnp.float32)
+    logits, kernels = {}, {}
+    for name in ("xla", backend):
+        model = build_model(entry, spec, "float32", source, attention_backend=name)
         graphdef, params = nnx.split(model)
-        kv = jnp.zeros((spec.num_layers, 8, BLOCK_SIZE, 1, spec.kv_cache_width), jnp.float32)
-        logits[backend] = np.asarray(jax.jit(partial(forward, graphdef))(params, kv, inputs)[1])
-    assert "no MLA kernel" in caplog.text
-    np.testing.assert_allclose(logits["pallas_tpu"], logits["xla"], rtol=0, atol=1e-6)
+        fn = jax.jit(partial(forward, graphdef))
+        kernels[name] = "vllm_jax_mla_attention" in str(jax.make_jaxpr(fn)(params, kv, inputs))
+        logits[name] = np.asarray(fn(params, kv, inputs)[1])
+    assert kernels == {"xla": False, backend: True}
+    np.testing.assert_allclose(logits[backend], logits["xla"], rtol=0, atol=2e-5)
 
 
-def test_compile_checks_take_an_mla_model_without_pallas_kernels():
-    """compile-check reports an MLA model's backend as xla (no Pallas MLA kernel yet): a forward without the
-    kernels passes, and a copy of the cache still fails."""
+def test_compile_checks_want_the_mla_kernel_in_an_mla_models_forward():
+    """compile-check with a Pallas backend: an MLA model's forward passes with the MLA kernel alone (the latent row
+    is written by XLA), fails without it; a copy of the cache still fails."""
     from vllm_jax.aot import checks
     from vllm_jax.aot.compile import CompileReport
     from vllm_jax.aot.engine_programs import ProgramResult, TargetResult
@@ -195,9 +197,11 @@ def test_compile_checks_take_an_mla_model_without_pallas_kernels():
 
     budget = KVBudget(device_bytes=1 << 30, usable_bytes=1 << 29, weight_bytes=1 << 20, temp_bytes=1 << 10,
                       bytes_per_block=1 << 10, num_blocks=1 << 10)
-    for temp, ok in ((1 << 10, True), (1 << 20, False)):
+    mla = ("vllm_jax_mla_attention",)
+    for temp, names, ok in ((1 << 10, mla, True), (1 << 20, mla, False), (1 << 10, (), False)):
         memory = {"alias_size_in_bytes": 1 << 20, "temp_size_in_bytes": temp}
-        program = ProgramResult("forward T=8 S=8", "forward", 8, 8, CompileReport(target="x", ok=True, memory=memory))
-        result = checks.check(TargetResult("x", attention_backend="xla (MLA; no Pallas MLA kernel yet)",
-                                           budget=budget, programs=[program]))
+        report = CompileReport(target="x", ok=True, memory=memory, kernel_names=names)
+        program = ProgramResult("forward T=8 S=8", "forward", 8, 8, report)
+        result = checks.check(TargetResult("x", attention_backend="pallas_tpu", mla=True, budget=budget,
+                                           programs=[program]))
         assert result.ok == ok, result.failures

@@ -2,8 +2,8 @@
 shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
 precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
 and attention sinks (split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the
-replicated pages). Then the engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2
-gives the tokens of TP 1."""
+replicated pages); DeepSeek's MLA kernels with their heads split over the replicated latent cache. Then the
+engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2 gives the tokens of TP 1."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def test_tp2_and_tp4_kv_write_equals_tp1_and_keeps_the_cache_sharding(checks, ba
             assert got["equal"], (heads, tp)
             replicated = heads == 2 and tp == 4
             assert got["spec"] == ([] if replicated else ["None", "None", "None", "model", "None"])
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_mla_kernels_split_over_the_heads_at_tp2_and_tp4_equal_tp1(checks, backend):
+    """DeepSeek MLA inside shard_map: 8 heads split 2 and 4 ways over the replicated latent cache."""
+    assert checks[f"{backend}/mla/tp1_vs_xla"] < 2e-5
+    assert checks[f"{backend}/mla/tp2"] <= 1e-6 and checks[f"{backend}/mla/tp4"] <= 1e-6
 
 
 def test_layouts_the_kernels_cannot_split_are_clear_errors():

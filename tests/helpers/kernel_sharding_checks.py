@@ -20,14 +20,15 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tests.helpers import attention_oracle as oracle  # noqa: E402
 from tests.helpers.ragged_batches import make_batch  # noqa: E402
-from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_ragged_paged_attention,  # noqa: E402
-                                               sharded_write_kv_cache)
+from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_mla_attention,  # noqa: E402
+                                               sharded_ragged_paged_attention, sharded_write_kv_cache)
 from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
 
 # (name, KV heads, GQA group, head_dim, dtype, sliding window); the "sinks" case also passes attention sinks
 # (gpt-oss), split with the query heads in both layouts (tp 2 sharded, tp 4 replicated)
 CASES = [("kv4_g2", 4, 2, 64, jnp.float32, None), ("kv2_g4_window_sinks", 2, 4, 128, jnp.bfloat16, 7)]
 BACKENDS = {"pallas_tpu": dict(interpret=True), "pallas_gpu": dict(interpret=True)}
+ALL_BACKENDS = {**BACKENDS, "xla": {}}
 
 
 def _batch(num_kv_heads: int, group: int, head_dim: int, dtype, seed: int):
@@ -84,9 +85,26 @@ def _write_inputs(num_kv_heads: int):
     return cache, k, v, slots
 
 
+def mla_attention(backend: str, tp: int) -> np.ndarray:
+    """DeepSeek MLA over 8 heads, the latent cache replicated and the heads split over tp devices."""
+    from tests.test_mla_kernels import RANK, ROPE, mla_batch
+
+    q_latent, q_rope, cache, *batch, total = mla_batch("mixed", 9, 8, heads=8)
+    mesh = make_mesh(tensor_parallel_size=tp)
+    q_latent, q_rope = (_place(mesh, x, P(None, "model", None)) for x in (q_latent, q_rope))
+    fn = jax.jit(functools.partial(sharded_mla_attention, mesh, sm_scale=(RANK + ROPE) ** -0.5, backend=backend,
+                                   **ALL_BACKENDS[backend]))
+    out = fn(q_latent, q_rope, _place(mesh, cache, P()), *batch, layer_index=jnp.int32(1))
+    return np.asarray(out, np.float32)[:total]
+
+
 def main() -> dict:
     result: dict = {}
     for backend in BACKENDS:
+        base = mla_attention(backend, 1)
+        result[f"{backend}/mla/tp1_vs_xla"] = float(np.max(np.abs(base - mla_attention("xla", 1))))
+        for tp in (2, 4):
+            result[f"{backend}/mla/tp{tp}"] = float(np.max(np.abs(mla_attention(backend, tp) - base)))
         for case in CASES:
             name = case[0]
             base, total, _ = attention(backend, case, 1)

@@ -59,6 +59,7 @@ class TargetResult:
     num_layers: int = 0
     scan_layers: bool = True
     kv_cache_dtype: str = ""
+    mla: bool = False  # an MLA model: its forward holds the MLA kernel (aot.checks.MLA_KERNELS)
     budget: KVBudget | None = None
     # the target's own cache per block: what the forward aliases (a draft model's cache shares the blocks)
     target_kv_bytes_per_block: int = 0
@@ -142,8 +143,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
         result.refused = str(exc)
         return result
     result.num_layers = engine.spec.num_layers
-    if isinstance(engine.spec, MlaSpec) and result.attention_backend != "xla":  # no Pallas MLA kernel yet
-        result.attention_backend = "xla (MLA; no Pallas MLA kernel yet)"
+    result.mla = isinstance(engine.spec, MlaSpec)
     result.target_kv_bytes_per_block = engine.target_kv_bytes_per_block
     recorder = _Recorder(target, engine.mesh)
 

@@ -105,9 +105,10 @@ def format_target(result: TargetResult) -> str:
     if result.programs and result.programs[0].report.ok and _layer_loop(result):
         lines.append("note: XLA's cost analysis counts the layer loop's body once, so GFLOP / GB / roofline cover "
                      "one layer plus the rest; --no-scan-layers compiles the layers unrolled for whole-step figures")
-    lines += [f"FAILED: {f}" for f in result.failures] or ["ok: every program compiled" + (
-        ", both kernels in every forward" if not result.attention_backend.startswith("xla") else "")
-        + ", the KV cache aliased in place"]
+    kernels = "" if result.attention_backend == "xla" else (
+        ", the MLA kernel in every forward" if result.mla else ", both kernels in every forward")
+    lines += [f"FAILED: {f}" for f in result.failures] or ["ok: every program compiled" + kernels
+                                                            + ", the KV cache aliased in place"]
     return "\n".join(lines)
 
 

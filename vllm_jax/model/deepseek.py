@@ -12,13 +12,12 @@ Params (stacked; the MLA attention half on every layer, model/mla.py):
     layers/{gate,up,down}_proj                               (the dense first layers, as MoeLM's)
 
 The layer loop is MoeLM's (one scan per run of same-kind layers) with the MLA block (`_block`). Attention runs
-the XLA MLA path whatever the attention backend: there is no Pallas MLA kernel yet (docs/architecture.md,
-"DeepSeek MLA"). Weight quantization, LoRA and EAGLE-3 are not supported for these models yet.
+the backend's MLA kernel: the XLA path, or the Pallas TPU / GPU MLA kernels (docs/architecture.md, "DeepSeek
+MLA"). Weight quantization, LoRA and EAGLE-3 are not supported for these models yet.
 """
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 
 import jax
@@ -33,7 +32,6 @@ from vllm_jax.model.mla_spec import MlaSpec
 from vllm_jax.model.moe import _MLP_PARAMS, EXPERT_PARAMS, MoeLM, expert_parallel_ffn, grouped_expert_ffn
 from vllm_jax.model.quantization import Quantization
 
-logger = logging.getLogger(__name__)
 
 SHARED_PARAMS = ("shared_gate", "shared_up", "shared_down")
 
@@ -86,9 +84,6 @@ class DeepseekLM(MoeLM):
                              f"yet; drop --quantization")
         super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform, mesh=mesh,
                          expert_mesh=expert_mesh, expert_axis=expert_axis)
-        if self.kernels.backend != "xla":
-            logger.info("%s: attention backend %s has no MLA kernel; MLA runs the XLA path "
-                        "(pallas_kernels/mla_attention.py)", spec.architecture, self.kernels.backend)
 
     def _block(self, ctx: LayerContext, w: dict, mlp: Mlp, hidden: jax.Array, kv_cache: jax.Array,
                layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:

@@ -30,8 +30,9 @@ from vllm_jax.model.quantized_dots import dot, gguf_dot, grouped_dot
 from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels import ragged_paged_attention, write_kv_cache
-from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
+from vllm_jax.pallas_kernels import mla_ragged_paged_attention, ragged_paged_attention, write_kv_cache
+from vllm_jax.sharding.kernel_sharding import (sharded_mla_attention, sharded_ragged_paged_attention,
+                                               sharded_write_kv_cache)
 
 if TYPE_CHECKING:  # spec.py reads rope scaling through rope_inv_freq below
     from vllm_jax.model.spec import DecoderSpec
@@ -306,6 +307,17 @@ class AttentionKernels:
         if self.mesh is None:
             return ragged_paged_attention(*args, **kwargs)
         return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)
+
+    def mla_attention(self, q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *,
+                      sm_scale: float, layer_index: jax.Array | int) -> jax.Array:
+        """DeepSeek's MLA over the latent cache (pallas_kernels/dispatch.mla_ragged_paged_attention): the backend's
+        own kernel; under a mesh the Pallas kernels run per device on its heads over the replicated cache."""
+        args = (q_latent, q_rope, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
+                inputs.num_seqs)
+        kwargs = dict(sm_scale=sm_scale, layer_index=layer_index, backend=self.backend, platform=self.platform)
+        if self.mesh is None:
+            return mla_ragged_paged_attention(*args, **kwargs)
+        return sharded_mla_attention(self.mesh, *args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from flax import nnx
 
 from vllm_jax.model.layers import LayerContext, Mlp, apply_rotary, init_param, linear, rms_norm
 from vllm_jax.model.mla_spec import MlaSpec
-from vllm_jax.pallas_kernels.mla_attention import mla_ragged_paged_attention, write_mla_cache
+from vllm_jax.pallas_kernels.mla_attention import write_mla_cache
 
 LATENT_NORM_EPS = 1e-6  # transformers' DeepseekV{2,3}RMSNorm default, used for q_a / kv_a layernorms
 
@@ -90,9 +90,8 @@ def mla_attention(spec: MlaSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
     w_kv = w["kv_b_proj"].reshape(rank, heads, nope + v_dim)
     w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
     q_latent = jnp.einsum("thd,rhd->thr", q_nope, w_uk, preferred_element_type=jnp.float32).astype(x.dtype)
-    out = mla_ragged_paged_attention(q_latent, q_rope, kv_cache, inputs.block_tables, inputs.seq_lens,
-                                     inputs.query_start_loc, inputs.num_seqs, sm_scale=spec.sm_scale,
-                                     layer_index=layer_index)
+    out = ctx.kernels.mla_attention(q_latent, q_rope, kv_cache, inputs, sm_scale=spec.sm_scale,
+                                    layer_index=layer_index)
     out = jnp.einsum("thr,rhv->thv", out, w_uv, preferred_element_type=jnp.float32).astype(x.dtype)
     return linear(out.reshape(t, heads * v_dim), w["o_proj"]), kv_cache
 

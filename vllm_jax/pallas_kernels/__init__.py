@@ -2,6 +2,7 @@
 (Mosaic) and Pallas GPU (Triton) kernels; the tests hold each against a numpy oracle that shares no code with
 them (tests/helpers/attention_oracle.py)."""
 
-from vllm_jax.pallas_kernels.dispatch import BACKENDS, ragged_paged_attention, resolve_backend, write_kv_cache
+from vllm_jax.pallas_kernels.dispatch import (BACKENDS, mla_ragged_paged_attention, ragged_paged_attention,
+                                              resolve_backend, write_kv_cache)
 
-__all__ = ["BACKENDS", "ragged_paged_attention", "resolve_backend", "write_kv_cache"]
+__all__ = ["BACKENDS", "mla_ragged_paged_attention", "ragged_paged_attention", "resolve_backend", "write_kv_cache"]

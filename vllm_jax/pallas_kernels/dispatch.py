@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import jax
 
-from vllm_jax.pallas_kernels import gpu_attention, kv_write, tpu_attention, xla_attention, xla_common
+from vllm_jax.pallas_kernels import (gpu_attention, gpu_mla_attention, kv_write, mla_attention, tpu_attention,
+                                     tpu_mla_attention, xla_attention, xla_common)
 from vllm_jax.pallas_kernels.kv_quant import check_scales
 from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up
 
@@ -100,6 +101,29 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
         return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode,
                                                         head_loads=_tpu_head_loads(kv_cache_layer, mode))
     return gpu_attention.ragged_paged_attention_gpu(*args, **kwargs, interpret=mode)
+
+
+def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array, block_tables: jax.Array,
+                               seq_lens: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array, *,
+                               sm_scale: float, layer_index: jax.Array | int | None = None, backend: str = "auto",
+                               interpret=False, platform: str | None = None, kv_scale: float = 1.0) -> jax.Array:
+    """DeepSeek's MLA over the latent cache -> [T, H, kv_lora_rank] (mla_attention.mla_ragged_paged_attention's
+    contract) on the backend's own kernel: the XLA path, tpu_mla_attention or gpu_mla_attention. `kv_scale`: the
+    cache holds row / kv_scale (one scale: the row is key and value)."""
+    backend = resolve_backend(backend, platform)
+    check_scales(kv_scale, kv_scale)
+    rank, width = q_latent.shape[-1], kv_cache.shape[-1]
+    batch = (block_tables, seq_lens, query_start_loc, num_seqs)
+    if backend == "xla":
+        return mla_attention.mla_ragged_paged_attention(q_latent, q_rope, kv_cache, *batch, sm_scale=sm_scale,
+                                                        layer_index=layer_index, kv_scale=kv_scale)
+    mla_attention.check_row(kv_cache, rank, q_rope.shape[-1])
+    q = mla_attention.mla_query(q_latent, q_rope, width)
+    mode = _interpret_mode(backend, interpret, platform)
+    kwargs = dict(kv_lora_rank=rank, sm_scale=sm_scale, layer_index=layer_index, interpret=mode, kv_scale=kv_scale)
+    if backend == "pallas_tpu":
+        return tpu_mla_attention.mla_attention_tpu(q, kv_cache, *batch, **kwargs)
+    return gpu_mla_attention.mla_attention_gpu(q, kv_cache, *batch, qk_rope_head_dim=q_rope.shape[-1], **kwargs)
 
 
 def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,

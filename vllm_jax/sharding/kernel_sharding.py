@@ -86,6 +86,35 @@ def sharded_ragged_paged_attention(mesh: Mesh, q: jax.Array, kv_cache: jax.Array
         q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, window, layer, *extra)
 
 
+def sharded_mla_attention(mesh: Mesh, q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array,
+                          block_tables: jax.Array, seq_lens: jax.Array, query_start_loc: jax.Array,
+                          num_seqs: jax.Array, *, sm_scale: float, layer_index: jax.Array | int | None = None,
+                          backend: str = "auto", interpret=False, platform: str | None = None,
+                          axis: str = MODEL_AXIS, kv_scale: float = 1.0) -> jax.Array:
+    """dispatch.mla_ragged_paged_attention over `mesh`'s `axis`: MLA's one latent row per token is shared by every
+    head, so the cache is replicated (each device holds all of it) and each device runs the kernel on its own
+    query heads; the result's head axis is split like q's. The xla backend is left to GSPMD."""
+    backend = dispatch.resolve_backend(backend, platform)
+    call = functools.partial(dispatch.mla_ragged_paged_attention, sm_scale=sm_scale, backend=backend,
+                             interpret=interpret, platform=platform, kv_scale=kv_scale)
+    tp = _tp(mesh, axis)
+    if backend == "xla" or tp == 1:
+        return call(q_latent, q_rope, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs,
+                    layer_index=layer_index)
+    if q_latent.shape[1] % tp:
+        raise ValueError(f"--tensor-parallel-size ({tp}) must divide the number of query heads "
+                         f"({q_latent.shape[1]})")
+    layer = None if layer_index is None else jax.numpy.asarray(layer_index, jax.numpy.int32)
+
+    def local(q_latent, q_rope, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, layer):
+        return call(q_latent, q_rope, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, layer_index=layer)
+
+    q_spec = P(None, axis, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, q_spec, P(), P(), P(), P(), P(), P()),
+                         out_specs=q_spec, check_vma=False)(
+        q_latent, q_rope, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, layer)
+
+
 def sharded_write_kv_cache(mesh: Mesh, kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                            layer_index: jax.Array | int | None = None, backend: str = "auto", interpret=False,
                            platform: str | None = None, axis: str = MODEL_AXIS, k_scale: float = 1.0,
