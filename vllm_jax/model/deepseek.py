@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.deepseek_routing import deepseek_route
-from vllm_jax.model.layers import LayerContext, Mlp, gated_mlp, init_param, linear_params
+from vllm_jax.model.layers import LayerContext, Mlp, gated_mlp, init_param
 from vllm_jax.model.mla import mla_attention_params, mla_decoder_block
 from vllm_jax.model.mla_spec import MlaSpec
 from vllm_jax.model.moe import _MLP_PARAMS, EXPERT_PARAMS, MoeLM, expert_parallel_ffn, grouped_expert_ffn
