@@ -5,7 +5,6 @@ transformers' on the same dequantized weights within 1e-4; malformed blocks / sc
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -13,26 +12,10 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
+from tests.helpers.mxfp4 import make_mxfp4_checkpoint
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.model_loader.source import ModelSourceError
-
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
-EXPERTS = ("gate_up_proj", "down_proj")
-
-
-def encode_mxfp4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A float expert weight [E, in, out] -> (blocks uint8 [E, out, in / 32, 16], scales uint8 [E, out, in / 32]):
-    per 32 inputs the smallest power of two putting the largest |w| within e2m1's 6, then the nearest code."""
-    rows = weight.swapaxes(1, 2)  # [E, out, in]
-    groups = rows.reshape(*rows.shape[:-1], -1, 32)
-    amax = np.abs(groups).max(axis=-1)
-    exponent = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), -127).astype(np.int32)
-    scaled = groups / np.exp2(exponent)[..., None]
-    codes = np.abs(scaled[..., None] - E2M1).argmin(axis=-1).astype(np.uint8)
-    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    # contiguous: safetensors.numpy writes a strided array's buffer in memory order
-    return np.ascontiguousarray(blocks), np.ascontiguousarray((exponent + 127).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +23,7 @@ def checkpoints(tmp_path_factory):
     """(float dir, MXFP4 dir): intermediate 64 so down_proj's inputs fill 32-wide groups."""
     root = tmp_path_factory.mktemp("gpt_oss_mxfp4")
     make_tiny_checkpoint("gpt_oss", root / "float", seed=3, intermediate_size=64)
-    tensors = load_file(str(root / "float" / "model.safetensors"))
-    packed = {}
-    for name, value in tensors.items():
-        if name.endswith(EXPERTS):
-            packed[name + "_blocks"], packed[name + "_scales"] = encode_mxfp4(value)
-        else:
-            packed[name] = value
-    mx = root / "mxfp4"
-    shutil.copytree(root / "float", mx)
-    save_file(packed, str(mx / "model.safetensors"))
-    config = json.loads((mx / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4",
-                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                                "model.embed_tokens", "lm_head"]}
-    (mx / "config.json").write_text(json.dumps(config))
-    return root / "float", mx
+    return root / "float", make_mxfp4_checkpoint(root / "float", root / "mxfp4")
 
 
 def test_mxfp4_experts_give_transformers_logits_on_the_dequantized_weights(checkpoints):
