@@ -287,8 +287,8 @@ def test_unsupported_quantization_type_names_tensor_type_and_supported_types(lla
 
 def test_unsupported_architecture_is_a_model_source_error(llama, tmp_path):
     _, config, tensors, _ = llama
-    path = write_gguf(tmp_path / "phi.gguf", "phi3", config, {})
-    with pytest.raises(ModelSourceError, match="'phi3' is not supported"):
+    path = write_gguf(tmp_path / "falcon.gguf", "falcon", config, {})
+    with pytest.raises(ModelSourceError, match="'falcon' is not supported"):
         read_gguf_config(str(path))
 
 

@@ -119,6 +119,14 @@ def test_gpt_oss_tp2_pallas_tp2_and_ep4_equal_one_device(tmp_path):
     assert result["ep_gate_up_spec"] == result["ep_down_bias_spec"] == [None, "model"]
 
 
+def test_gpt_oss_mxfp4_experts_shard_like_float_ones(tmp_path):
+    """MXFP4 experts dequantized per device slice: TP 2 and TP 4 with EP give TP 1's greedy tokens, TP 2 reads half
+    of gate_up's 128 output rows of blocks for all 4 experts, EP one expert's whole blocks."""
+    result = run_check("gpt_oss_mxfp4_parallel", tmp_path)
+    assert result["tp2"] == result["tp4_ep"] == result["tp1"]
+    assert result["tp2_reads"] == [[4, 64]] and result["ep_reads"] == [[1, 128]]
+
+
 def test_dp2_tp2_on_4_devices_answers_concurrent_requests_like_one_engine(tmp_path):
     result = run_check("data_parallel", tmp_path)
     assert result["dp"] == result["single"] * 2

@@ -207,6 +207,39 @@ def check_gpt_oss_parallel(workdir: Path) -> dict:
     return result
 
 
+def check_gpt_oss_mxfp4_parallel(workdir: Path) -> dict:
+    """Tiny gpt-oss with MXFP4 experts: greedy tokens at TP 1, TP 2 (the fused gate_up's columns split: each device
+    reads half the blocks' output rows) and TP 4 with expert parallelism (each device one expert's blocks); the
+    row / expert ranges the devices read from the packed tensors."""
+    from tests.helpers.mxfp4 import make_mxfp4_checkpoint
+    from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
+
+    make_tiny_checkpoint("gpt_oss", workdir / "float", seed=5, intermediate_size=64)
+    model_dir = str(make_mxfp4_checkpoint(workdir / "float", workdir / "mxfp4"))
+    reads: list[tuple[int, int]] = []
+    original = SafetensorsCheckpoint.read
+
+    def recording_read(self, name, index):
+        if name.endswith("gate_up_proj_blocks"):
+            experts, rows = (tuple(index) + (slice(None),) * 2)[:2]
+            shape = self.shape(name)
+            reads.append((len(range(*experts.indices(shape[0]))), len(range(*rows.indices(shape[1])))))
+        return original(self, name, index)
+
+    result: dict = {"tp1": _greedy(model_dir)[0]}
+    SafetensorsCheckpoint.read = recording_read
+    try:
+        reads.clear()
+        result["tp2"] = _greedy(model_dir, tensor_parallel_size=2)[0]
+        result["tp2_reads"] = sorted(set(reads))
+        reads.clear()
+        result["tp4_ep"] = _greedy(model_dir, tensor_parallel_size=4, enable_expert_parallel=True)[0]
+        result["ep_reads"] = sorted(set(reads))
+    finally:
+        SafetensorsCheckpoint.read = original
+    return result
+
+
 def check_mla_tensor_parallel(workdir: Path) -> dict:
     """Tiny DeepSeek-V3 (4 heads, one latent KV row): greedy tokens at TP 1 and at TP 2 with expert parallelism
     (one engine for both splits, to keep the check short), and the TP 2 shardings (heads split, latent cache
@@ -362,6 +395,7 @@ CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel
           "gguf_kept_tensor_parallel": check_gguf_kept_tensor_parallel, "data_parallel": check_data_parallel,
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel, "gpt_oss_parallel": check_gpt_oss_parallel,
+          "gpt_oss_mxfp4_parallel": check_gpt_oss_mxfp4_parallel,
           "mla_tensor_parallel": check_mla_tensor_parallel}
 
 CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)

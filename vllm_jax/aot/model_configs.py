@@ -91,8 +91,8 @@ OLMO2_7B = {
     "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "hidden_act": "silu",
     "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
-# openai/gpt-oss-20b's config.json without its quantization_config (the published experts are MXFP4, not built
-# here: this describes the float layout save_pretrained writes) and without layer_types, which transformers
+# openai/gpt-oss-20b's config.json without its quantization_config (the published MXFP4 experts are dequantized to
+# the model dtype at load, so the compiled programs are the float layout's) and without layer_types, which transformers
 # derives as the published alternation (sliding on even layers, full on odd) for any --layers.
 GPT_OSS_20B = {
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,

@@ -4,7 +4,8 @@ What differs from Mixtral / Qwen3-MoE (docs/architecture.md, "gpt-oss"): attenti
 learned sink logit per query head; sliding-window and full attention alternating by `layer_types`; YaRN rope; a
 router with a bias whose top-k logits (not probabilities) are softmaxed; experts with biases and a clamped
 SwiGLU `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`, g = min(gate, limit), gate and up interleaved in
-one fused projection. Published checkpoints store the experts in MXFP4, which is refused here (not built).
+one fused projection. Published checkpoints store the experts in MXFP4: they are dequantized to the model dtype
+at load (model_loader/mxfp4_checkpoint.py); keeping them packed is not built.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ class GptOssSpec(MoeSpec):
 def gpt_oss_spec_from_hf_config(config: Any) -> GptOssSpec:
     arch = pick_architecture(config, GPT_OSS_ARCHITECTURES)
     quant = getattr(config, "quantization_config", None)
-    if quant:
-        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-        raise ValueError(f"{arch}: quantization_config quant_method {method!r} is not supported: the MXFP4 expert "
-                         f"weights of the published gpt-oss checkpoints are not built yet; use a checkpoint with "
-                         f"float (bf16 / float32) experts, e.g. one dequantized by transformers' save_pretrained")
+    method = (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)) \
+        if quant else None
+    if quant and method != "mxfp4":  # MXFP4 experts are dequantized at load (model_loader/mxfp4_checkpoint.py)
+        raise ValueError(f"{arch}: quantization_config quant_method {method!r} is not supported (gpt-oss loads "
+                         "float experts or the published MXFP4 ones)")
     common = common_spec_fields(config, arch)
     n = common["num_layers"]
     num_experts, top_k = config.num_local_experts, config.num_experts_per_tok

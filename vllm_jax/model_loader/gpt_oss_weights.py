@@ -1,5 +1,5 @@
 """gpt-oss's params by HF tensor name: the float layout transformers' `save_pretrained` writes (the published
-checkpoints' MXFP4 experts are refused earlier, in model/gpt_oss_spec.py).
+checkpoints' MXFP4 experts read in this layout through mxfp4_checkpoint.Mxfp4Checkpoint).
 
     model.layers.{i}.self_attn.sinks                  [num_heads]   -> layers/sinks
     model.layers.{i}.mlp.router.weight, .bias         [E, H], [E]   -> layers/router [., H, E], router_bias

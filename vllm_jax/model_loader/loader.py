@@ -17,6 +17,7 @@ from vllm_jax.model.quantization import GGUF, KeptFormats, OnlineQuantization, s
 from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader, kept_formats
+from vllm_jax.model_loader.mxfp4_checkpoint import Mxfp4Checkpoint, is_mxfp4_checkpoint
 from vllm_jax.model_loader.orbax_io import ConvertedLoader
 from vllm_jax.model_loader.prequantized import read_prequantized_config
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
@@ -88,6 +89,8 @@ def weight_loader_for(source: ModelSource | None, seed: int = 0, kept: KeptForma
     if source.kind == "gguf":
         return TensorLoader(GGUFCheckpoint(source.path))
     checkpoint = SafetensorsCheckpoint(Path(source.path))
+    if is_mxfp4_checkpoint(source.path):  # gpt-oss's MXFP4 experts, dequantized to the model dtype as they load
+        return TensorLoader(Mxfp4Checkpoint(checkpoint))
     prequantized = read_prequantized_config(source.path)
     if prequantized is not None:  # its quantized tensors read dequantized unless kept quantized
         return TensorLoader(PrequantizedCheckpoint(checkpoint, prequantized))

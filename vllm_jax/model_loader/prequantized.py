@@ -74,9 +74,8 @@ def read_prequantized_config(model_dir: str | Path) -> PrequantizedConfig | None
         return _compressed_tensors(raw, where)
     if method == "fp8":
         return _fp8(raw, where)
-    if method == "mxfp4":
-        raise ModelSourceError(f"{where}: quant_method 'mxfp4' (gpt-oss's published MXFP4 experts) is not supported "
-                               f"yet; use a checkpoint with float (bf16 / float32) experts")
+    if method == "mxfp4":  # gpt-oss's experts, dequantized as they load (mxfp4_checkpoint.py): a float model here
+        return None
     raise ModelSourceError(f"{where}: quant_method {method!r} is not supported (supported: "
                            f"{', '.join(METHODS)} with 8-bit weights)")
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.gguf_file.families import family_config
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, float32_decimal, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -17,12 +18,13 @@ _REQUIRED_KEYS = {  # "{arch}.<key>" -> HF config field
     "block_count": "num_hidden_layers",
     "attention.head_count": "num_attention_heads",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
-    "rope.freq_base": "rope_theta",
 }
+_DEFAULT_ROPE_THETA = 10000.0  # llama.cpp's when `{arch}.rope.freq_base` is absent (Gemma 2's converter omits it)
 
 
 def read_gguf_config(path: str) -> Any:
-    """LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config with `architectures` set, as HF would have it."""
+    """The HF config class of the file's architecture (reader.ARCHITECTURES) with `architectures` set, as HF
+    would have it."""
     import transformers
 
     reader = open_gguf(path)
@@ -33,6 +35,7 @@ def read_gguf_config(path: str) -> Any:
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
         kwargs[f"{name}_token_id"] = field(reader, f"tokenizer.ggml.{key}")
     kwargs.update(_layer_switches(reader, arch))
+    kwargs.update(family_config(reader, arch, kwargs))
     config_class = getattr(transformers, class_name)
     try:
         return config_class(architectures=[hf_arch], **kwargs)
@@ -48,6 +51,7 @@ def _shape_fields(reader: Any, arch: str, path: str) -> dict[str, Any]:
         if value is None:
             raise ModelSourceError(f"{path}: GGUF metadata lacks {arch}.{key}, needed for {hf_field}")
         kwargs[hf_field] = float32_decimal(value) if isinstance(value, float) else value
+    kwargs["rope_theta"] = float32_decimal(field(reader, f"{arch}.rope.freq_base", _DEFAULT_ROPE_THETA))
     heads, hidden = kwargs["num_attention_heads"], kwargs["hidden_size"]
     kwargs["num_key_value_heads"] = field(reader, f"{arch}.attention.head_count_kv", heads)
     kwargs["head_dim"] = (field(reader, f"{arch}.attention.key_length")
@@ -70,7 +74,7 @@ def _layer_switches(reader: Any, arch: str) -> dict[str, Any]:
         switches.update(use_sliding_window=True, max_window_layers=0)  # one window for every layer, as llama.cpp
     if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in the config
         switches["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
-    if arch == "llama":
+    if arch in ("llama", "granite"):
         switches["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
     return switches
 

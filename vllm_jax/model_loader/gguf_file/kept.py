@@ -35,8 +35,9 @@ _BLOCKS = {"q8_0": (GROUP, 2 + GROUP), "q4_0": (GROUP, 2 + GROUP // 2), "q4_1": 
 def kept_formats(path: str) -> KeptFormats:
     """The params this file's quantized blocks can be kept for, and their formats."""
     reader = open_gguf(path)
-    types = {_hf_name(t.name): t.tensor_type.name.lower() for t in reader.tensors}
-    num_layers = field(reader, f"{architecture(reader)}.block_count") or 0
+    arch = architecture(reader)
+    types = {_hf_name(t.name, arch): t.tensor_type.name.lower() for t in reader.tensors}
+    num_layers = field(reader, f"{arch}.block_count") or 0
     formats = []
     for name in _KEPT_LAYER_WEIGHTS:
         kinds = {types.get(_layer_tensor(name, i)) for i in range(num_layers)}
@@ -61,7 +62,8 @@ class KeptGGUFLoader:
 
     def load(self, request: LoadRequest) -> dict[ParamPath, jax.Array]:
         reader = open_gguf(self.path)
-        tensors = {_hf_name(t.name): t for t in reader.tensors}
+        arch = architecture(reader)
+        tensors = {_hf_name(t.name, arch): t for t in reader.tensors}
         kept = {self._param_path(name): name for name in self.formats
                 if self._param_path(name) in request.shapes}
         family = {p for path in kept for p in (path, _sibling(path, scale_name), _sibling(path, min_name))}

@@ -16,6 +16,11 @@ ARCHITECTURES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", True),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", False),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", False),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", False),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", False),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", True),  # llama.cpp converts it as a LlamaModel
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", False),
 }
 
 

@@ -1,8 +1,8 @@
 """A GGUF's tensors under HF names, in HF layout, dequantized to float32; and the file as a `Checkpoint`.
 
-Supported storage types: F32, F16, BF16, Q8_0, Q4_0, Q4_1; casting to the model dtype is the loader's job.
-llama.cpp permutes the q/k projection rows of llama-family models for its rotary layout; that is undone here,
-so the arrays equal the HF weights.
+Supported storage types: those gguf-py dequantizes (_SUPPORTED_TYPES); casting to the model dtype is the loader's
+job. llama.cpp permutes the q/k projection rows of llama-family models for its rotary layout and adds 1 to Gemma's
+norm weights; both are undone here (families.py), so the arrays equal the HF weights.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.gguf_file.families import BLOCK_OVERRIDES, NOT_PARAMETERS, norm_shift
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -35,7 +36,6 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_NOT_PARAMETERS = {"rope_freqs.weight"}  # llama.cpp's precomputed rope factors; the config folds them in
 # every type gguf-py can dequantize (Q8_1, Q8_K and the integer types it cannot)
 _SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                     "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
@@ -74,9 +74,9 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     supported = {getattr(gguf.GGMLQuantizationType, t) for t in _SUPPORTED_TYPES}
     for tensor in reader.tensors:
-        if tensor.name in _NOT_PARAMETERS:
+        if tensor.name in NOT_PARAMETERS:
             continue
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, arch)
         if name is None:
             raise ModelSourceError(f"{path}: tensor {tensor.name} has no HF counterpart for architecture {arch}")
         if name in skip:
@@ -85,6 +85,8 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
             raise ModelSourceError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which "
                                    f"this engine cannot dequantize (supported: {', '.join(_SUPPORTED_TYPES)})")
         array = _dequantize(path, tensor)
+        if shift := norm_shift(arch, tensor.name):
+            array -= np.float32(shift)
         if permuted and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
             array = _unpermute(array, heads)
         elif permuted and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
@@ -106,13 +108,15 @@ def _dequantize(path: str, tensor: Any) -> np.ndarray:
     return array if array.flags.writeable else array.copy()
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str) -> str | None:
+    """The HF tensor name of a GGUF tensor of architecture `arch` (families.BLOCK_OVERRIDES first)."""
     stem, _, kind = gguf_name.rpartition(".")
     if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[stem]}.{kind}"
     match = _BLOCK_RE.fullmatch(gguf_name)
-    if match and match.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}.{match.group(3)}"
+    names = BLOCK_OVERRIDES.get(arch, {})
+    if match and (hf := names.get(match.group(2)) or _BLOCK_NAMES.get(match.group(2))):
+        return f"model.layers.{match.group(1)}.{hf}.{match.group(3)}"
     return None
 
 
