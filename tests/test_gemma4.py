@@ -1,0 +1,73 @@
+"""Gemma 4 (text) against transformers on tiny random checkpoints (tests/helpers/gemma4_models.py): logits on
+ragged chunked batches with attention_k_eq_v both ways, 32-token greedy continuations through an engine with
+prefix caching and preemption, the KV cache holding only the producing layers, and the options refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.family_checks import ENGINE, assert_engine_greedy_matches
+from tests.helpers.gemma4_models import gemma4_config, make_tiny_gemma4
+from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
+from vllm_jax.worker.kv_cache import spec_bytes_per_block
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """k_eq_v full layers with one global KV head (2 rows of 32 = 4 rows of 16: the sliding layers' own 2 heads)."""
+    path = tmp_path_factory.mktemp("gemma4")
+    return path, make_tiny_gemma4(path, seed=3)
+
+
+def test_spec_reads_per_layer_shapes_kv_sharing_and_rope():
+    spec = gemma4_spec_from_hf_config(gemma4_config())
+    assert spec.layer_head_dims == (16, 16, 32, 16, 32) and spec.layer_kv_heads == (2, 2, 1, 2, 1)
+    assert spec.kv_source == (0, 1, 2, 1, 2) and spec.producers == (0, 1, 2)
+    assert [spec.cache_layer_of(i) for i in range(5)] == [0, 1, 2, 1, 2]
+    assert spec.layer_intermediate == (96, 96, 96, 192, 192)  # double-wide MLP on the KV-shared layers
+    assert spec.sliding_windows == (6, 6, 0, 6, 0) and spec.sm_scale == 1.0 and spec.final_soft_cap == 3.0
+    # proportional rope on the full layers: 0.25 of global_head_dim 32 rotates (4 angles, base 1e6), the rest 0
+    assert spec.global_inv_freq[:4] == pytest.approx([1e6 ** (-2 * i / 32) for i in range(4)])
+    assert spec.global_inv_freq[4:] == (0.0,) * 12
+    assert spec.inv_freq == pytest.approx([1e4 ** (-2 * i / 16) for i in range(8)])
+    # the cache: 3 producing layers of 4 rows x 16 per token; the full layers' one 32-wide KV head pair fills them
+    assert (spec.num_cache_layers, spec.kv_cache_heads, spec.kv_cache_width) == (3, 4, 16)
+    assert spec_bytes_per_block(spec, 8, "float32") == 3 * 8 * 4 * 16 * 4
+    wide = gemma4_spec_from_hf_config(gemma4_config(num_global_key_value_heads=None, attention_k_eq_v=False))
+    # full layers with 2 KV heads of 32: 8 rows of 16; a sliding layer's 2 heads are repeated to fill 4
+    assert (wide.kv_cache_heads, wide.cache_view_heads(0), wide.cache_view_heads(2)) == (8, 4, 2)
+
+
+def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
+    path, hf = checkpoint
+    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences())
+
+
+def test_logits_match_with_separate_values_and_more_global_kv_heads(tmp_path):
+    """attention_k_eq_v off (a v_proj on every layer), full layers with the sliding layers' 2 KV heads (the
+    sliding layers' heads repeated in the cache view), no KV sharing; per-layer arrays (--no-scan-layers)."""
+    hf = make_tiny_gemma4(tmp_path, seed=4, attention_k_eq_v=False, num_global_key_value_heads=None,
+                          num_kv_shared_layers=0)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), layers="unrolled")
+
+
+def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(checkpoint):
+    """Also: the engine's cache holds the 3 producing layers, not 5."""
+    from vllm_jax import EngineArgs
+    from vllm_jax.engine.llm_engine import LLMEngine
+
+    path, hf = checkpoint
+    assert_engine_greedy_matches(hf, path)
+    engine = LLMEngine(EngineArgs(model=str(path), **ENGINE).create_config(), warmup=False)
+    assert engine.runner.kv_cache.shape == (3, ENGINE["num_gpu_blocks_override"], 8, 4, 16)
+
+
+def test_refused_options_name_what_is_wrong():
+    with pytest.raises(ValueError, match="enable_moe_block"):
+        gemma4_spec_from_hf_config(gemma4_config(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                 moe_intermediate_size=32))
+    with pytest.raises(ValueError, match="hidden_activation"):
+        gemma4_spec_from_hf_config(gemma4_config(hidden_activation="silu"))
+    with pytest.raises(ValueError, match="does not fit the KV cache"):  # a 24-wide K/V pair in 64-wide token rows
+        gemma4_spec_from_hf_config(gemma4_config(global_head_dim=24))
