@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.family_checks import ENGINE, assert_engine_greedy_matches
-from tests.helpers.gemma4_models import gemma4_config, make_tiny_gemma4
+from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_prompts
+from tests.helpers.gemma4_models import LAYER_TYPES, gemma4_config, make_tiny_gemma4
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from tests.helpers.tiny_models import hf_greedy
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.worker.kv_cache import spec_bytes_per_block
 
@@ -46,21 +47,32 @@ def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
 
 def test_logits_match_with_separate_values_and_more_global_kv_heads(tmp_path):
     """attention_k_eq_v off (a v_proj on every layer), full layers with the sliding layers' 2 KV heads (the
-    sliding layers' heads repeated in the cache view), no KV sharing; per-layer arrays (--no-scan-layers)."""
+    sliding layers' heads repeated in the cache view), no KV sharing, 3 layers (sliding, full, sliding: the last
+    one forced to full by transformers); per-layer arrays (--no-scan-layers)."""
     hf = make_tiny_gemma4(tmp_path, seed=4, attention_k_eq_v=False, num_global_key_value_heads=None,
-                          num_kv_shared_layers=0)
+                          num_kv_shared_layers=0, num_hidden_layers=3, layer_types=LAYER_TYPES[1:4])
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), layers="unrolled")
 
 
 def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(checkpoint):
-    """Also: the engine's cache holds the 3 producing layers, not 5."""
-    from vllm_jax import EngineArgs
+    """32 greedy tokens of seven prompts equal transformers' through an engine with prefix caching on (the shared
+    prefix is hit) and a cache small enough to preempt; the cache holds the 3 producing layers, not 5."""
+    from vllm_jax import EngineArgs, SamplingParams
     from vllm_jax.engine.llm_engine import LLMEngine
 
     path, hf = checkpoint
-    assert_engine_greedy_matches(hf, path)
-    engine = LLMEngine(EngineArgs(model=str(path), **ENGINE).create_config(), warmup=False)
+    prompts = engine_prompts()
+    engine = LLMEngine(EngineArgs(model=str(path), **ENGINE, enable_prefix_caching=True).create_config(),
+                       warmup=False)
     assert engine.runner.kv_cache.shape == (3, ENGINE["num_gpu_blocks_override"], 8, 4, 16)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
+    assert [tokens[str(i)] for i in range(len(prompts))] == [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+    assert engine.scheduler.num_preemptions_total > 0 and engine.kv_cache_manager.prefix_cache_hits > 0
 
 
 def test_refused_options_name_what_is_wrong():
