@@ -4,6 +4,11 @@ prefix caching and preemption, the KV cache holding only the producing layers, a
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_prompts
@@ -12,6 +17,8 @@ from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, rag
 from tests.helpers.tiny_models import hf_greedy
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.worker.kv_cache import spec_bytes_per_block
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +80,23 @@ def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(c
         tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
     assert [tokens[str(i)] for i in range(len(prompts))] == [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     assert engine.scheduler.num_preemptions_total > 0 and engine.kv_cache_manager.prefix_cache_hits > 0
+
+
+@pytest.mark.slow
+def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(checkpoint, tmp_path):
+    """TP 2 on fake CPU devices (xla backend, GSPMD): 10 greedy tokens of three prompts equal transformers'."""
+    import shutil
+
+    from tests.helpers.parallel_workload import prompts
+
+    path, hf = checkpoint
+    shutil.copytree(path, tmp_path / "gemma4")
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", "gemma4_tensor_parallel",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["tp2"] == [hf_greedy(hf, p, 10) for p in prompts()]
+    assert result["cache_spec"] == [None, None, None, "model"]
 
 
 def test_refused_options_name_what_is_wrong():
