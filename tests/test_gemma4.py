@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """k_eq_v full layers with one global KV head (2 rows of 32 = 4 rows of 16: the sliding layers' own 2 heads)."""
+    """k_eq_v full layers with one global KV head of 32 (repeated to the sliding layers' 2), sliding ones of 16."""
     path = tmp_path_factory.mktemp("gemma4")
     return path, make_tiny_gemma4(path, seed=3)
 
@@ -39,12 +39,10 @@ def test_spec_reads_per_layer_shapes_kv_sharing_and_rope():
     assert spec.global_inv_freq[:4] == pytest.approx([1e6 ** (-2 * i / 32) for i in range(4)])
     assert spec.global_inv_freq[4:] == (0.0,) * 12
     assert spec.inv_freq == pytest.approx([1e4 ** (-2 * i / 16) for i in range(8)])
-    # the cache: 3 producing layers of 4 rows x 16 per token; the full layers' one 32-wide KV head pair fills them
-    assert (spec.num_cache_layers, spec.kv_cache_heads, spec.kv_cache_width) == (3, 4, 16)
-    assert spec_bytes_per_block(spec, 8, "float32") == 3 * 8 * 4 * 16 * 4
-    wide = gemma4_spec_from_hf_config(gemma4_config(num_global_key_value_heads=None, attention_k_eq_v=False))
-    # full layers with 2 KV heads of 32: 8 rows of 16; a sliding layer's 2 heads are repeated to fill 4
-    assert (wide.kv_cache_heads, wide.cache_view_heads(0), wide.cache_view_heads(2)) == (8, 4, 2)
+    # the cache: 3 producing layers, 2 KV heads of 32 per token (the full layers' one head repeated, the sliding
+    # layers' 16-wide K/V zero-padded)
+    assert (spec.num_cache_layers, spec.kv_cache_heads, spec.kv_cache_width) == (3, 4, 32)
+    assert spec_bytes_per_block(spec, 8, "float32") == 3 * 8 * 4 * 32 * 4
 
 
 def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
@@ -53,8 +51,8 @@ def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
 
 
 def test_logits_match_with_separate_values_and_more_global_kv_heads(tmp_path):
-    """attention_k_eq_v off (a v_proj on every layer), full layers with the sliding layers' 2 KV heads (the
-    sliding layers' heads repeated in the cache view), no KV sharing, 3 layers (sliding, full, sliding: the last
+    """attention_k_eq_v off (a v_proj on every layer), full layers with the sliding layers' 2 KV heads (no
+    repeats), no KV sharing, 3 layers (sliding, full, sliding: the last
     one forced to full by transformers); per-layer arrays (--no-scan-layers)."""
     hf = make_tiny_gemma4(tmp_path, seed=4, attention_k_eq_v=False, num_global_key_value_heads=None,
                           num_kv_shared_layers=0, num_hidden_layers=3, layer_types=LAYER_TYPES[1:4])
@@ -71,7 +69,7 @@ def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(c
     prompts = engine_prompts()
     engine = LLMEngine(EngineArgs(model=str(path), **ENGINE, enable_prefix_caching=True).create_config(),
                        warmup=False)
-    assert engine.runner.kv_cache.shape == (3, ENGINE["num_gpu_blocks_override"], 8, 4, 16)
+    assert engine.runner.kv_cache.shape == (3, ENGINE["num_gpu_blocks_override"], 8, 4, 32)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
@@ -105,5 +103,5 @@ def test_refused_options_name_what_is_wrong():
                                                  moe_intermediate_size=32))
     with pytest.raises(ValueError, match="hidden_activation"):
         gemma4_spec_from_hf_config(gemma4_config(hidden_activation="silu"))
-    with pytest.raises(ValueError, match="does not fit the KV cache"):  # a 24-wide K/V pair in 64-wide token rows
-        gemma4_spec_from_hf_config(gemma4_config(global_head_dim=24))
+    with pytest.raises(ValueError, match="do not fit the KV cache"):  # 2 sliding KV heads cannot repeat into 3
+        gemma4_spec_from_hf_config(gemma4_config(num_attention_heads=6, num_global_key_value_heads=3))

@@ -4,10 +4,10 @@ Layers differ in shape (sliding layers' head_dim vs the full layers' global_head
 k/v projections and with a double-wide MLP), so the params are stacked per group of same-shaped layers
 (`Gemma4Spec.group_of`: sliding, full, sliding_shared, full_shared; param `layers/{group}_{name}`) and the forward
 is a Python loop over the layers, each reading its group's slice. The KV cache is the one array every model
-has, [cache layers, blocks, block_size, rows, width]; a layer reshapes it (a bitcast of the trailing dims) into its
-own view [..., 2 * view heads, its head_dim], its KV heads repeated to fill the rows, writes and attends there
-with the xla backend (Pallas backends are routed to it), and a KV-shared layer attends its producer's cache layer
-without writing. PLE params (`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`)
+has, [cache layers, blocks, block_size, 2 * KV heads, width] with the most KV heads and the widest head_dim of the
+producing layers: a layer repeats its KV heads and zero-pads its K/V (and q) to that, writes and attends with the
+xla backend (Pallas backends are routed to it), and a KV-shared layer attends its producer's cache layer without
+writing. PLE params (`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`)
 sit on the model; every norm weight is used as stored (Gemma 4 scales by weight, not 1 + weight).
 """
 
@@ -38,6 +38,12 @@ def gemma4_rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.A
     if weight is not None:
         xf = xf * weight.astype(jnp.float32)
     return xf.astype(x.dtype)
+
+
+def _pad_to(x: jax.Array, width: int) -> jax.Array:
+    """x [..., d] zero-padded to [..., width] (unchanged when d == width)."""
+    pad = width - x.shape[-1]
+    return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
 
 
 def group_shapes(spec: Gemma4Spec, group: str, layers: list[int]) -> dict[str, tuple[int, ...]]:
@@ -93,9 +99,9 @@ class Gemma4LM(DecoderLM):
                              "drop --quantization")
         super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform,
                          mesh=mesh)
-        if self.kernels.backend != "xla":  # the views' head_dim differs per layer: docs/architecture.md, "Gemma 4"
-            logger.info("%s: attention backend %s is not wired for Gemma 4's per-layer cache views; Gemma 4 runs "
-                        "the XLA path", spec.architecture, self.kernels.backend)
+        if self.kernels.backend != "xla":  # docs/architecture.md, "Gemma 4"
+            logger.info("%s: attention backend %s is not tried with Gemma 4's padded K/V; Gemma 4 runs the XLA "
+                        "path", spec.architecture, self.kernels.backend)
             self.kernels = AttentionKernels("xla", self.kernels.platform)
         if spec.ple_size:
             width = spec.num_layers * spec.ple_size
@@ -164,25 +170,24 @@ class Gemma4LM(DecoderLM):
     def _attention(self, ctx: LayerContext, w: dict, x: jax.Array, kv_cache: jax.Array,
                    layer: int) -> tuple[jax.Array, jax.Array]:
         """q (q norm, rope); on a producing layer k (k norm, rope) and v (value norm; k_proj's output with
-        attention_k_eq_v) written into the layer's view of its cache layer; the paged attention there; o_proj."""
+        attention_k_eq_v), heads repeated and zero-padded to the cache's, written into its cache layer; the paged
+        attention over that layer (q zero-padded alike, the output's padding dropped); o_proj."""
         spec, t, eps = self.spec, x.shape[0], self.spec.rms_norm_eps
         d, kvh = spec.layer_head_dims[layer], spec.layer_kv_heads[layer]
         q = linear(x, w["q_proj"]).reshape(t, spec.num_heads, d)
         q = apply_rotary(gemma4_rms_norm(q, w["q_norm"], eps), ctx.cos, ctx.sin)
-        shape, cache_layer = kv_cache.shape, spec.cache_layer_of(layer)
-        view_heads = spec.cache_view_heads(layer)
-        view = kv_cache.reshape(*shape[:3], 2 * view_heads, d)
+        cache_layer, width, heads = spec.cache_layer_of(layer), spec.kv_cache_width, spec.kv_cache_heads // 2
         if not spec.is_shared(layer):
             k_raw = linear(x, w["k_proj"]).reshape(t, kvh, d)
             v = k_raw if "v_proj" not in w else linear(x, w["v_proj"]).reshape(t, kvh, d)
             k = apply_rotary(gemma4_rms_norm(k_raw, w["k_norm"], eps), ctx.cos, ctx.sin)
             v = gemma4_rms_norm(v, None, eps)
-            repeat = view_heads // kvh  # GQA-equivalent: query head i still meets its own KV head
-            k, v = jnp.repeat(k, repeat, axis=1), jnp.repeat(v, repeat, axis=1)
-            view = ctx.kernels.write_kv_cache(view, k, v, ctx.inputs.slot_mapping, cache_layer)
-        attn = ctx.kernels.attention(q, view, ctx.inputs, sm_scale=spec.sm_scale,
+            # GQA-equivalent: query head i still meets a copy of its own KV head; zeros add nothing to q.k
+            k, v = (_pad_to(jnp.repeat(a, heads // kvh, axis=1), width) for a in (k, v))
+            kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, ctx.inputs.slot_mapping, cache_layer)
+        attn = ctx.kernels.attention(_pad_to(q, width), kv_cache, ctx.inputs, sm_scale=spec.sm_scale,
                                      window=spec.sliding_windows[layer], layer_index=cache_layer)
-        return linear(attn.reshape(t, spec.num_heads * d), w["o_proj"]), view.reshape(shape)
+        return linear(attn[..., :d].reshape(t, spec.num_heads * d), w["o_proj"]), kv_cache
 
     def _run_layers(self, ctx, hidden, kv_cache, aux: AuxHiddenStates):
         raise NotImplementedError("Gemma4LM runs its layers in hidden_states")

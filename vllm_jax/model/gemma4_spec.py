@@ -76,20 +76,14 @@ class Gemma4Spec(DecoderSpec):
 
     @property
     def kv_cache_width(self) -> int:
-        """The narrowest producing head_dim: a wider layer's token spans more rows of this width."""
-        return min(self.layer_head_dims[i] for i in self.producers)
+        """The widest producing head_dim: a narrower layer's K/V are zero-padded to it (docs/architecture.md,
+        "Gemma 4")."""
+        return max(self.layer_head_dims[i] for i in self.producers)
 
     @property
     def kv_cache_heads(self) -> int:
-        """Rows per token: the most any producing layer needs for its interleaved K/V (docs/architecture.md,
-        "Gemma 4")."""
-        w = self.kv_cache_width
-        return max(2 * self.layer_kv_heads[i] * self.layer_head_dims[i] // w for i in self.producers)
-
-    def cache_view_heads(self, layer: int) -> int:
-        """KV heads of the layer's view of the cache ([..., 2 * heads, its head_dim]): its own KV heads repeated
-        to fill the token's rows."""
-        return self.kv_cache_heads * self.kv_cache_width // self.layer_head_dims[layer] // 2
+        """Rows per token: K/V pairs of the producing layer with the most KV heads; others repeat theirs."""
+        return max(2 * self.layer_kv_heads[i] for i in self.producers)
 
 
 def gemma4_spec_from_hf_config(config: Any) -> Gemma4Spec:
@@ -196,13 +190,11 @@ def _check_groups(spec: Gemma4Spec) -> None:
 
 
 def _check_cache_views(spec: Gemma4Spec) -> None:
-    """Each producing layer must see the cache's token rows as whole K/V head pairs of its head_dim, its KV heads
-    repeated a whole number of times, and its query heads grouped evenly over them."""
-    token = spec.kv_cache_heads * spec.kv_cache_width
+    """Each producing layer's KV heads must repeat a whole number of times into the cache's heads, and the query
+    heads group evenly over them."""
+    heads = spec.kv_cache_heads // 2
     for i in spec.producers:
-        d, h = spec.layer_head_dims[i], spec.layer_kv_heads[i]
-        view = token // d // 2 if token % (2 * d) == 0 else 0
-        if not view or view % h or spec.num_heads % view:
-            raise ValueError(f"{spec.architecture}: layer {i} (head_dim {d}, {h} KV heads) does not fit the KV "
-                             f"cache's {spec.kv_cache_heads} rows of {spec.kv_cache_width} per token "
-                             "(docs/architecture.md, \"Gemma 4\")")
+        h = spec.layer_kv_heads[i]
+        if heads % h or spec.num_heads % heads:
+            raise ValueError(f"{spec.architecture}: layer {i}'s {h} KV heads do not fit the KV cache's {heads} "
+                             f"KV heads per token ({spec.num_heads} query heads; docs/architecture.md, \"Gemma 4\")")
