@@ -358,6 +358,14 @@ def check_gemma_tensor_parallel(workdir: Path) -> dict:
     return result
 
 
+def check_gemma4_tensor_parallel(workdir: Path) -> dict:
+    """Greedy tokens at TP 2 of the tiny Gemma 4 checkpoint the test wrote to WORKDIR/gemma4 (compared with
+    transformers' tokens, which are TP 1's: tests/test_gemma4.py), and where TP 2 put the KV cache (its rows
+    split: the layers' cache views are reshapes GSPMD partitions)."""
+    tokens, engine = _greedy(str(workdir / "gemma4"), tensor_parallel_size=2)
+    return {"tp2": tokens, "cache_spec": _spec_list(engine.runner.kv_cache)}
+
+
 def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
     """Logits of one prefill step of a tiny `family` model (tests/helpers/family_models.py) at TP 1 and 2, and
     where TP 2 put its linears (Phi-3's q/k/v and gate/up, split from fused tensors at load, shard like Llama's)."""
@@ -396,7 +404,7 @@ CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel, "gpt_oss_parallel": check_gpt_oss_parallel,
           "gpt_oss_mxfp4_parallel": check_gpt_oss_mxfp4_parallel,
-          "mla_tensor_parallel": check_mla_tensor_parallel}
+          "mla_tensor_parallel": check_mla_tensor_parallel, "gemma4_tensor_parallel": check_gemma4_tensor_parallel}
 
 CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
            for family in ("granite", "olmo2", "phi3")}

@@ -38,7 +38,7 @@ def load_forward(path, layers: str = "stacked", attention_backend: str = "auto")
     if layers != "stacked":
         unstack_layers(params)
     forward_step = jax.jit(partial(forward, graphdef), donate_argnums=1)
-    kv = jnp.zeros((spec.num_layers, 64, BLOCK_SIZE, spec.kv_cache_heads, spec.kv_cache_width), jnp.float32)
+    kv = jnp.zeros((spec.num_cache_layers, 64, BLOCK_SIZE, spec.kv_cache_heads, spec.kv_cache_width), jnp.float32)
     return spec, params, forward_step, kv
 
 

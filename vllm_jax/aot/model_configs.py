@@ -118,13 +118,31 @@ DEEPSEEK_V3 = {
     "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
                      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
 }
+# google/gemma-4-E4B's text_config as a Gemma4ForCausalLM (the fields as published for the E4B checkpoint: 42 layers,
+# five sliding (512, head_dim 256) per full one (global_head_dim 512, proportional rope over a quarter of it), the
+# last 18 layers KV-shared, per-layer-input embeddings of 256); no MoE block, values from their own projection.
+GEMMA4_E4B = {
+    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hidden_size": 2560,
+    "intermediate_size": 10240, "num_hidden_layers": 42, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 256, "global_head_dim": 512, "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 18, "sliding_window": 512,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0,
+    "use_double_wide_mlp": False, "attention_k_eq_v": False, "enable_moe_block": False,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0}},
+}
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
           "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B,
           "phi-3-mini-128k": PHI3_MINI_128K, "granite-3-8b": GRANITE_3_8B, "olmo-2-7b": OLMO2_7B,
-          "gpt-oss-20b": GPT_OSS_20B, "deepseek-v3": DEEPSEEK_V3}
+          "gpt-oss-20b": GPT_OSS_20B, "deepseek-v3": DEEPSEEK_V3, "gemma-4-e4b": GEMMA4_E4B}
 # Gemma's layer kinds as transformers derives them; a reduced model keeps its last layer global so that both
 # kinds (Gemma 3: both rope tables) are in the compiled program.
-_SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
+_SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma4ForCausalLM": 6}
+# Gemma 4 cut to fewer layers keeps this many KV-shared layers (a sliding then a full one), each reading an
+# earlier layer of its type
+_GEMMA4_SHARED_KEPT = 2
 
 
 def layer_types(config: dict, layers: int) -> list[str] | None:
@@ -132,10 +150,15 @@ def layer_types(config: dict, layers: int) -> list[str] | None:
     period = _SLIDING_PERIOD.get(config["architectures"][0])
     if period is None:
         return None
-    kinds = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
+    shared = _GEMMA4_SHARED_KEPT if _cut_gemma4(config, layers) else 0
+    kinds = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers - shared)]
     if layers < config["num_hidden_layers"]:
         kinds[-1] = "full_attention"
-    return kinds
+    return kinds + ["sliding_attention", "full_attention"][:shared]
+
+
+def _cut_gemma4(config: dict, layers: int) -> bool:
+    return config["architectures"][0] == "Gemma4ForCausalLM" and layers < config["num_hidden_layers"]
 
 
 def write_config(directory: str | Path, config: dict | None = None, **overrides) -> Path:
@@ -156,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     layers = ns.layers or config["num_hidden_layers"]
     kinds = layer_types(config, layers)
     extra = {} if kinds is None else {"layer_types": kinds}
+    if _cut_gemma4(config, layers):
+        extra["num_kv_shared_layers"] = _GEMMA4_SHARED_KEPT
     print(write_config(ns.out_dir, config, num_hidden_layers=layers, **extra) / "config.json")
 
 

@@ -26,11 +26,8 @@ from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architectu
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # Gemma architectures refused with a reason (model/registry.py) instead of the generic unknown-architecture error
 GEMMA_NOT_BUILT = {
-    "Gemma4ForCausalLM": "Gemma 4's text decoder is not built (per-layer-input embeddings, KV shared across "
-                         "layers, a wider head_dim and partial 'proportional' rope on the global layers, value "
-                         "norms, the optional MoE block)",
-    "Gemma4ForConditionalGeneration": "multimodal Gemma 4 is not built (text only; and Gemma 4's text decoder "
-                                      "is not built either)",
+    "Gemma4ForConditionalGeneration": "multimodal Gemma 4 is not built: only text-only Gemma4ForCausalLM "
+                                      "(model_type gemma4_text) checkpoints load",
     "Gemma3ForConditionalGeneration": "multimodal Gemma 3 is not built: only the text-only Gemma3ForCausalLM "
                                       "(model_type gemma3_text) checkpoints load",
 }

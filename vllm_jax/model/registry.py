@@ -12,6 +12,8 @@ from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma import GemmaLM
+from vllm_jax.model.gemma4 import Gemma4LM
+from vllm_jax.model.gemma4_spec import GEMMA4_ARCHITECTURES, gemma4_spec_from_hf_config
 from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, GEMMA_NOT_BUILT, gemma_spec_from_hf_config
 from vllm_jax.model.granite import GRANITE_ARCHITECTURES, GraniteLM, granite_spec_from_hf_config
 from vllm_jax.model.gpt_oss import GptOssLM
@@ -36,6 +38,7 @@ MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(DecoderLM, spec_from_hf_config) for arch in SUPPORTED_ARCHITECTURES},
     **{arch: ModelEntry(MoeLM, moe_spec_from_hf_config) for arch in MOE_ARCHITECTURES},
     **{arch: ModelEntry(GemmaLM, gemma_spec_from_hf_config) for arch in GEMMA_ARCHITECTURES},
+    **{arch: ModelEntry(Gemma4LM, gemma4_spec_from_hf_config) for arch in GEMMA4_ARCHITECTURES},
     **{arch: ModelEntry(GraniteLM, granite_spec_from_hf_config) for arch in GRANITE_ARCHITECTURES},
     **{arch: ModelEntry(Olmo2LM, olmo2_spec_from_hf_config) for arch in OLMO2_ARCHITECTURES},
     **{arch: ModelEntry(DecoderLM, phi3_spec_from_hf_config) for arch in PHI3_ARCHITECTURES},

@@ -57,6 +57,11 @@ class DecoderSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def num_cache_layers(self) -> int:
+        """Layers of the KV cache: one per layer, except where layers share K/V (Gemma 4: Gemma4Spec)."""
+        return self.num_layers
+
+    @property
     def kv_cache_heads(self) -> int:
         """Rows per token in the KV cache's head axis: K and V interleaved (MLA: one latent row, MlaSpec)."""
         return 2 * self.num_kv_heads

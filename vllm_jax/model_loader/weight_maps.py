@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vllm_jax.model.gemma4_spec import GEMMA4_ARCHITECTURES
 from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES
 from vllm_jax.model.granite import GRANITE_ARCHITECTURES
 from vllm_jax.model.gpt_oss_spec import GPT_OSS_ARCHITECTURES
@@ -14,6 +15,7 @@ from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES
 from vllm_jax.model.phi3 import PHI3_ARCHITECTURES
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec
 from vllm_jax.model_loader.decoder_weights import decoder_param_sources
+from vllm_jax.model_loader.gemma4_weights import gemma4_param_sources
 from vllm_jax.model_loader.gemma_weights import gemma_param_sources
 from vllm_jax.model_loader.family_weights import olmo2_param_sources, phi3_param_sources
 from vllm_jax.model_loader.gpt_oss_weights import gpt_oss_param_sources
@@ -27,6 +29,7 @@ WEIGHT_MAPS: dict[str, WeightMap] = {
     **{arch: decoder_param_sources for arch in SUPPORTED_ARCHITECTURES},
     **{arch: moe_param_sources for arch in MOE_ARCHITECTURES},
     **{arch: gemma_param_sources for arch in GEMMA_ARCHITECTURES},
+    **{arch: gemma4_param_sources for arch in GEMMA4_ARCHITECTURES},
     **{arch: decoder_param_sources for arch in GRANITE_ARCHITECTURES},
     **{arch: olmo2_param_sources for arch in OLMO2_ARCHITECTURES},
     **{arch: phi3_param_sources for arch in PHI3_ARCHITECTURES},

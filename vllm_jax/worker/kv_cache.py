@@ -92,7 +92,7 @@ def min_kv_blocks(config: EngineConfig) -> int:
 
 def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:
     mc = config.model_config
-    return KVCacheShape(spec.num_layers, num_blocks, config.cache_config.block_size, spec.num_kv_heads,
+    return KVCacheShape(spec.num_cache_layers, num_blocks, config.cache_config.block_size, spec.num_kv_heads,
                         spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads)
 
 
@@ -101,8 +101,9 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_di
 
 
 def spec_bytes_per_block(spec: DecoderSpec, block_size: int, dtype: str) -> int:
-    """One block's bytes (all layers, unsharded) in the spec's own layout: K/V rows, or MLA's latent row."""
-    return spec.num_layers * block_size * spec.kv_cache_heads * spec.kv_cache_width * jnp.dtype(dtype).itemsize
+    """One block's bytes (all cache layers, unsharded) in the spec's own layout: K/V rows, or MLA's latent row;
+    layers that read another layer's K/V (Gemma 4's KV sharing) hold none."""
+    return spec.num_cache_layers * block_size * spec.kv_cache_heads * spec.kv_cache_width * jnp.dtype(dtype).itemsize
 
 
 def log_capacity(config: EngineConfig, num_blocks: int, per_block: int) -> None:

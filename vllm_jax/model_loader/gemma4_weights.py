@@ -1,0 +1,46 @@
+"""Gemma 4 (text) params by HF tensor name: each layer group's stacked params (model/gemma4.py) read from its
+layers' tensors, the per-layer-input (PLE) tensors, and the tied embedding / final norm."""
+
+from __future__ import annotations
+
+from vllm_jax.model.gemma4 import group_shapes, layer_groups
+from vllm_jax.model.gemma4_spec import Gemma4Spec
+from vllm_jax.model_loader.param_source import ParamSource, per_layer, single
+
+# our per-group layer param -> (HF suffix under model.layers.{layer}., transpose)
+_LAYER_TENSORS: dict[str, tuple[str, bool]] = {
+    "input_norm": ("input_layernorm.weight", False),
+    "post_attention_norm": ("post_attention_layernorm.weight", False),
+    "pre_feedforward_norm": ("pre_feedforward_layernorm.weight", False),
+    "post_feedforward_norm": ("post_feedforward_layernorm.weight", False),
+    "q_proj": ("self_attn.q_proj.weight", True),
+    "k_proj": ("self_attn.k_proj.weight", True),
+    "v_proj": ("self_attn.v_proj.weight", True),
+    "o_proj": ("self_attn.o_proj.weight", True),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+    "gate_proj": ("mlp.gate_proj.weight", True),
+    "up_proj": ("mlp.up_proj.weight", True),
+    "down_proj": ("mlp.down_proj.weight", True),
+    "layer_scalar": ("layer_scalar", False),
+    "per_layer_input_gate": ("per_layer_input_gate.weight", True),
+    "per_layer_projection": ("per_layer_projection.weight", True),
+    "post_per_layer_input_norm": ("post_per_layer_input_norm.weight", False),
+}
+
+
+def gemma4_param_sources(spec: Gemma4Spec) -> dict[tuple[str, ...], ParamSource]:
+    """Every param the Gemma 4 model has; the loader uses the entries its param tree contains."""
+    sources = {
+        ("embed_tokens",): single("model.embed_tokens.weight"),
+        ("final_norm",): single("model.norm.weight"),
+        ("lm_head",): single("lm_head.weight", transpose=True),
+        ("embed_tokens_per_layer",): single("model.embed_tokens_per_layer.weight"),
+        ("per_layer_model_projection",): single("model.per_layer_model_projection.weight", transpose=True),
+        ("per_layer_projection_norm",): single("model.per_layer_projection_norm.weight"),
+    }
+    for group, layers in layer_groups(spec).items():
+        for name in group_shapes(spec, group, layers):
+            suffix, transpose = _LAYER_TENSORS[name]
+            sources[("layers", f"{group}_{name}")] = per_layer(f"model.layers.{{layer}}.{suffix}", layers, transpose)
+    return sources
