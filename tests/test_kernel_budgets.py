@@ -128,7 +128,7 @@ def test_gpu_plan_refuses_an_fp8_cache_before_compute_capability_8_9():
 
 def test_cost_estimates_count_the_bucket_at_full_occupancy():
     q = jax.ShapeDtypeStruct((256, 32, 128), jnp.bfloat16)
-    cache = jax.ShapeDtypeStruct((2, 4096, 16, 16, 128), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((2, 4096, 16, 8 * 256), jnp.bfloat16)  # lane-dense (kv_layout.py)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     fn = functools.partial(tpu_attention.ragged_paged_attention_tpu, sm_scale=0.1, layer_index=1)
     jaxpr = jax.make_jaxpr(fn)(q, cache, i32((256, 8192)), i32((256,)), i32((257,)), i32((1,)))
