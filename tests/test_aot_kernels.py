@@ -23,10 +23,12 @@ from jax.sharding import PartitionSpec as P
 from vllm_jax.aot import targets
 from vllm_jax.aot.compile import compile_for_target
 from vllm_jax.pallas_kernels import dispatch
+from vllm_jax.pallas_kernels.kv_layout import row_lanes
 from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
 
 MAX_MODEL_LEN, MAX_NUM_SEQS, Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS, NUM_PAGES = 131072, 256, 32, 8, 128, 2, 4096
 BACKEND = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}
+WRITE_KERNELS = {"tpu": (), "gpu": ("vllm_jax_write_kv_cache",)}  # pallas_tpu's write is an XLA scatter
 i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
 
 
@@ -37,9 +39,17 @@ def _target(name: str) -> targets.Target:
     return targets.get_target(name)
 
 
-def attention_args(num_tokens: int, num_seqs: int, block_size: int, dtype, kv_heads: int = KV_HEADS, kv_dtype=None):
+def cache_struct(block_size: int, dtype, kv_heads: int = KV_HEADS, platform: str = "tpu") -> jax.ShapeDtypeStruct:
+    """The cache of LAYERS x NUM_PAGES pages: pallas_tpu's lane-dense rows (kv_layout.py), pallas_gpu's heads."""
+    if platform == "tpu":
+        return jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, block_size, row_lanes(kv_heads, HEAD_DIM)), dtype)
+    return jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, block_size, 2 * kv_heads, HEAD_DIM), dtype)
+
+
+def attention_args(num_tokens: int, num_seqs: int, block_size: int, dtype, kv_heads: int = KV_HEADS, kv_dtype=None,
+                   platform: str = "tpu"):
     return (jax.ShapeDtypeStruct((num_tokens, Q_HEADS, HEAD_DIM), dtype),
-            jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, block_size, 2 * kv_heads, HEAD_DIM), kv_dtype or dtype),
+            cache_struct(block_size, kv_dtype or dtype, kv_heads, platform),
             i32((num_seqs, MAX_MODEL_LEN // block_size)), i32((num_seqs,)), i32((num_seqs + 1,)), i32((1,)), i32(()))
 
 
@@ -67,7 +77,8 @@ BUCKETS = [("decode256", 256, 256), ("prefill8192", 8192, 256)]
 def test_attention_compiles_with_the_kernel_in_it(target, dtype, block_size, bucket):
     t = _target(target)
     _, num_tokens, num_seqs = bucket
-    report = compile_for_target(attention(t.platform), attention_args(num_tokens, num_seqs, block_size, dtype), t)
+    report = compile_for_target(attention(t.platform), attention_args(num_tokens, num_seqs, block_size, dtype,
+                                                                     platform=t.platform), t)
     assert report.ok, report.error
     assert report.kernel_calls == 1 and report.kernel_names == ("vllm_jax_ragged_paged_attention",)
     assert report.kernel_flops > 0 and report.roofline_seconds > 0
@@ -80,13 +91,13 @@ def test_attention_compiles_with_the_kernel_in_it(target, dtype, block_size, buc
 @pytest.mark.parametrize("num_tokens", [256, 8192])
 def test_kv_write_compiles_with_the_kernel_and_updates_the_donated_cache_in_place(target, dtype, num_tokens):
     t = _target(target)
-    cache = jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, 16, 2 * KV_HEADS, HEAD_DIM), dtype)
+    cache = cache_struct(16, dtype, platform=t.platform)
     k = jax.ShapeDtypeStruct((num_tokens, KV_HEADS, HEAD_DIM), dtype)
     report = compile_for_target(kv_write(t.platform), (cache, k, k, i32((num_tokens,)), i32(())), t,
                                 donate_argnums=(0,))
     assert report.ok, report.error
-    assert report.kernel_names == ("vllm_jax_write_kv_cache",)
-    cache_bytes = LAYERS * NUM_PAGES * 16 * 2 * KV_HEADS * HEAD_DIM * jnp.dtype(dtype).itemsize
+    assert report.kernel_names == WRITE_KERNELS[t.platform]
+    cache_bytes = LAYERS * NUM_PAGES * 16 * 2 * KV_HEADS * HEAD_DIM * jnp.dtype(dtype).itemsize  # lane-dense: same
     assert report.memory["alias_size_in_bytes"] >= cache_bytes
 
 
@@ -97,7 +108,7 @@ def test_an_fp8_cache_compiles_with_both_kernels(target, bucket):
     fp8 arithmetic), and the quantizing KV write updating the donated cache in place."""
     t = _target(target)
     _, num_tokens, num_seqs = bucket
-    args = attention_args(num_tokens, num_seqs, 16, jnp.bfloat16, kv_dtype=jnp.float8_e4m3fn)
+    args = attention_args(num_tokens, num_seqs, 16, jnp.bfloat16, kv_dtype=jnp.float8_e4m3fn, platform=t.platform)
     report = compile_for_target(attention(t.platform), args, t)
     assert report.ok, report.error
     assert report.kernel_names == ("vllm_jax_ragged_paged_attention",)
@@ -105,14 +116,14 @@ def test_an_fp8_cache_compiles_with_both_kernels(target, bucket):
     report = compile_for_target(kv_write(t.platform), (args[1], k, k, i32((num_tokens,)), i32(())), t,
                                 donate_argnums=(0,))
     assert report.ok, report.error
-    assert report.kernel_names == ("vllm_jax_write_kv_cache",)
+    assert report.kernel_names == WRITE_KERNELS[t.platform]
     assert report.memory["alias_size_in_bytes"] >= LAYERS * NUM_PAGES * 16 * 2 * KV_HEADS * HEAD_DIM
 
 
 def test_an_fp8_cache_on_a_gpu_before_compute_capability_8_9_is_refused_naming_the_flags():
     """Triton converts float8_e4m3fn only from sm_89 on: A100 is refused while tracing (at warm-up)."""
     t = _target("a100")
-    args = attention_args(256, 256, 16, jnp.bfloat16, kv_dtype=jnp.float8_e4m3fn)
+    args = attention_args(256, 256, 16, jnp.bfloat16, kv_dtype=jnp.float8_e4m3fn, platform="gpu")
     report = compile_for_target(attention(t.platform), args, t)
     assert not report.ok and "ValueError: --kv-cache-dtype fp8 with pallas_gpu needs compute capability 8.9" \
         in report.error, report.error
@@ -135,7 +146,7 @@ def test_kernels_under_tensor_parallelism_compile_per_device(target, kv_heads, l
     t = _target(target)
     mesh = t.mesh()
     head = P(None, "model", None)
-    cache_spec = P(None, None, None, "model", None) if layout == "sharded" else P()
+    cache_spec = P(None, None, None, "model") if layout == "sharded" else P()  # lane-dense rows (kv_layout.py)
     args = attention_args(256, 256, 16, jnp.bfloat16, kv_heads=kv_heads)
     shardings = (head, cache_spec, P(), P(), P(), P(), P())
 
@@ -154,7 +165,8 @@ def test_kernels_under_tensor_parallelism_compile_per_device(target, kv_heads, l
     report = compile_for_target(write, (args[1], k, k, i32((256,)), i32(())), t,
                                 shardings=(cache_spec, kv_spec, kv_spec, P(), P()), donate_argnums=(0,))
     assert report.ok, report.error
-    assert report.kernel_calls == 1
+    assert report.kernel_calls == 0  # an XLA scatter into each device's lane-dense cache (kv_write.py)
+    assert report.memory["alias_size_in_bytes"] > 0
 
 
 def test_the_compile_enforces_the_chips_limits():
@@ -178,5 +190,5 @@ def test_the_compile_enforces_the_chips_limits():
         from vllm_jax.pallas_kernels import gpu_attention
         return gpu_attention.ragged_paged_attention_gpu(q, cache, tables, lens, qsl, num_seqs, sm_scale=0.088,
                                                         layer_index=layer, chip=roomy)
-    report = compile_for_target(whole_pages, attention_args(8192, 256, 128, jnp.float32), g)
+    report = compile_for_target(whole_pages, attention_args(8192, 256, 128, jnp.float32, platform="gpu"), g)
     assert not report.ok and "Shared memory size limit exceeded" in report.error

@@ -19,6 +19,7 @@ from vllm_jax.aot import targets
 from vllm_jax.model.decoder import DecoderLM, forward
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.pallas_kernels.kv_layout import row_lanes
 from vllm_jax.sharding import kv_cache_partition_spec, param_partition_spec
 
 NUM_BLOCKS, BLOCK_SIZE, HEAD_DIM, TOKENS, SEQS = 512, 16, 128, 256, 256
@@ -36,8 +37,8 @@ def _abstract_step(mesh, spec, tp: int):
         sharding = NamedSharding(mesh, param_partition_spec(names, leaf.shape, spec, tp))
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
-    kv = jax.ShapeDtypeStruct((spec.num_layers, NUM_BLOCKS, BLOCK_SIZE, 2 * spec.num_kv_heads, HEAD_DIM),
-                              jnp.bfloat16, sharding=NamedSharding(mesh, kv_cache_partition_spec(spec, tp)))
+    kv = jax.ShapeDtypeStruct((spec.num_layers, NUM_BLOCKS, BLOCK_SIZE, row_lanes(spec.num_kv_heads, HEAD_DIM)),
+                              jnp.bfloat16, sharding=NamedSharding(mesh, kv_cache_partition_spec(spec, tp, True)))
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32, sharding=NamedSharding(mesh, P()))
     inputs = StepInputs(input_ids=i32((TOKENS,)), positions=i32((TOKENS,)), slot_mapping=i32((TOKENS,)),
                         block_tables=i32((SEQS, TABLE_WIDTH)), seq_lens=i32((SEQS,)),
@@ -61,7 +62,8 @@ def test_the_tp_forward_compiles_with_the_kernels_and_the_cache_in_place(name, t
     with jax.set_mesh(mesh):
         compiled = jax.jit(functools.partial(forward, graphdef), donate_argnums=(1,)).lower(
             state, kv, inputs).compile()
-    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 2  # attention and KV write
+    # attention (the KV write into the lane-dense cache is an XLA scatter: pallas_kernels/kv_write.py)
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     per_device_heads = kv_heads // tp if kv_heads % tp == 0 else kv_heads  # replicated below tp
-    cache_bytes = spec.num_layers * NUM_BLOCKS * BLOCK_SIZE * 2 * per_device_heads * HEAD_DIM * 2
+    cache_bytes = spec.num_layers * NUM_BLOCKS * BLOCK_SIZE * row_lanes(per_device_heads, HEAD_DIM) * 2
     assert compiled.memory_analysis().alias_size_in_bytes == cache_bytes

@@ -21,6 +21,7 @@ from tests.helpers import attention_oracle as oracle
 from tests.helpers.ragged_batches import long_batch, make_batch
 from vllm_jax.aot.targets import CHIPS, gpu_target_config, spec_for_device_kind
 from vllm_jax.pallas_kernels import gpu_attention, tpu_attention, tpu_plan
+from vllm_jax.pallas_kernels.kv_layout import from_interleaved
 
 LLAMA3_8B = dict(group=4, num_kv_heads=8)
 
@@ -40,7 +41,7 @@ def test_tpu_kernel_reads_wide_block_tables_through_smem_windows(window):
     want = oracle.attention(*batch, **kwargs)
     run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=True, tq=16, pages_per_block=8,
                             **kwargs)
-    got = np.asarray(jax.jit(run)(*batch))
+    got = np.asarray(jax.jit(run)(batch[0], from_interleaved(batch[1]), *batch[2:]))
     np.testing.assert_allclose(got[:total], want, atol=2e-5, rtol=2e-5)
 
 
@@ -49,8 +50,8 @@ def test_tpu_kernel_wide_table_under_the_tpu_interpreter():
     batch, kwargs, total = _long_batch(2, jnp.bfloat16, 300)
     want = oracle.attention(*batch, **kwargs)
     run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=tpu_attention.interpret_params(),
-                            head_loads="indexed", tq=16, pages_per_block=16, **kwargs)
-    got = np.asarray(jax.jit(run)(*batch), np.float32)
+                            tq=16, pages_per_block=16, **kwargs)
+    got = np.asarray(jax.jit(run)(batch[0], from_interleaved(batch[1]), *batch[2:]), np.float32)
     np.testing.assert_allclose(got[:total], want, atol=3e-2, rtol=3e-2)
 
 
@@ -127,7 +128,7 @@ def test_gpu_plan_refuses_an_fp8_cache_before_compute_capability_8_9():
 
 def test_cost_estimates_count_the_bucket_at_full_occupancy():
     q = jax.ShapeDtypeStruct((256, 32, 128), jnp.bfloat16)
-    cache = jax.ShapeDtypeStruct((2, 4096, 16, 16, 128), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((2, 4096, 16, 8 * 256), jnp.bfloat16)  # lane-dense (kv_layout.py)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     fn = functools.partial(tpu_attention.ragged_paged_attention_tpu, sm_scale=0.1, layer_index=1)
     jaxpr = jax.make_jaxpr(fn)(q, cache, i32((256, 8192)), i32((256,)), i32((257,)), i32((1,)))

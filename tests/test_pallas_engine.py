@@ -1,7 +1,8 @@
 """The whole engine through each Pallas kernel (interpret mode on CPU) gives the XLA backend's greedy tokens.
 
 The tiny Mistral has a sliding window (7) on every layer, so the traced per-layer window, chunked prefill
-(32-token steps), decode rows, the layer-stacked KV write and padding rows all go through the kernels.
+(32-token steps), decode rows, the layer-stacked KV write and padding rows all go through the kernels. Its
+head_dim is 64 (2 KV heads), so pallas_tpu runs its lane-dense cache's pair-window path (kv_layout.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_mistral")
-    make_tiny_checkpoint("mistral", path, seed=3)
+    make_tiny_checkpoint("mistral", path, seed=3, head_dim=64)
     return str(path)
 
 

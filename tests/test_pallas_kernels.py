@@ -3,9 +3,10 @@ kernels in interpret mode on CPU.
 
 Each attention case is a randomized ragged batch (decode-only, prefill-only or mixed, with query chunks that
 start and end inside pages, padding tokens and padding sequence slots) over a paged cache with shuffled pages.
-The TPU kernel runs under pltpu.InterpretParams (DMAs happen only at their wait and fresh VMEM is NaN, so a
-missing wait, a wrong double-buffer slot or a read of an unfetched row changes the answer) with the indexed
-head loads, and under the generic interpreter with the Mosaic-path strided/bitcast loads. Small tiles and page
+The TPU kernel reads the lane-dense form of the same cache (pallas_kernels/kv_layout.py) and runs under
+pltpu.InterpretParams (DMAs happen only at their wait and fresh VMEM is NaN, so a missing wait, a wrong
+double-buffer slot or a read of an unfetched row changes the answer) and under the generic interpreter (the
+engine's interpret mode); head_dim 64 and 96 take the pair-window path, 128 the split K / V halves. Small tiles and page
 blocks are forced in some cases so that tiles split sequences and the prefetch crosses page blocks and
 sequences. The GPU kernel runs in the generic interpreter, with several flash-decoding split counts.
 Lowering tests check that the kernels lower to Mosaic / Triton IR (the compile itself needs the chip).
@@ -24,6 +25,7 @@ import pytest
 from tests.helpers import attention_oracle as oracle
 from tests.helpers.ragged_batches import make_batch
 from vllm_jax.pallas_kernels import dispatch, gpu_attention, kv_write, tpu_attention, tpu_plan, xla_attention
+from vllm_jax.pallas_kernels.kv_layout import from_interleaved, pair_lanes, to_interleaved
 
 # (id, batch kind, GQA group, head_dim, dtype, sliding window, soft cap, stacked layers, block size)
 CASES = [
@@ -34,6 +36,31 @@ CASES = [
     ("mixed_g3_d64_bf16_window", "mixed", 3, 64, jnp.bfloat16, 6, None, False, 16),
     ("decode_g4_d128_bf16_layers", "decode", 4, 128, jnp.bfloat16, None, None, True, 8),
 ]
+# head_dim not a multiple of 128 (pallas_tpu's lane-dense cache pads a (K | V) pair to 256 lanes: kv_layout.py)
+CASES_96 = [
+    ("mixed_g2_d96_f32_window_softcap_layers", "mixed", 2, 96, jnp.float32, 7, 10.0, True, 16),
+    ("decode_g4_d96_bf16", "decode", 4, 96, jnp.bfloat16, None, None, False, 16),
+]
+
+
+def _tpu(**kwargs):
+    """The TPU kernel over the lane-dense form of a test batch's interleaved cache (kv_layout.from_interleaved)."""
+    def run(q, kv_cache, *rest, **call_kwargs):
+        return tpu_attention.ragged_paged_attention_tpu(q, from_interleaved(kv_cache), *rest, **kwargs,
+                                                        **call_kwargs)
+    return run
+
+
+def _tpu_write(**kwargs):
+    """The TPU KV write into the lane-dense form of an interleaved cache, read back interleaved; the padding lanes
+    of every pair window (head_dim 96: 64 of 256) must stay zero."""
+    def write(kv_cache, k, v, slots, **call_kwargs):
+        head_dim = kv_cache.shape[-1]
+        rows = kv_write.write_kv_cache_tpu(from_interleaved(kv_cache), k, v, slots, **kwargs, **call_kwargs)
+        pairs = np.asarray(rows, np.float32).reshape(*rows.shape[:-1], -1, pair_lanes(head_dim))
+        assert not pairs[..., 2 * head_dim:].any()
+        return to_interleaved(rows, head_dim)
+    return write
 
 
 def _check(case, run, seed: int) -> None:
@@ -99,19 +126,18 @@ def test_oracle_kv_write_on_a_hand_computed_case():
 
 # ---- the backends against the oracle --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES + CASES_96, ids=[c[0] for c in CASES + CASES_96])
 def test_tpu_kernel_under_tpu_interpreter_matches_the_oracle(case):
-    small = CASES.index(case) % 2 == 0  # force 16-token tiles and 2-page blocks in every other case
-    run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=tpu_attention.interpret_params(),
-                            head_loads="indexed", tq=16 if small else None, pages_per_block=2 if small else None)
-    _check(case, run, seed=CASES.index(case))
+    small = (CASES + CASES_96).index(case) % 2 == 0  # force 16-token tiles and 2-page blocks in every other case
+    run = _tpu(interpret=tpu_attention.interpret_params(), tq=16 if small else None,
+               pages_per_block=2 if small else None)
+    _check(case, run, seed=(CASES + CASES_96).index(case))
 
 
-@pytest.mark.parametrize("case", CASES[2:5], ids=[c[0] for c in CASES[2:5]])
-def test_tpu_kernel_mosaic_strided_kv_loads_match_the_oracle(case):
-    run = functools.partial(tpu_attention.ragged_paged_attention_tpu, interpret=True, head_loads="strided",
-                            tq=16, pages_per_block=2)
-    _check(case, run, seed=10 + CASES.index(case))
+@pytest.mark.parametrize("case", [CASES[2], CASES_96[0]], ids=[CASES[2][0], CASES_96[0][0]])
+def test_tpu_kernel_under_the_generic_interpreter_matches_the_oracle(case):
+    """The path the engine's interpret mode takes (inside the jitted, scanned model step)."""
+    _check(case, _tpu(interpret=True, tq=16, pages_per_block=2), seed=10 + CASES.index(case) if case in CASES else 13)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -141,15 +167,19 @@ def test_dispatch_runs_the_named_kernel_in_interpret_mode_on_cpu(backend, monkey
     name = "ragged_paged_attention_tpu" if backend == "pallas_tpu" else "ragged_paged_attention_gpu"
     real = getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a, **k: called.append(k["interpret"]) or real(*a, **k))
-    _check(CASES[3], functools.partial(dispatch.ragged_paged_attention, backend=backend), seed=30)
+    lane_dense = from_interleaved if backend == "pallas_tpu" else (lambda c: c)  # pallas_tpu's cache layout
+
+    def run(q, kv_cache, *rest, **kwargs):
+        return dispatch.ragged_paged_attention(q, lane_dense(kv_cache), *rest, backend=backend, **kwargs)
+    _check(CASES[3], run, seed=30)
     assert called == [True]
 
 
 @pytest.mark.parametrize("layered", [False, True], ids=["one_layer", "layer_stack"])
-@pytest.mark.parametrize("write", ["xla", "tpu_interpreter", "tpu_generic", "gpu"])
+@pytest.mark.parametrize("write", ["xla", "tpu_interpreter", "tpu_generic", "tpu_generic_d96", "gpu"])
 def test_kv_write_equals_the_oracle(write, layered):
     rng = np.random.default_rng(40)
-    num_kv_heads, head_dim, block_size, num_tokens = 3, 64, 8, 21
+    num_kv_heads, head_dim, block_size, num_tokens = 3, 96 if write.endswith("d96") else 64, 8, 21
     shape = ((2,) if layered else ()) + (12, block_size, 2 * num_kv_heads, head_dim)
     cache = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
     real = rng.choice(np.arange(block_size, 12 * block_size), num_tokens - 4, replace=False)
@@ -157,9 +187,8 @@ def test_kv_write_equals_the_oracle(write, layered):
     k, v = (jnp.asarray(rng.standard_normal((num_tokens, num_kv_heads, head_dim)), jnp.float32) for _ in "kv")
     layer = jnp.int32(1) if layered else None
     fn = {"xla": functools.partial(dispatch.write_kv_cache, backend="xla"),
-          "tpu_interpreter": functools.partial(kv_write.write_kv_cache_tpu,
-                                               interpret=tpu_attention.interpret_params()),
-          "tpu_generic": functools.partial(kv_write.write_kv_cache_tpu, interpret=True),
+          "tpu_interpreter": _tpu_write(interpret=tpu_attention.interpret_params()),
+          "tpu_generic": _tpu_write(interpret=True), "tpu_generic_d96": _tpu_write(interpret=True),
           "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write]
     got = fn(cache, k, v, slots, layer_index=layer)
     want = oracle.write_kv(cache, k, v, slots, layer_index=layer)
@@ -169,8 +198,8 @@ def test_kv_write_equals_the_oracle(write, layered):
 
 
 def test_kv_write_kernels_alias_the_cache_so_a_donated_cache_is_updated_in_place():
-    for fn in (kv_write.write_kv_cache_tpu, kv_write.write_kv_cache_gpu):
-        cache = jax.ShapeDtypeStruct((2, 8, 8, 4, 64), jnp.bfloat16)
+    for fn, shape in ((kv_write.write_kv_cache_gpu, (2, 8, 8, 4, 64)),):  # TPU: an XLA scatter (kv_write.py)
+        cache = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
         k = jax.ShapeDtypeStruct((16, 2, 64), jnp.bfloat16)
         jaxpr = jax.make_jaxpr(functools.partial(fn, layer_index=1))(cache, k, k, jnp.zeros(16, jnp.int32))
         (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
@@ -188,17 +217,20 @@ def _lower(fn, platform: str, *args, static: dict, **traced) -> str:
 def test_kernels_lower_to_mosaic_and_triton_for_llama3_8b_heads(dtype):
     q = jax.ShapeDtypeStruct((64, 32, 128), dtype)
     cache = jax.ShapeDtypeStruct((2, 32, 16, 16, 128), dtype)
+    tpu_cache = jax.ShapeDtypeStruct((2, 32, 16, 8 * 256), dtype)  # lane-dense (kv_layout.py)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    args = (q, cache, i32((8, 16)), i32((8,)), i32((9,)), i32((1,)))
+    rest = (i32((8, 16)), i32((8,)), i32((9,)), i32((1,)))
     static = dict(sm_scale=0.1, soft_cap=30.0)
-    for fn, platform, marker in ((tpu_attention.ragged_paged_attention_tpu, "tpu", "tpu_custom_call"),
-                                 (gpu_attention.ragged_paged_attention_gpu, "cuda", "triton")):
-        text = _lower(fn, platform, *args, static=static, sliding_window=i32(()), layer_index=i32(()))
+    for fn, platform, marker, c in ((tpu_attention.ragged_paged_attention_tpu, "tpu", "tpu_custom_call", tpu_cache),
+                                    (gpu_attention.ragged_paged_attention_gpu, "cuda", "triton", cache)):
+        text = _lower(fn, platform, q, c, *rest, static=static, sliding_window=i32(()), layer_index=i32(()))
         assert marker in text
     k = jax.ShapeDtypeStruct((64, 8, 128), dtype)
-    for fn, platform, marker in ((kv_write.write_kv_cache_tpu, "tpu", "tpu_custom_call"),
-                                 (kv_write.write_kv_cache_gpu, "cuda", "triton")):
-        assert marker in _lower(fn, platform, cache, k, k, i32((64,)), static={}, layer_index=i32(()))
+    assert "triton" in _lower(kv_write.write_kv_cache_gpu, "cuda", cache, k, k, i32((64,)), static={},
+                              layer_index=i32(()))
+    # pallas_tpu writes its lane-dense cache with an XLA scatter (a Mosaic DMA cannot start inside a tile)
+    text = _lower(kv_write.write_kv_cache_tpu, "tpu", tpu_cache, k, k, i32((64,)), static={}, layer_index=i32(()))
+    assert "scatter" in text and "tpu_custom_call" not in text
 
 
 def test_tpu_block_sizes_follow_the_shapes_not_a_chip_table():
@@ -211,10 +243,6 @@ def test_tpu_block_sizes_follow_the_shapes_not_a_chip_table():
     tq, pages = tpu_plan.tpu_block_sizes(num_tokens=5, group=1, num_kv_heads=1, head_dim=64, block_size=8,
                                               kv_dtype=jnp.float32, max_blocks_per_seq=3)
     assert (tq, pages) == (16, 3)  # never past the padded batch or the table width
-    assert tpu_attention.default_head_loads(8, jnp.bfloat16) == "strided"
-    assert tpu_attention.default_head_loads(2, jnp.bfloat16) == "indexed"
-    assert tpu_attention.default_head_loads(16, jnp.float8_e4m3fn) == "indexed"  # no strided path for fp8 yet
-    assert tpu_attention.default_head_loads(8, jnp.bfloat16, 256) == "indexed"  # Mosaic: strided needs 128 lanes
 
 
 def test_gpu_splits_kv_for_small_decode_batches_only():
@@ -257,10 +285,8 @@ def test_oracle_sinks_on_the_hand_computed_batch():
 SINK_CASES = [CASES[3], CASES[2]]  # f32 GQA 8 with window, cap and layers; bf16 GQA 4 with cap and layers
 SINK_RUNS = {
     "xla": functools.partial(xla_attention.ragged_paged_attention, query_tile=4),
-    "tpu_interpreter": functools.partial(tpu_attention.ragged_paged_attention_tpu, head_loads="indexed",
-                                         interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
-    "tpu_strided": functools.partial(tpu_attention.ragged_paged_attention_tpu, head_loads="strided", interpret=True,
-                                     tq=16, pages_per_block=2),
+    "tpu_interpreter": _tpu(interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
+    "tpu_generic": _tpu(interpret=True, tq=16, pages_per_block=2),
     "gpu": functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=3),
     "dispatch_gpu": functools.partial(dispatch.ragged_paged_attention, backend="pallas_gpu"),
 }
@@ -293,11 +319,12 @@ def test_attention_sinks_every_backend_matches_the_oracle(backend, case):
 def test_kernels_with_sinks_lower_to_mosaic_and_triton():
     q = jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16)
     cache = jax.ShapeDtypeStruct((2, 32, 16, 16, 128), jnp.bfloat16)
+    tpu_cache = jax.ShapeDtypeStruct((2, 32, 16, 8 * 256), jnp.bfloat16)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    args = (q, cache, i32((8, 16)), i32((8,)), i32((9,)), i32((1,)))
-    for fn, platform, marker in ((tpu_attention.ragged_paged_attention_tpu, "tpu", "tpu_custom_call"),
-                                 (gpu_attention.ragged_paged_attention_gpu, "cuda", "triton")):
-        text = _lower(fn, platform, *args, static=dict(sm_scale=0.1), sliding_window=i32(()), layer_index=i32(()),
+    rest = (i32((8, 16)), i32((8,)), i32((9,)), i32((1,)))
+    for fn, platform, marker, c in ((tpu_attention.ragged_paged_attention_tpu, "tpu", "tpu_custom_call", tpu_cache),
+                                    (gpu_attention.ragged_paged_attention_gpu, "cuda", "triton", cache)):
+        text = _lower(fn, platform, q, c, *rest, static=dict(sm_scale=0.1), sliding_window=i32(()), layer_index=i32(()),
                       sinks=jax.ShapeDtypeStruct((32,), jnp.float32))
         assert marker in text
 
@@ -361,7 +388,7 @@ def _fp8_xla(case_index: int) -> tuple[list, dict, int, np.ndarray]:
 def test_fp8_cache_every_backend_equals_the_xla_backend(backend, case):
     """Each backend reads the same fp8 cache as the xla backend does; the xla backend itself equals the oracle on
     the dequantized cache (fp8 values times their scale, in float64). The TPU kernel runs under InterpretParams
-    with the indexed head loads, the ones an fp8 cache uses (tpu_attention.default_head_loads)."""
+    over the lane-dense form of the cache."""
     batch, kwargs, total, want = _fp8_xla(FP8_CASES.index(case))
     tol = 2e-5 if case[4] == jnp.float32 else 3e-2
     if backend == "xla":
@@ -369,8 +396,7 @@ def test_fp8_cache_every_backend_equals_the_xla_backend(backend, case):
         np.testing.assert_allclose(want[:total], oracle.attention(batch[0], _dequantized(batch[1]), *batch[2:],
                                                                   **oracle_kwargs), atol=tol, rtol=tol)
         return
-    run = {"tpu_interpreter": functools.partial(tpu_attention.ragged_paged_attention_tpu, head_loads="indexed",
-                                                interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
+    run = {"tpu_interpreter": _tpu(interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
            "gpu": functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=3)}[backend]
     got = np.asarray(jax.jit(functools.partial(run, **kwargs))(*batch), np.float32)
     assert np.isfinite(got).all()
@@ -418,9 +444,8 @@ def test_fp8_kv_write_stores_the_e4m3_rounding_of_k_over_its_scale(write):
     k, v = (rng.standard_normal((num_tokens, num_kv_heads, head_dim)).astype(np.float32) * 3 for _ in "kv")
     k[0, 0, :4] = [1000.0, -1000.0, 3 * 2.0 ** -10, -3e-3]  # saturate to +-448 * K_SCALE; subnormals
     fn = {"xla": functools.partial(dispatch.write_kv_cache, backend="xla"),
-          "tpu_interpreter": functools.partial(kv_write.write_kv_cache_tpu,
-                                               interpret=tpu_attention.interpret_params()),
-          "tpu_generic": functools.partial(kv_write.write_kv_cache_tpu, interpret=True),
+          "tpu_interpreter": _tpu_write(interpret=tpu_attention.interpret_params()),
+          "tpu_generic": _tpu_write(interpret=True),
           "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write]
     got = fn(cache, jnp.asarray(k), jnp.asarray(v), slots, layer_index=1, k_scale=K_SCALE, v_scale=V_SCALE)
     assert got.dtype == FP8
@@ -432,3 +457,18 @@ def test_fp8_kv_write_stores_the_e4m3_rounding_of_k_over_its_scale(write):
     np.testing.assert_array_equal(np.asarray(got, np.float32), want)
     read_back = np.asarray(got, np.float32)[1, slots[0] // block_size, slots[0] % block_size, 0] * K_SCALE
     assert read_back[:4].tolist() == [448 * K_SCALE, -448 * K_SCALE, 3 * 2.0 ** -10, -3 * 2.0 ** -10]
+
+
+def test_tpu_kernel_head_dim_96_with_an_fp8_cache_and_sinks_matches_the_oracle():
+    """Phi-3's head_dim (a 256-lane pair window holding 192 lanes of K | V) with everything at once: an fp8 cache
+    with both scales, attention sinks, a window and a soft cap, stacked layers, GQA 2, against the oracle on the
+    dequantized cache."""
+    case = CASES_96[0]
+    batch, kwargs, total, _ = _fp8_batch(case, seed=70)
+    sinks = jnp.asarray(np.random.default_rng(71).normal(0.0, 2.0, batch[0].shape[1]), jnp.float32)
+    run = _tpu(interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2)
+    got = np.asarray(jax.jit(functools.partial(run, **kwargs, k_scale=K_SCALE, v_scale=V_SCALE))(*batch, sinks=sinks),
+                     np.float32)
+    want = oracle.attention(batch[0], _dequantized(batch[1]), *batch[2:], **kwargs, sinks=sinks)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got[:total], want, atol=2e-5, rtol=2e-5)

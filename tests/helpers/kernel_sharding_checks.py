@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tests.helpers import attention_oracle as oracle  # noqa: E402
 from tests.helpers.ragged_batches import make_batch  # noqa: E402
+from vllm_jax.pallas_kernels.kv_layout import from_interleaved, to_interleaved  # noqa: E402
 from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_mla_attention,  # noqa: E402
                                                sharded_ragged_paged_attention, sharded_write_kv_cache)
 from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
@@ -46,7 +47,9 @@ def attention(backend: str, case, tp: int) -> tuple[np.ndarray, int, str]:
     sinks = _sinks(case, q.shape[1])
     mesh = make_mesh(tensor_parallel_size=tp)
     layout = kv_head_layout(num_kv_heads, tp, q.shape[1])
-    cache_spec = P(None, None, None, "model", None) if layout == "sharded" and tp > 1 else P()
+    cache_spec = _cache_spec(backend) if layout == "sharded" and tp > 1 else P()
+    if backend == "pallas_tpu":  # its lane-dense cache (pallas_kernels/kv_layout.py)
+        cache = from_interleaved(cache)
     q = _place(mesh, q, P(None, "model", None))
     cache = _place(mesh, cache, cache_spec)
     fn = jax.jit(functools.partial(sharded_ragged_paged_attention, mesh, sm_scale=head_dim ** -0.5, soft_cap=None,
@@ -54,6 +57,11 @@ def attention(backend: str, case, tp: int) -> tuple[np.ndarray, int, str]:
     out = fn(q, cache, tables, lens, qsl, n, sliding_window=None if window is None else jnp.int32(window),
              layer_index=jnp.int32(1), sinks=None if sinks is None else _place(mesh, sinks, P("model")))
     return np.asarray(out, np.float32)[:total], total, layout
+
+
+def _cache_spec(backend: str) -> P:
+    """The sharded cache's spec: pallas_tpu's lane-dense rows split on their last axis, else the head axis."""
+    return P(None, None, None, "model") if backend == "pallas_tpu" else P(None, None, None, "model", None)
 
 
 def _sinks(case, num_q_heads: int):
@@ -67,12 +75,17 @@ def kv_write(backend: str, num_kv_heads: int, tp: int) -> np.ndarray:
     cache, k, v, slots = _write_inputs(num_kv_heads)
     mesh = make_mesh(tensor_parallel_size=tp)
     sharded = kv_head_layout(num_kv_heads, tp) == "sharded" and tp > 1
-    cache = _place(mesh, cache, P(None, None, None, "model", None) if sharded else P())
+    if backend == "pallas_tpu":
+        cache = from_interleaved(cache)
+    cache = _place(mesh, cache, _cache_spec(backend) if sharded else P())
     k, v = (_place(mesh, x, P(None, "model", None) if sharded else P()) for x in (k, v))
     fn = jax.jit(functools.partial(sharded_write_kv_cache, mesh, backend=backend, **BACKENDS[backend]),
                  donate_argnums=0)
     got = fn(cache, k, v, slots, layer_index=jnp.int32(1))
-    return np.asarray(got, np.float32), got.sharding.spec
+    spec = got.sharding.spec
+    if backend == "pallas_tpu":
+        got = to_interleaved(got, k.shape[-1])
+    return np.asarray(got, np.float32), spec
 
 
 def _write_inputs(num_kv_heads: int):

@@ -1,9 +1,10 @@
 """What must hold of a target's compiled programs; each miss is one line of `TargetResult.failures`.
 
 - Every program compiled (a Mosaic / XLA:GPU error, or a kernel plan's refusal, is a failure with its message).
-- With a Pallas backend, every forward contains both kernels (attention and the KV write) as Mosaic / Triton
-  custom calls: `auto` silently compiling the XLA attention for a TPU must not pass. An MLA model's forward must
-  contain the MLA kernel (its latent row is written by an XLA scatter on every backend).
+- With a Pallas backend, every forward contains its kernels as Mosaic / Triton custom calls (pallas_gpu: attention
+  and the KV write; pallas_tpu: attention, its KV write being an XLA scatter into the lane-dense cache,
+  pallas_kernels/kv_write.py): `auto` silently compiling the XLA attention for a TPU must not pass. An MLA model's
+  forward must contain the MLA kernel (its latent row is written by an XLA scatter on every backend).
 - Memory truth: every forward aliases exactly the KV cache's bytes (the donated cache is updated in place, per
   device under tensor parallelism), and a decode program's temporaries stay far below the cache (a copy of the
   cache would need at least its size).
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vllm_jax.aot.engine_programs import TargetResult
 
-KERNELS = ("vllm_jax_ragged_paged_attention", "vllm_jax_write_kv_cache")
+KERNELS = {"pallas_gpu": ("vllm_jax_ragged_paged_attention", "vllm_jax_write_kv_cache"),
+           "pallas_tpu": ("vllm_jax_ragged_paged_attention",)}
 MLA_KERNELS = ("vllm_jax_mla_attention",)
 DECODE_TEMP_SHARE = 0.1  # a decode program's temporaries must stay under this share of the cache
 MiB = 1 << 20
@@ -35,7 +37,8 @@ def check(result: TargetResult) -> TargetResult:
         if program.kind != "forward":
             continue
         if result.attention_backend != "xla":
-            missing = [k for k in (MLA_KERNELS if result.mla else KERNELS) if k not in report.kernel_names]
+            expected = MLA_KERNELS if result.mla else KERNELS.get(result.attention_backend, KERNELS["pallas_gpu"])
+            missing = [k for k in expected if k not in report.kernel_names]
             if missing:
                 failures.append(f"{program.label}: {', '.join(missing)} not in the compiled program "
                                 f"(a fallback to XLA ops)")

@@ -106,7 +106,7 @@ def format_target(result: TargetResult) -> str:
         lines.append("note: XLA's cost analysis counts the layer loop's body once, so GFLOP / GB / roofline cover "
                      "one layer plus the rest; --no-scan-layers compiles the layers unrolled for whole-step figures")
     kernels = "" if result.attention_backend == "xla" else (
-        ", the MLA kernel in every forward" if result.mla else ", both kernels in every forward")
+        ", the MLA kernel in every forward" if result.mla else ", its kernels in every forward")
     lines += [f"FAILED: {f}" for f in result.failures] or ["ok: every program compiled" + kernels
                                                             + ", the KV cache aliased in place"]
     return "\n".join(lines)

@@ -71,7 +71,8 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
 
     Beyond the one-layer signature (docs/architecture.md, "KV cache layout"): with `layer_index`, `kv_cache_layer`
     may be the whole [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the
-    donated cache.
+    donated cache. pallas_tpu's cache is lane-dense ([.., block_size, num_kv_heads * P], kv_layout.py), the
+    other backends' [.., block_size, 2 * num_kv_heads, head_dim] (kv_layout.uses_lane_dense).
     `interpret`: force Pallas interpret mode (True, or a pltpu.InterpretParams for pallas_tpu).
     `platform`: the target chip's platform when it is not jax's backend (ahead-of-time compilation).
     `kv_head_offset` (Pallas backends, for sharding/kernel_sharding.py): all of q's heads attend that one KV
@@ -98,8 +99,7 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
     if kv_head_offset is not None:
         kwargs["kv_head_offset"] = kv_head_offset
     if backend == "pallas_tpu":
-        return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode,
-                                                        head_loads=_tpu_head_loads(kv_cache_layer, mode))
+        return tpu_attention.ragged_paged_attention_tpu(*args, **kwargs, interpret=mode)
     return gpu_attention.ragged_paged_attention_gpu(*args, **kwargs, interpret=mode)
 
 
@@ -130,7 +130,8 @@ def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping
                    layer_index: jax.Array | int | None = None, backend: str = "auto",
                    interpret=False, platform: str | None = None, k_scale: float = 1.0,
                    v_scale: float = 1.0) -> jax.Array:
-    """Write this step's K/V at `slot_mapping` (K/V interleaved on the head axis); the cache is updated in place
+    """Write this step's K/V at `slot_mapping` (K/V interleaved on the head axis, or pallas_tpu's lane-dense rows:
+    kv_layout.py); the cache is updated in place
     when donated. `platform` as for ragged_paged_attention. The cache receives K / k_scale and V / v_scale in its
     dtype, saturated for fp8 (kv_quant.quantize)."""
     backend = resolve_backend(backend, platform)
@@ -142,9 +143,3 @@ def write_kv_cache(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping
     write = kv_write.write_kv_cache_tpu if backend == "pallas_tpu" else kv_write.write_kv_cache_gpu
     return write(kv_cache, k, v, slot_mapping, layer_index=layer_index, interpret=mode, **scales)
 
-
-def _tpu_head_loads(kv_cache: jax.Array, interpret) -> str:
-    """InterpretParams cannot reshape/bitcast refs, so it gets the indexed loads; otherwise the shape rule."""
-    if interpret not in (False, True):
-        return "indexed"
-    return tpu_attention.default_head_loads(kv_cache.shape[-2] // 2, kv_cache.dtype, kv_cache.shape[-1])

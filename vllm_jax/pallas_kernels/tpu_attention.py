@@ -24,13 +24,13 @@ fit is refused with a ValueError naming the flag to change. Each call carries a 
 GQA: queries are regrouped outside the kernel to [num_kv_heads, tokens * group, head_dim] (row = t * group + g),
 so one KV head's query rows are a single 2-D [tq * group, head_dim] operand for the MXU.
 
-K/V are interleaved on the head axis of a page ([block_size, 2 * num_kv_heads, head_dim]). Two ways to read one
-head's rows out of the VMEM page buffer (`head_loads`):
-* "strided": view the buffer as [rows * 2H, head_dim] and use a sublane-strided load (32-bit), or, for
-  bfloat16, view it as uint32 so that K (row 2h) and V (row 2h+1) share one word and split the halves.
-  The Mosaic path; needs 2H to be a multiple of the sublane tiling. Ref reshape/bitcast are not supported by
-  the TPU interpret mode (InterpretParams), so this path is tested with `interpret=True`.
-* "indexed": `buf[:, c, :]`. Used when the tiling condition fails and under InterpretParams.
+The cache is lane-dense (kv_layout.py): a page is [block_size, num_kv_heads * P] and KV head c owns the
+128-aligned lanes [c * P, (c + 1) * P), K first, then V (P = kv_layout.pair_lanes(head_dim)). The page buffer keeps
+the page axis ([2, pages, block_size, lanes]) so each DMA lands on whole sublane tiles, whatever the dtype. A
+head's window is an aligned lane slice: for head_dim a multiple of 128 K and V are its two halves; otherwise q is
+placed in the K lanes of a zero row of P lanes (outside the kernel), so q . window = q . k and p @ window carries
+p @ v in the V lanes, sliced out after the call (2x the MXU work of the exact product for head_dim 64, on a
+memory-bound kernel; docs/architecture.md, "KV cache layout").
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from vllm_jax.pallas_kernels.costs import attention_cost
+from vllm_jax.pallas_kernels.kv_layout import cache_kv_heads as kv_cache_heads_of, pair_lanes
 from vllm_jax.pallas_kernels.kv_quant import is_fp8
 from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up, sublane_packing, table_window, tpu_plan
 
@@ -51,47 +52,34 @@ _ANY = getattr(pl, "ANY", None) or getattr(pltpu, "ANY", None) or pltpu.TPUMemor
 _CompilerParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
 
 
-def default_head_loads(num_kv_heads: int, kv_dtype, head_dim: int = LANES) -> str:
-    """"strided" where Mosaic can flatten the page buffer for free, else "indexed". Not above one lane tile of
-    head_dim: at 256 (Gemma 2) Mosaic refuses the strided view ("The last dim size is not 128 in original base
-    memref", seen by `vllm-jax compile-check` for v6e) while the indexed loads compile."""
-    dt = jnp.dtype(kv_dtype)
-    if dt not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)) or head_dim > LANES:
-        return "indexed"
-    return "strided" if (2 * num_kv_heads) % (8 * sublane_packing(dt)) == 0 else "indexed"
-
-
 def _div(x: jax.Array, d: int) -> jax.Array:
     """Truncating division of non-negative int32 values (Mosaic lowers `//` through sign ops)."""
     return jax.lax.div(x, jnp.full_like(x, d))
 
 
-def _load_kv_head(buf, h: int, mode: str) -> tuple[jax.Array, jax.Array]:
-    """K and V rows ([rows, head_dim]) of KV head h from a VMEM page buffer [rows, 2H, head_dim]."""
-    if mode == "indexed":
-        return buf[:, 2 * h, :], buf[:, 2 * h + 1, :]
-    rows, combined, head_dim = buf.shape
-    flat = buf.reshape(rows * combined, head_dim)
-    if buf.dtype == jnp.float32:
-        return flat[2 * h::combined, :], flat[2 * h + 1::combined, :]
-    # bfloat16 packs rows 2i (low half) and 2i+1 (high half) into one 32-bit word: K of head h is the low
-    # half of word row h, V the high half; a bfloat16 value is the top half of the float32 with those bits.
-    words = flat.bitcast(jnp.uint32)[h::combined // 2, :]
-    k = pltpu.bitcast(words << 16, jnp.float32).astype(jnp.bfloat16)
-    v = pltpu.bitcast(words & jnp.uint32(0xFFFF0000), jnp.float32).astype(jnp.bfloat16)
-    return k, v
+def _load_pair(kv_buf, slot, c: int, pair: int, q_dtype) -> jax.Array:
+    """KV head c's lane window of the page buffer as [pages * block_size, pair] in the dtype the dots use: q's
+    for an fp8 cache (exact, through float32: Mosaic's fp8 casts go via it), float32 when the cache and q differ."""
+    w = kv_buf[slot, :, :, pl.ds(c * pair, pair)]
+    pages, block_size, _ = w.shape
+    if is_fp8(w.dtype) or w.dtype != q_dtype or block_size % (8 * sublane_packing(w.dtype)):
+        w = w.astype(jnp.float32)  # merging (pages, block_size) is free on whole float32 sublane tiles
+    w = w.reshape(pages * block_size, pair)
+    if is_fp8(kv_buf.dtype):
+        return w.astype(q_dtype)
+    return w.astype(q_dtype) if kv_buf.dtype == q_dtype else w
 
 
 def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefetch (SMEM)
             q_ref, kv_hbm, tables_hbm,  # q: [H, tq * group, D] VMEM block; kv_hbm, tables_hbm: HBM
             *refs,  # (sinks_ref: [Hq] float32 SMEM, with sinks only), o_ref, then the scratch
             tq: int, group: int, block_size: int, pages_per_block: int, table_window: int,
-            sm_scale: float, soft_cap: float | None, head_loads: str, select_kv_head: bool, v_scale: float,
-            has_sinks: bool):
+            sm_scale: float, soft_cap: float | None, head_dim: int, pair: int, select_kv_head: bool,
+            v_scale: float, has_sinks: bool):
     sinks_ref = refs[0] if has_sinks else None
     o_ref, kv_buf, sems, table_buf, table_sems, m_ref, l_ref, acc_ref = refs[1:] if has_sinks else refs
     num_kv_heads, rows, _ = q_ref.shape
-    cache_kv_heads = kv_buf.shape[2] // 2
+    cache_kv_heads = kv_buf.shape[3] // pair
     table_width = tables_hbm.shape[1]
     block_tokens = pages_per_block * block_size
     tile = pl.program_id(0)
@@ -141,7 +129,7 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
             def _():
                 page = table_buf[slot, idx - start] if action == "start" else 0
                 copy = pltpu.make_async_copy(kv_hbm.at[layer, page],
-                                             kv_buf.at[slot, pl.ds(i * block_size, block_size)], sems.at[slot])
+                                             kv_buf.at[slot, i], sems.at[slot])
                 if action == "start":
                     copy.start()
                 else:
@@ -174,13 +162,13 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
         mask = (token >= r0) & (token < r1) & (k_pos <= q_pos) & ((window <= 0) | (q_pos - k_pos < window))
         # Unfetched or stale rows of the buffer may hold anything (NaN): keep them out of p @ V.
         v_ok = start + jax.lax.broadcasted_iota(jnp.int32, (block_tokens, 1), 0) <= pos_hi
-        k, v = _load_kv_head(kv_buf.at[slot], c, head_loads)
         q = q_ref[h]
-        if is_fp8(k.dtype):  # dequantize to q's dtype (exact), through float32: Mosaic's fp8 casts go via it
-            k, v = k.astype(jnp.float32).astype(q.dtype), v.astype(jnp.float32).astype(q.dtype)
-        elif k.dtype != q.dtype:
-            k, v = k.astype(jnp.float32), v.astype(jnp.float32)
+        w = _load_pair(kv_buf, slot, c, pair, q.dtype)
+        if w.dtype != q.dtype:
             q = q.astype(jnp.float32)
+        # head_dim a multiple of 128: K and V are the window's halves; else the window is both (q is zero on the
+        # V lanes, and only the V lanes of p @ window are kept, outside the kernel)
+        k, v = (w[:, :head_dim], w[:, head_dim:]) if head_dim % LANES == 0 else (w, w)
         precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
         scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                                      preferred_element_type=jnp.float32) * sm_scale
@@ -203,7 +191,7 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
                 attend_head(s, j, slot, h, h)
             return
         # The cache holds every KV head (replicated under tensor parallelism) and this shard's query heads
-        # use head kv_offset, a traced value: one branch per KV head (static strided loads), one runs.
+        # use head kv_offset, a traced value: one branch per KV head (static lane windows), one runs.
         for c in range(cache_kv_heads):
             pl.when(kv_offset == c)(functools.partial(attend_head, s, j, slot, 0, c))
 
@@ -266,11 +254,13 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                                sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
                                layer_index: jax.Array | int | None = None, interpret=False,
-                               head_loads: str | None = None, tq: int | None = None,
+                               tq: int | None = None,
                                pages_per_block: int | None = None, kv_head_offset: jax.Array | int | None = None,
                                chip=None, k_scale: float = 1.0, v_scale: float = 1.0,
                                sinks: jax.Array | None = None) -> jax.Array:
-    """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
+    """Same contract as dispatch.ragged_paged_attention, over the lane-dense cache (kv_layout.py): [num_layers,
+    num_blocks, block_size, lanes] with `layer_index`, else one layer [num_blocks, block_size, lanes]; `interpret`
+    is passed to pallas_call.
 
     `kv_head_offset` (tensor parallelism over more devices than KV heads, the cache replicated): all of q's
     heads attend the one KV head `kv_head_offset` (traced) of a cache that holds every KV head. Without it, q's
@@ -284,8 +274,9 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
-    _, num_pages, block_size, combined, _ = kv_cache.shape
-    cache_kv_heads = combined // 2
+    _, num_pages, block_size, _ = kv_cache.shape
+    cache_kv_heads, pair = kv_cache_heads_of(kv_cache, head_dim), pair_lanes(head_dim)
+    width = head_dim if head_dim % LANES == 0 else pair  # q / output rows in the kernel
     if kv_head_offset is None:
         num_kv_heads, offset = cache_kv_heads, jnp.int32(0)
     else:
@@ -294,15 +285,16 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     num_seqs_padded, table_width = block_tables.shape
     plan = tpu_plan(num_tokens=num_tokens, num_seqs=num_seqs_padded, group=group, num_kv_heads=num_kv_heads,
                     head_dim=head_dim, block_size=block_size, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,
-                    table_width=table_width, cache_kv_heads=cache_kv_heads, chip=chip, tq=tq,
+                    table_width=table_width, cache_kv_heads=cache_kv_heads, chip=chip, tq=tq, width=width,
                     pages_per_block=pages_per_block)
     tq, pages_per_block = plan.tq, plan.pages_per_block
-    head_loads = head_loads or default_head_loads(cache_kv_heads, kv_cache.dtype, head_dim)
     num_tiles = -(-num_tokens // tq)
     padded = num_tiles * tq
 
     qg = jnp.pad(q, ((0, padded - num_tokens), (0, 0), (0, 0))).reshape(padded, num_kv_heads, group, head_dim)
     qg = qg.transpose(1, 0, 2, 3).reshape(num_kv_heads, padded * group, head_dim)
+    if width != head_dim:  # q in the K lanes of a pair window, zeros on the V lanes
+        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, width - head_dim)))
     first, last = tile_sequence_ranges(query_start_loc, num_seqs, num_tiles, tq)
     window = jnp.int32(0) if sliding_window is None else jnp.asarray(sliding_window, jnp.int32)
     params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(()), offset.reshape(())])
@@ -313,12 +305,11 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     window_cols = table_window(tables.shape[1], pages_per_block)
 
     rows = tq * group
-    block_tokens = pages_per_block * block_size
-    q_spec = pl.BlockSpec((num_kv_heads, rows, head_dim), lambda i, *_: (0, i, 0))
+    q_spec = pl.BlockSpec((num_kv_heads, rows, width), lambda i, *_: (0, i, 0))
     kernel = functools.partial(
         _kernel, tq=tq, group=group, block_size=block_size, pages_per_block=pages_per_block,
         table_window=window_cols, sm_scale=float(sm_scale) * float(k_scale), soft_cap=soft_cap,
-        head_loads=head_loads, select_kv_head=kv_head_offset is not None, v_scale=float(v_scale),
+        head_dim=head_dim, pair=pair, select_kv_head=kv_head_offset is not None, v_scale=float(v_scale),
         has_sinks=sinks is not None)
     in_specs = [q_spec, pl.BlockSpec(memory_space=_ANY), pl.BlockSpec(memory_space=_ANY)]
     inputs = [qg, kv_cache, tables]
@@ -335,13 +326,13 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
             num_scalar_prefetch=len(prefetch), grid=(num_tiles,),
             in_specs=in_specs, out_specs=q_spec,
             scratch_shapes=[
-                pltpu.VMEM((2, block_tokens, combined, head_dim), kv_cache.dtype),
+                pltpu.VMEM((2, pages_per_block, *kv_cache.shape[2:]), kv_cache.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.SMEM((2, window_cols), jnp.int32),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
-                pltpu.VMEM((num_kv_heads, rows, head_dim), jnp.float32),
+                pltpu.VMEM((num_kv_heads, rows, width), jnp.float32),
             ]),
         out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
         compiler_params=_CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=plan.vmem_limit_bytes),
@@ -349,6 +340,8 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
         interpret=interpret,
         name="vllm_jax_ragged_paged_attention",
     )(*prefetch, *inputs)
+    if width != head_dim:
+        out = out[..., head_dim:2 * head_dim]  # the V lanes of p @ window
     out = out.reshape(num_kv_heads, padded, group, head_dim).transpose(1, 0, 2, 3)
     return out.reshape(padded, num_q_heads, head_dim)[:num_tokens]
 

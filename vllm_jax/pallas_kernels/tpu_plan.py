@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-LANES = 128
+from vllm_jax.pallas_kernels.kv_layout import LANES, pair_lanes, row_lanes
 
 
 def sublane_packing(dtype) -> int:
@@ -29,7 +29,7 @@ def tpu_block_sizes(*, num_tokens: int, group: int, num_kv_heads: int, head_dim:
     tq = max(16, 128 // max(group, 1))
     tq = 1 << (tq.bit_length() - 1)
     tq = min(tq, -(-num_tokens // 16) * 16)
-    page_bytes = block_size * 2 * num_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize
+    page_bytes = block_size * row_lanes(num_kv_heads, head_dim) * jnp.dtype(kv_dtype).itemsize
     pages = max(1, min(kv_buffer_bytes // page_bytes, 32, max_blocks_per_seq))
     return tq, pages
 
@@ -51,21 +51,24 @@ def round_up(x: int, m: int) -> int:
 
 
 def vmem_estimate(*, tq: int, pages_per_block: int, group: int, num_kv_heads: int, cache_kv_heads: int,
-                  head_dim: int, block_size: int, q_dtype, kv_dtype) -> int:
-    """VMEM bytes of one grid step: the pipelined q/o blocks (two buffers each), the two KV page buffers,
-    the softmax state, and the per-head temporaries of one page block (scores, probabilities, mask, the K/V
-    rows read out of the buffer), each padded to the (sublane, 128-lane) tiling."""
+                  head_dim: int, block_size: int, q_dtype, kv_dtype, width: int | None = None) -> int:
+    """VMEM bytes of one grid step: the pipelined q/o blocks (two buffers each), the two KV page buffers
+    ([pages, block_size, lanes] each, lane-dense: kv_layout.py), the softmax state, and the per-head temporaries
+    of one page block (scores, probabilities, mask, the pair window read out of the buffer and its casts), each
+    padded to the (sublane, 128-lane) tiling. `width`: the q / output / accumulator rows (head_dim, or the pair
+    window when head_dim is not a multiple of 128; default head_dim)."""
     rows = tq * group
-    d = round_up(head_dim, LANES)
+    d = round_up(width or head_dim, LANES)
+    pair = pair_lanes(head_dim)
     qi, ki = jnp.dtype(q_dtype).itemsize, jnp.dtype(kv_dtype).itemsize
     block_tokens = pages_per_block * block_size
     rows_q = round_up(rows, 8 * sublane_packing(q_dtype))
     qo = 2 * 2 * num_kv_heads * rows_q * d * qi
-    combined = round_up(2 * cache_kv_heads, 8 * sublane_packing(kv_dtype))
-    kv = 2 * block_tokens * combined * d * ki
+    kv = 2 * pages_per_block * round_up(block_size, 8 * sublane_packing(kv_dtype)) * row_lanes(cache_kv_heads,
+                                                                                               head_dim) * ki
     rows32 = round_up(rows, 8)
     state = num_kv_heads * rows32 * (2 * LANES + d) * 4
-    temps = 6 * rows32 * round_up(block_tokens, LANES) * 4 + 4 * block_tokens * d * 4 + 3 * rows32 * d * 4
+    temps = 6 * rows32 * round_up(block_tokens, LANES) * 4 + 4 * block_tokens * pair * 4 + 3 * rows32 * d * 4
     return qo + kv + state + temps
 
 
@@ -91,7 +94,7 @@ def _unlisted_tpu():
 
 def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, head_dim: int, block_size: int,
              q_dtype, kv_dtype, table_width: int, cache_kv_heads: int | None = None, chip=None,
-             tq: int | None = None, pages_per_block: int | None = None) -> TpuPlan:
+             tq: int | None = None, pages_per_block: int | None = None, width: int | None = None) -> TpuPlan:
     """Block sizes for `chip` (an chips.ChipSpec; default: the chip being compiled for, v5e's figures
     on CPU): start from the shape rule (tpu_block_sizes), then halve the page block and then the query tile
     until the estimate fits half the VMEM limit (the rest is headroom for what the estimate does not see).
@@ -112,7 +115,7 @@ def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, h
     def estimate(tq, pages):
         return vmem_estimate(tq=tq, pages_per_block=pages, group=group, num_kv_heads=num_kv_heads,
                              cache_kv_heads=cache_kv_heads, head_dim=head_dim, block_size=block_size,
-                             q_dtype=q_dtype, kv_dtype=kv_dtype)
+                             q_dtype=q_dtype, kv_dtype=kv_dtype, width=width)
 
     while estimate(tq, pages) > limit // 2:
         if pages > 1 and not fixed_pages:
@@ -120,7 +123,7 @@ def tpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, h
         elif tq > 16 and not fixed_tq:
             tq //= 2
         else:
-            page_kib = block_size * 2 * cache_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize // 1024
+            page_kib = block_size * row_lanes(cache_kv_heads, head_dim) * jnp.dtype(kv_dtype).itemsize // 1024
             raise ValueError(
                 f"pallas_tpu attention does not fit {chip.name}'s VMEM: {estimate(tq, pages) / 2**20:.1f} MiB "
                 f"needed for {tq} query tokens x {num_kv_heads} KV heads and {pages} page(s) of {page_kib} KiB "

@@ -4,7 +4,8 @@ GSPMD cannot split a Pallas call ("Mosaic kernels cannot be automatically partit
 the kernel on its own heads:
 
 * tp divides the KV heads: the cache is split on its interleaved head axis (whole (k_i, v_i) pairs per device,
-  as sharding/rules.kv_cache_partition_spec lays it out), q on its head axis; device i's query heads are
+  as sharding/rules.kv_cache_partition_spec lays it out; pallas_tpu's lane-dense cache on its row of whole pair
+  windows, pallas_kernels/kv_layout.py), q on its head axis; device i's query heads are
   exactly those of its KV heads, so each device runs the unchanged kernel on its slice.
 * tp is a multiple of the KV heads (more devices than KV heads): the cache is replicated (every device holds
   every KV head, rules' fallback) and q is split; device i's query heads all use KV head i // (tp / kv_heads),
@@ -26,6 +27,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from vllm_jax.pallas_kernels import dispatch
+from vllm_jax.pallas_kernels.kv_layout import cache_kv_heads, uses_lane_dense
 from vllm_jax.sharding.mesh import MODEL_AXIS
 
 
@@ -44,6 +46,13 @@ def kv_head_layout(num_kv_heads: int, tp: int, num_q_heads: int | None = None) -
 def _head_spec(ndim: int, axis: str) -> P:
     """Split the second-to-last (head) axis of a [..., heads, head_dim] array."""
     return P(*([None] * (ndim - 2)), axis, None)
+
+
+def _cache_spec(kv_cache: jax.Array, backend: str, axis: str) -> P:
+    """The sharded cache's spec: the head axis, or the lane-dense row's last axis (whole pair windows)."""
+    if uses_lane_dense(backend):
+        return P(*([None] * (kv_cache.ndim - 1)), axis)
+    return _head_spec(kv_cache.ndim, axis)
 
 
 def _tp(mesh: Mesh, axis: str) -> int:
@@ -66,11 +75,12 @@ def sharded_ragged_paged_attention(mesh: Mesh, q: jax.Array, kv_cache: jax.Array
     if backend == "xla" or tp == 1:
         return call(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, sliding_window=sliding_window,
                     layer_index=layer_index, sinks=sinks)
-    num_kv_heads = kv_cache.shape[-2] // 2
+    num_kv_heads = (cache_kv_heads(kv_cache, q.shape[-1]) if uses_lane_dense(backend) else
+                    kv_cache.shape[-2] // 2)
     layout = kv_head_layout(num_kv_heads, tp, q.shape[1])
     window = None if sliding_window is None else jax.numpy.asarray(sliding_window, jax.numpy.int32)
     layer = None if layer_index is None else jax.numpy.asarray(layer_index, jax.numpy.int32)
-    cache_spec = _head_spec(kv_cache.ndim, axis) if layout == "sharded" else P()
+    cache_spec = _cache_spec(kv_cache, backend, axis) if layout == "sharded" else P()
 
     def local(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, window, layer, *local_sinks):
         offset = None
@@ -129,7 +139,7 @@ def sharded_write_kv_cache(mesh: Mesh, kv_cache: jax.Array, k: jax.Array, v: jax
         return call(kv_cache, k, v, slot_mapping, layer_index=layer_index)
     num_kv_heads = k.shape[1]
     layout = kv_head_layout(num_kv_heads, tp)
-    cache_spec, kv_spec = ((_head_spec(kv_cache.ndim, axis), P(None, axis, None)) if layout == "sharded"
+    cache_spec, kv_spec = ((_cache_spec(kv_cache, backend, axis), P(None, axis, None)) if layout == "sharded"
                            else (P(), P()))
     layer = None if layer_index is None else jax.numpy.asarray(layer_index, jax.numpy.int32)
 

@@ -89,12 +89,13 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
     return P()
 
 
-def kv_cache_partition_spec(spec: Any, tp: int) -> P:
+def kv_cache_partition_spec(spec: Any, tp: int, lane_dense: bool = False) -> P:
     """[layers, blocks, block_size, 2 * kv_heads, head_dim]: split the interleaved head axis (k_i, v_i stay
-    together since each shard holds whole pairs)."""
+    together since each shard holds whole pairs). `lane_dense` (pallas_tpu's [layers, blocks, block_size,
+    kv_heads * P], pallas_kernels/kv_layout.py): split the row, whose shards hold whole pair windows."""
     if tp == 1 or not kv_heads_sharded(spec, tp):
         return P()
-    return P(None, None, None, MODEL_AXIS, None)
+    return P(None, None, None, MODEL_AXIS) if lane_dense else P(None, None, None, MODEL_AXIS, None)
 
 
 def _spec_at(ndim: int, axis: int, shape: tuple[int, ...], tp: int) -> P:

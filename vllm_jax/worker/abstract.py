@@ -38,7 +38,8 @@ from vllm_jax.worker.draft_chain import chain_buckets
 from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
-from vllm_jax.worker.kv_cache import blocks_per_sequence, cache_shape, min_kv_blocks, spec_bytes_per_block
+from vllm_jax.worker.kv_cache import (blocks_per_sequence, cache_shape, lane_dense_cache, min_kv_blocks,
+                                     spec_bytes_per_block)
 from vllm_jax.worker.speculators import SpeculatorModel
 
 DeviceStepFactory = Callable[..., DeviceStep]
@@ -88,7 +89,8 @@ class AbstractEngine:
 
     @property
     def kv_spec(self) -> PartitionSpec:
-        return kv_cache_partition_spec(self.spec, self.config.parallel_config.tensor_parallel_size)
+        return kv_cache_partition_spec(self.spec, self.config.parallel_config.tensor_parallel_size,
+                                       lane_dense_cache(self.config, self.spec))
 
     @property
     def kv_shards(self) -> int:
@@ -106,7 +108,8 @@ class AbstractEngine:
     def target_kv_bytes_per_block(self) -> int:
         """The target's own cache's share of a block (a draft model's cache holds the rest)."""
         s, mc = self.spec, self.config.model_config
-        return spec_bytes_per_block(s, self.config.cache_config.block_size, mc.kv_cache_dtype) // self.kv_shards
+        return spec_bytes_per_block(s, self.config.cache_config.block_size, mc.kv_cache_dtype,
+                                    lane_dense_cache(self.config, s)) // self.kv_shards
 
     @property
     def weight_bytes(self) -> int:

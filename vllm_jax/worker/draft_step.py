@@ -31,7 +31,7 @@ from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.device_step import input_signature
-from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, spec_bytes_per_block
+from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, lane_dense_cache, spec_bytes_per_block
 
 # (key, jitted, args, dynamic args, outputs-shaped pytree) -> executable: DeviceStep.load_or_compile
 LoadOrCompile = Callable[[tuple, Any, tuple, tuple, Any], Any]
@@ -47,10 +47,11 @@ class DraftCacheLayout:
 def draft_cache_layout(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> DraftCacheLayout:
     """The draft cache's layout on the target's mesh, partitioned by the draft's own KV heads."""
     tp = config.parallel_config.tensor_parallel_size
-    kv_spec = kv_cache_partition_spec(spec, tp)
+    lane_dense = lane_dense_cache(config, spec)
+    kv_spec = kv_cache_partition_spec(spec, tp, lane_dense)
     num_shards = tp if kv_spec != PartitionSpec() else 1
     per_block = spec_bytes_per_block(spec, config.cache_config.block_size,
-                                     config.model_config.kv_cache_dtype) // num_shards
+                                     config.model_config.kv_cache_dtype, lane_dense) // num_shards
     return DraftCacheLayout(cache_shape(config, spec, 0), NamedSharding(mesh, kv_spec), per_block)
 
 

@@ -1,7 +1,8 @@
 """Sizing and allocating the device KV cache (paged_kv/ does the block accounting, in pure Python).
 
 Layout (docs/architecture.md, "KV cache layout"): one array [num_layers, num_blocks, block_size, 2 * num_kv_heads,
-head_dim], K and V interleaved on the head axis; an MLA model (DeepSeek) holds one row of kv_lora_rank +
+head_dim], K and V interleaved on the head axis (pallas_tpu: [num_layers, num_blocks, block_size, num_kv_heads * P],
+lane-dense, pallas_kernels/kv_layout.py); an MLA model (DeepSeek) holds one row of kv_lora_rank +
 qk_rope_head_dim per token instead ([..., 1, width]: `DecoderSpec.kv_cache_heads` / `kv_cache_width`). The block count comes from a memory budget
 (worker/kv_budget.py): `--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU
 `--gpu-memory-utilization` of device memory minus what is already in use (the weights) and the compiled
@@ -20,6 +21,7 @@ import numpy as np
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.pallas_kernels.kv_layout import row_lanes, uses_lane_dense
 from vllm_jax.utils import cdiv
 from vllm_jax.worker.kv_budget import kv_budget
 
@@ -35,9 +37,12 @@ class KVCacheShape:
     head_dim: int
     dtype: str
     cache_heads: int | None = None  # rows per token on the head axis; None: 2 * num_kv_heads (K/V interleaved)
+    lane_dense: bool = False  # pallas_tpu's [.., block_size, num_kv_heads * P] rows (kv_layout.py)
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.lane_dense:
+            return (self.num_layers, self.num_blocks, self.block_size, row_lanes(self.num_kv_heads, self.head_dim))
         heads = 2 * self.num_kv_heads if self.cache_heads is None else self.cache_heads
         return (self.num_layers, self.num_blocks, self.block_size, heads, self.head_dim)
 
@@ -72,7 +77,8 @@ def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp
     The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
     each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
-    per_block = spec_bytes_per_block(spec, block_size, mc.kv_cache_dtype) // num_shards + extra_bytes_per_block
+    per_block = (spec_bytes_per_block(spec, block_size, mc.kv_cache_dtype, lane_dense_cache(config, spec)) // num_shards
+                 + extra_bytes_per_block)
     device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
     device_bytes, weight_bytes = device_memory(device) if measures_device_memory(config) else (0, 0)
     num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks
@@ -90,19 +96,32 @@ def min_kv_blocks(config: EngineConfig) -> int:
     return blocks_per_sequence(config.model_config.max_model_len, config.cache_config.block_size) + 1
 
 
+def lane_dense_cache(config: EngineConfig, spec: DecoderSpec) -> bool:
+    """Whether the engine's K/V cache takes pallas_tpu's lane-dense layout (kv_layout.py); an MLA latent cache
+    (one row per token) never does, nor a family the Pallas kernels do not serve (Gemma 4)."""
+    return (uses_lane_dense(config.resolved_attention_backend) and spec.pallas_attention
+            and spec.kv_cache_heads == 2 * spec.num_kv_heads and spec.kv_cache_width == spec.head_dim)
+
+
 def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:
     mc = config.model_config
     return KVCacheShape(spec.num_cache_layers, num_blocks, config.cache_config.block_size, spec.num_kv_heads,
-                        spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads)
+                        spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads,
+                        lane_dense=lane_dense_cache(config, spec))
 
 
-def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
-    return num_layers * block_size * 2 * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,
+                    lane_dense: bool = False) -> int:
+    row = row_lanes(num_kv_heads, head_dim) if lane_dense else 2 * num_kv_heads * head_dim
+    return num_layers * block_size * row * jnp.dtype(dtype).itemsize
 
 
-def spec_bytes_per_block(spec: DecoderSpec, block_size: int, dtype: str) -> int:
-    """One block's bytes (all cache layers, unsharded) in the spec's own layout: K/V rows, or MLA's latent row;
-    layers that read another layer's K/V (Gemma 4's KV sharing) hold none."""
+def spec_bytes_per_block(spec: DecoderSpec, block_size: int, dtype: str, lane_dense: bool = False) -> int:
+    """One block's bytes (all cache layers, unsharded) in the spec's own layout: K/V rows (`lane_dense`:
+    pallas_tpu's padded pair windows, lane_dense_cache), or MLA's latent row; layers that read another layer's
+    K/V (Gemma 4's KV sharing) hold none."""
+    if lane_dense:
+        return bytes_per_block(spec.num_cache_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype, True)
     return spec.num_cache_layers * block_size * spec.kv_cache_heads * spec.kv_cache_width * jnp.dtype(dtype).itemsize
 
 

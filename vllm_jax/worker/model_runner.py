@@ -58,8 +58,8 @@ from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.kv_budget import probe_temp_bytes
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
-from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, measures_device_memory,
-                                      min_kv_blocks, size_kv_cache)
+from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, lane_dense_cache,
+                                      measures_device_memory, min_kv_blocks, size_kv_cache)
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.speculators import load_draft_model, load_eagle3
@@ -141,7 +141,7 @@ class ModelRunner:
                             self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
                             self.speculates, lora=lora_config is not None)
 
-        kv_spec = kv_cache_partition_spec(self.spec, tp)
+        kv_spec = kv_cache_partition_spec(self.spec, tp, lane_dense_cache(config, self.spec))
         kv_sharding = NamedSharding(self.mesh, kv_spec)
         num_shards = tp if kv_spec != PartitionSpec() else 1
         temp_bytes, probe = 0, None
