@@ -95,6 +95,9 @@ def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(checkpoint, tmp_pa
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["tp2"] == [hf_greedy(hf, p, 10) for p in prompts()]
     assert result["cache_spec"] == [None, None, None, "model"]
+    assert result["specs"] == {"sliding_q_proj": [None, None, "model"], "full_down_proj": [None, "model"],
+                               "sliding_per_layer_input_gate": [None, None, "model"], "full_k_proj": [],
+                               "embed_tokens_per_layer": ["model"]}
 
 
 def test_refused_options_name_what_is_wrong():

@@ -362,8 +362,14 @@ def check_gemma4_tensor_parallel(workdir: Path) -> dict:
     """Greedy tokens at TP 2 of the tiny Gemma 4 checkpoint the test wrote to WORKDIR/gemma4 (compared with
     transformers' tokens, which are TP 1's: tests/test_gemma4.py), and where TP 2 put the KV cache (its rows
     split: the layers' cache views are reshapes GSPMD partitions)."""
+    from flax import nnx
+
     tokens, engine = _greedy(str(workdir / "gemma4"), tensor_parallel_size=2)
-    return {"tp2": tokens, "cache_spec": _spec_list(engine.runner.kv_cache)}
+    params = nnx.to_pure_dict(engine.runner.params)
+    specs = {name: _spec_list(params["layers"][name]) for name in ("sliding_q_proj", "full_down_proj",
+                                                                   "sliding_per_layer_input_gate", "full_k_proj")}
+    specs["embed_tokens_per_layer"] = _spec_list(params["embed_tokens_per_layer"])
+    return {"tp2": tokens, "cache_spec": _spec_list(engine.runner.kv_cache), "specs": specs}
 
 
 def check_family_tensor_parallel(family: str, workdir: Path) -> dict:

@@ -46,6 +46,12 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/sinks$", -1),  # gpt-oss [L, num_heads]: split with the query heads
     (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_(scale|min)$", -1),  # [.., out]
     (r"^layers/(o_proj|down_proj)_min$", _ROW),  # kept GGUF blocks: [L, in // 32, out], split the groups
+    # Gemma 4 (model/gemma4.py): layers stacked per group, `layers/{sliding|full}[_shared]_{name}`; its K/V
+    # projections stay replicated (per-layer KV head counts, tp rarely divides E4B's 2); the per-layer-input
+    # embedding table [V, L * ple] is vocab-parallel like embed_tokens
+    (r"^layers/(sliding|full)(_shared)?_(q_proj|gate_proj|up_proj|per_layer_input_gate)$", _COLUMN),
+    (r"^layers/(sliding|full)(_shared)?_(o_proj|down_proj|per_layer_projection)$", _ROW),
+    (r"^embed_tokens_per_layer$", -2),
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
 _ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
