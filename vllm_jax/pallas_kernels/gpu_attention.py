@@ -222,6 +222,19 @@ def sequence_tiles(query_start_loc: jax.Array, num_seqs: jax.Array, num_tiles: i
     return jnp.where(valid, seq, -1), q0, starts.astype(jnp.int32)
 
 
+def token_rows(query_start_loc: jax.Array, num_seqs: jax.Array, seq_first_tile: jax.Array, num_tokens: int,
+               tile_tokens: int, rows: int, stride: int, width: int) -> jax.Array:
+    """[T, width] indices of each token's rows in the kernel's partial outputs (a tile holds `tile_tokens` tokens
+    of `stride` rows each, `rows` in all); padding tokens read row 0."""
+    num_slots = query_start_loc.shape[0] - 1
+    tokens = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.minimum(jnp.searchsorted(query_start_loc[1:], tokens, side="right"), num_slots - 1)
+    offset = tokens - query_start_loc[seq]
+    first_row = (seq_first_tile[seq] + offset // tile_tokens) * rows + (offset % tile_tokens) * stride
+    first_row = jnp.where(tokens < query_start_loc[jnp.reshape(num_seqs, ())], first_row, 0)
+    return first_row[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+
+
 def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                                query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                                sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
@@ -291,12 +304,7 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
       block_tables.astype(jnp.int32), params, qg, kv_cache)
 
     # Each token's rows in the partials, then the log-sum-exp merge of the splits.
-    tokens = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.minimum(jnp.searchsorted(query_start_loc[1:], tokens, side="right"), num_slots - 1)
-    offset = tokens - query_start_loc[seq]
-    first_row = (seq_first_tile[seq] + offset // tile_tokens) * rows + (offset % tile_tokens) * group_pad
-    first_row = jnp.where(tokens < query_start_loc[jnp.reshape(num_seqs, ())], first_row, 0)  # padding rows
-    idx = first_row[:, None] + jnp.arange(group, dtype=jnp.int32)[None, :]  # [T, G]
+    idx = token_rows(query_start_loc, num_seqs, seq_first_tile, num_tokens, tile_tokens, rows, group_pad, group)
     o, m, l = o[:, :, idx], m[:, :, idx], l[:, :, idx]  # [P, Hkv, T, G(, D)]
     m_all = jnp.max(m, axis=0)
     w = jnp.exp(m - m_all[None])

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vllm_jax.pallas_kernels.costs import attention_cost
-from vllm_jax.pallas_kernels.gpu_attention import MASKED, _CompilerParams, _next_pow2, sequence_tiles
+from vllm_jax.pallas_kernels.gpu_attention import MASKED, _CompilerParams, _next_pow2, sequence_tiles, token_rows
 from vllm_jax.pallas_kernels.kv_quant import is_fp8
 
 
@@ -216,12 +216,8 @@ def mla_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array
       block_tables.astype(jnp.int32), layer, qg, kv_rows_view)
 
     # Each token's rows in the partials, then the log-sum-exp merge of the splits.
-    tokens = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.minimum(jnp.searchsorted(query_start_loc[1:], tokens, side="right"), num_slots - 1)
-    offset = tokens - query_start_loc[seq]
-    first_row = (seq_first_tile[seq] + offset // tile_tokens) * rows + (offset % tile_tokens) * head_block
-    first_row = jnp.where(tokens < query_start_loc[jnp.reshape(num_seqs, ())], first_row, 0)  # padding rows
-    idx = first_row[:, None] + jnp.arange(head_block, dtype=jnp.int32)[None, :]  # [T, head_block]
+    idx = token_rows(query_start_loc, num_seqs, seq_first_tile, num_tokens, tile_tokens, rows, head_block,
+                     head_block)  # [T, head_block]
     if num_splits == 1:
         out = o[0][:, idx]  # [blocks, T, head_block, rank], normalized by the kernel
     else:
