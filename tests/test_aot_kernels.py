@@ -120,6 +120,27 @@ def test_an_fp8_cache_compiles_with_both_kernels(target, bucket):
     assert report.memory["alias_size_in_bytes"] >= LAYERS * NUM_PAGES * 16 * 2 * KV_HEADS * HEAD_DIM
 
 
+@pytest.mark.parametrize("kv_dtype", [jnp.bfloat16, jnp.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("bucket", BUCKETS, ids=[b[0] for b in BUCKETS])
+def test_phi3_head_dim_96_compiles_with_both_gpu_kernels(bucket, kv_dtype):
+    """Phi-3-mini's heads (32 query, 32 KV, head_dim 96: not a power of two) on H100: Triton compiles the kernels'
+    128-column masked loads of the unpadded [.., 64, 96] cache and the masked KV write, updating it in place."""
+    t = _target("h100")
+    _, num_tokens, num_seqs = bucket
+    heads, head_dim = 32, 96
+    cache = jax.ShapeDtypeStruct((LAYERS, NUM_PAGES, 16, 2 * heads, head_dim), kv_dtype)
+    q = jax.ShapeDtypeStruct((num_tokens, heads, head_dim), jnp.bfloat16)
+    args = (q, cache, i32((num_seqs, MAX_MODEL_LEN // 16)), i32((num_seqs,)), i32((num_seqs + 1,)), i32((1,)), i32(()))
+    report = compile_for_target(attention("gpu"), args, t)
+    assert report.ok, report.error
+    assert report.kernel_names == ("vllm_jax_ragged_paged_attention",)
+    report = compile_for_target(kv_write("gpu"), (cache, q, q, i32((num_tokens,)), i32(())), t, donate_argnums=(0,))
+    assert report.ok, report.error
+    assert report.kernel_names == WRITE_KERNELS["gpu"]
+    cache_bytes = LAYERS * NUM_PAGES * 16 * 2 * heads * head_dim * jnp.dtype(kv_dtype).itemsize
+    assert report.memory["alias_size_in_bytes"] >= cache_bytes
+
+
 def test_an_fp8_cache_on_a_gpu_before_compute_capability_8_9_is_refused_naming_the_flags():
     """Triton converts float8_e4m3fn only from sm_89 on: A100 is refused while tracing (at warm-up)."""
     t = _target("a100")

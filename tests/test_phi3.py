@@ -1,4 +1,5 @@
-"""Phi-3's LongRoPE against transformers past the original context, and its spec's checks. (Within the original
+"""Phi-3's LongRoPE against transformers past the original context, its spec's checks, and Phi-3's
+head_dim-not-a-power-of-two (96 in Phi-3-mini; 24 here) through the pallas_gpu kernels. (Within the original
 context, Phi-3 runs the family parity and engine tests in tests/test_families.py.)"""
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ def phi3(tmp_path_factory):
     return path, make_family_checkpoint("phi3", path, seed=4)
 
 
-def _chunked_logits(path, max_model_len: int, seq: list[int]) -> np.ndarray:
+def _chunked_logits(path, max_model_len: int, seq: list[int], attention_backend: str = "auto") -> np.ndarray:
     """Our logits at the last token of each chunk of `seq` (CUTS), the chunks run as successive steps over the
     paged KV cache, by an engine serving `max_model_len` tokens."""
     source = resolve_model_source(str(path))
     entry, spec = resolve_architecture(load_hf_config(source), max_model_len)
-    graphdef, params = nnx.split(build_model(entry, spec, "float32", source))
+    graphdef, params = nnx.split(build_model(entry, spec, "float32", source, attention_backend=attention_backend))
     step = jax.jit(partial(forward, graphdef), donate_argnums=1)
     kv = jnp.zeros((spec.num_layers, 32, BLOCK, 2 * spec.num_kv_heads, spec.head_dim), jnp.float32)
     blocks = list(range(1, 1 + -(-len(seq) // BLOCK)))
@@ -83,3 +84,50 @@ def test_unsupported_rope_settings_are_named(phi3, change, message):
     config.rope_parameters = {**config.rope_parameters, **change}
     with pytest.raises(ValueError, match=message):
         phi3_spec_from_hf_config(config)
+
+
+# head_dim 24 (hidden 96, 4 query / 2 KV heads): not a power of two, as Phi-3-mini's 96 is not; LongRoPE factors
+# for its 12 rotary frequency pairs
+HD24 = dict(hidden_size=96, rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(12)],
+                                          "long_factor": [1.0 + 1.5 * i for i in range(12)]})
+
+
+@pytest.fixture(scope="module")
+def phi3_hd24(tmp_path_factory):
+    path = tmp_path_factory.mktemp("phi3_hd24")
+    return path, make_family_checkpoint("phi3", path, seed=6, **HD24)
+
+
+def test_head_dim_24_through_the_pallas_gpu_kernels_matches_xla_and_transformers(phi3_hd24):
+    """Chunked prefill steps (the KV write and the attention kernel, interpret mode) at head_dim 24: pallas_gpu's
+    logits equal the xla backend's, and both match transformers."""
+    path, hf = phi3_hd24
+    assert hf.config.hidden_size // hf.config.num_attention_heads == 24
+    seq = np.random.default_rng(7).integers(3, VOCAB_SIZE, CUTS[-1]).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([seq])).logits[0].numpy()[[c - 1 for c in CUTS[1:]]]
+    xla = _chunked_logits(path, 256, seq, "xla")
+    gpu = _chunked_logits(path, 256, seq, "pallas_gpu")
+    np.testing.assert_allclose(xla, ref, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(gpu, xla, atol=2e-5, rtol=0)
+
+
+def test_head_dim_24_engine_on_pallas_gpu_gives_the_xla_backends_tokens_and_logprobs(phi3_hd24):
+    """The whole engine (chunked prefill in 16-token steps, decode rows, padding) through pallas_gpu in interpret
+    mode: the same greedy tokens and top-5 logprobs at every step as with the xla backend."""
+    from vllm_jax import LLM, SamplingParams
+
+    path, _ = phi3_hd24
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(3, VOCAB_SIZE, int(n)).tolist() for n in (5, 23, 40)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
+    runs = {}
+    for backend in ("xla", "pallas_gpu"):
+        llm = LLM(str(path), attention_backend=backend, max_model_len=128, block_size=8, num_gpu_blocks_override=32,
+                  max_num_seqs=4, max_num_batched_tokens=16)
+        runs[backend] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    for want, got in zip(runs["xla"], runs["pallas_gpu"]):
+        assert list(got.token_ids) == list(want.token_ids) and len(want.token_ids) == 6
+        for w, g in zip(want.logprobs, got.logprobs):
+            assert w.keys() == g.keys()
+            np.testing.assert_allclose([g[t].logprob for t in w], [w[t].logprob for t in w], atol=2e-5)

@@ -13,6 +13,12 @@ group padded to a power of two for Triton) so one program's rows are a single 2-
 once per KV head. Pages are read straight from the cache: `cache[layer, page, :, 2h]` (K) and `2h + 1` (V),
 one page per loop step; the layer index, block table and lengths are plain int32 inputs read as scalars.
 Block sizes below 16 use a broadcast-multiply instead of `dot` (Triton's dot needs 16 in every dimension).
+
+Any head_dim (Phi-3's 96): Triton blocks are powers of two, so the kernel works at `padded_head_dim` columns (the
+next power of two, at least 16). The cache keeps its unpadded [.., 2H, head_dim] rows (no memory or KV-budget
+cost); K and V chunks are read with a masked `plgpu.load` whose columns past head_dim are zeros and never fetched,
+the query is zero-padded outside the kernel, so q . k and p @ V are exact, and the output's padding columns (zero)
+are dropped after the merge. The scale stays the caller's 1 / sqrt(head_dim).
 """
 
 from __future__ import annotations
@@ -42,6 +48,20 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """The width the kernels compute at: head_dim rounded up to a power of two, at least 16 (Triton's dot)."""
+    return max(16, _next_pow2(head_dim))
+
+
+def load_columns(ref, index: tuple, rows: int, head_dim: int, padded: int) -> jax.Array:
+    """ref[*index, :] ([rows, head_dim]) read `padded` columns wide: a plain read when they are equal, else a
+    masked load whose columns past head_dim are zeros (the memory past them is never read)."""
+    if padded == head_dim:
+        return ref[(*index, slice(None))]
+    cols = jax.lax.broadcasted_iota(jnp.int32, (rows, padded), 1)
+    return _plgpu.load(ref.at[(*index, pl.ds(0, padded))], mask=cols < head_dim, other=jnp.zeros((), ref.dtype))
+
+
 def gpu_block_sizes(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, table_width: int,
                     num_sms: int = 132) -> tuple[int, int]:
     """-> (query rows per program, kv splits), from the shapes only.
@@ -61,7 +81,7 @@ def gpu_block_sizes(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads:
 
 def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref, q_ref, kv_ref,
             o_ref, m_ref, l_ref, *, rows: int, group: int, group_pad: int, block_size: int, kv_rows: int,
-            num_splits: int, sm_scale: float, soft_cap: float | None):
+            num_splits: int, sm_scale: float, soft_cap: float | None, head_dim: int):
     h, tile, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     tile_tokens = rows // group_pad
     chunks_per_page = block_size // kv_rows
@@ -79,7 +99,8 @@ def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref
     tok, g = jax.lax.div(row, group_pad), jax.lax.rem(row, group_pad)
     row_ok = (tok < num_tok) & (g < group)
     q_pos = ctx + q0 + tok
-    q = q_ref[h, pl.ds((qs + q0) * group_pad, rows), :]
+    q = q_ref[h, pl.ds((qs + q0) * group_pad, rows), :]  # zero-padded to padded_head_dim columns
+    padded = q.shape[-1]
 
     # KV chunks (kv_rows slots of a page) this tile can see, then this program's share of them.
     pos_hi = ctx + q0 + num_tok - 1
@@ -98,8 +119,8 @@ def _kernel(tile_seq_ref, tile_q0_ref, qsl_ref, lens_ref, tables_ref, params_ref
         else:
             page = tables_ref[seq, jax.lax.div(j, chunks_per_page)]
             slots = pl.ds(jax.lax.rem(j, chunks_per_page) * kv_rows, kv_rows)
-        k = kv_ref[layer, page, slots, 2 * kv_head, :]
-        v = kv_ref[layer, page, slots, 2 * kv_head + 1, :]
+        k = load_columns(kv_ref, (layer, page, slots, 2 * kv_head), kv_rows, head_dim, padded)
+        v = load_columns(kv_ref, (layer, page, slots, 2 * kv_head + 1), kv_rows, head_dim, padded)
         if k.dtype != q.dtype:
             k, v = k.astype(q.dtype), v.astype(q.dtype)
         k_pos = j * kv_rows + jax.lax.broadcasted_iota(jnp.int32, (kv_rows,), 0)
@@ -253,24 +274,25 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0
     _, num_pages, block_size, combined, _ = kv_cache.shape
-    if head_dim & (head_dim - 1) or block_size & (block_size - 1):
-        raise ValueError(f"pallas_gpu needs power-of-two head_dim and block_size; got {head_dim}, {block_size}")
+    if block_size & (block_size - 1):
+        raise ValueError(f"pallas_gpu needs a power-of-two block_size; got {block_size}")
+    padded = padded_head_dim(head_dim)
     num_kv_heads = combined // 2 if kv_head_offset is None else 1
     offset = jnp.int32(0) if kv_head_offset is None else jnp.asarray(kv_head_offset, jnp.int32)
     group = num_q_heads // num_kv_heads
     group_pad = _next_pow2(group)
     num_slots, table_width = block_tables.shape
     plan = gpu_plan(num_tokens=num_tokens, num_seqs=num_slots, group=group, num_kv_heads=num_kv_heads,
-                    table_width=table_width, head_dim=head_dim, block_size=block_size, dtype=kv_cache.dtype,
+                    table_width=table_width, head_dim=padded, block_size=block_size, dtype=kv_cache.dtype,
                     chip=chip, rows=rows, num_splits=num_splits, num_stages=num_stages)
     rows, num_splits = plan.rows, plan.num_splits
     tile_tokens = rows // group_pad
     num_tiles = -(-num_tokens // tile_tokens) + num_slots
 
-    # [T, Hq, D] -> [Hkv, T * group_pad (+ one tile of padding), D]
+    # [T, Hq, D] -> [Hkv, T * group_pad (+ one tile of padding), padded D (zeros past head_dim)]
     qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
-    qg = jnp.pad(qg, ((0, tile_tokens), (0, 0), (0, group_pad - group), (0, 0)))
-    qg = qg.transpose(1, 0, 2, 3).reshape(num_kv_heads, (num_tokens + tile_tokens) * group_pad, head_dim)
+    qg = jnp.pad(qg, ((0, tile_tokens), (0, 0), (0, group_pad - group), (0, padded - head_dim)))
+    qg = qg.transpose(1, 0, 2, 3).reshape(num_kv_heads, (num_tokens + tile_tokens) * group_pad, padded)
     tile_seq, tile_q0, seq_first_tile = sequence_tiles(query_start_loc, num_seqs, num_tiles, tile_tokens)
     window = jnp.int32(0) if sliding_window is None else jnp.asarray(sliding_window, jnp.int32)
     params = jnp.stack([jnp.asarray(layer_index, jnp.int32).reshape(()), window.reshape(()), offset.reshape(())])
@@ -278,10 +300,10 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
     kernel = functools.partial(_kernel, rows=rows, group=group, group_pad=group_pad, block_size=block_size,
                                kv_rows=plan.kv_rows, num_splits=num_splits,
                                sm_scale=float(sm_scale) * float(k_scale),
-                               soft_cap=soft_cap)
+                               soft_cap=soft_cap, head_dim=head_dim)
     whole = pl.BlockSpec()
     part_rows = num_tiles * rows
-    partial_bytes = 3 * num_splits * num_kv_heads * part_rows * (head_dim + 2) * 4  # written, then merged
+    partial_bytes = 3 * num_splits * num_kv_heads * part_rows * (padded + 2) * 4  # written, then merged
     cost = attention_cost(num_tokens=num_tokens, num_seqs=num_slots, num_q_heads=num_q_heads,
                           cache_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
                           table_width=table_width, num_pages=num_pages, q_dtype=q.dtype, kv_dtype=kv_cache.dtype,
@@ -290,10 +312,10 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
         kernel,
         grid=(num_kv_heads, num_tiles, num_splits),
         in_specs=[whole] * 8,
-        out_specs=[pl.BlockSpec((None, None, rows, head_dim), lambda h, i, s: (s, h, i, 0)),
+        out_specs=[pl.BlockSpec((None, None, rows, padded), lambda h, i, s: (s, h, i, 0)),
                    pl.BlockSpec((None, None, rows), lambda h, i, s: (s, h, i)),
                    pl.BlockSpec((None, None, rows), lambda h, i, s: (s, h, i))],
-        out_shape=[jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows, head_dim), jnp.float32),
+        out_shape=[jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows, padded), jnp.float32),
                    jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows), jnp.float32),
                    jax.ShapeDtypeStruct((num_splits, num_kv_heads, part_rows), jnp.float32)],
         compiler_params=_CompilerParams(num_warps=num_warps, num_stages=plan.num_stages),
@@ -305,7 +327,7 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
 
     # Each token's rows in the partials, then the log-sum-exp merge of the splits.
     idx = token_rows(query_start_loc, num_seqs, seq_first_tile, num_tokens, tile_tokens, rows, group_pad, group)
-    o, m, l = o[:, :, idx], m[:, :, idx], l[:, :, idx]  # [P, Hkv, T, G(, D)]
+    o, m, l = o[:, :, idx, :head_dim], m[:, :, idx], l[:, :, idx]  # [P, Hkv, T, G(, D)]
     m_all = jnp.max(m, axis=0)
     w = jnp.exp(m - m_all[None])
     l_all = jnp.sum(w * l, axis=0)

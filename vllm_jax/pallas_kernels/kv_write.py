@@ -10,7 +10,9 @@ sequence reads that block.
 
 * TPU: the cache is lane-dense (kv_layout.py: one token's K/V is one [num_kv_heads * P]-lane row, built by
   kv_layout.interleave_rows) and the write is an XLA scatter of those rows (write_kv_cache_tpu says why).
-* GPU (Triton): one program per token stores its [2H, head_dim] row.
+* GPU (Triton): one program per token stores its [2H, head_dim] row. A head_dim that is not a power of two
+  (Phi-3's 96) is stored through a masked `plgpu.store` of the row padded to gpu_attention.padded_head_dim columns:
+  the cache keeps its unpadded rows and the columns past head_dim are never written.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from jax.experimental import pallas as pl
 
 from vllm_jax.pallas_kernels.costs import kv_write_cost
 from vllm_jax.pallas_kernels.gpu_attention import _CompilerParams as _TritonParams
+from vllm_jax.pallas_kernels.gpu_attention import _plgpu, padded_head_dim
 from vllm_jax.pallas_kernels.kv_layout import interleave_rows
 from vllm_jax.pallas_kernels.kv_quant import interleave
 
@@ -58,31 +61,44 @@ def write_kv_cache_tpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_map
     return kv_cache.at[jnp.asarray(layer_index, jnp.int32), page, offset].set(rows, mode="promise_in_bounds")
 
 
-def _gpu_kernel(slots_ref, layer_ref, new_ref, cache_in, cache_out, *, block_size: int):
+def _store_columns(ref, index: tuple, value: jax.Array, head_dim: int) -> None:
+    """ref[*index, <value's leading dims>, :head_dim] = value ([..., padded] columns): masked past head_dim. One
+    index tuple, not chained `.at` views (jax's interpreter cannot discharge a masked store through those)."""
+    padded = value.shape[-1]
+    lead = (slice(None),) * (value.ndim - 1)
+    if padded == head_dim:
+        ref[(*index, *lead, slice(None))] = value
+        return
+    cols = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
+    _plgpu.store(ref.at[(*index, *lead, pl.ds(0, padded))], value, mask=cols < head_dim)
+
+
+def _gpu_kernel(slots_ref, layer_ref, new_ref, cache_in, cache_out, *, block_size: int, head_dim: int):
     del cache_in  # aliased to cache_out
     t = pl.program_id(0)
     slot = slots_ref[t]
     page, offset = jax.lax.div(slot, block_size), jax.lax.rem(slot, block_size)
     combined = new_ref.shape[1]
     if combined & (combined - 1) == 0:
-        cache_out[layer_ref[0], page, offset, :, :] = new_ref[t, :, :]
+        _store_columns(cache_out, (layer_ref[0], page, offset), new_ref[t, :, :], head_dim)
     else:  # Triton blocks are powers of two: store row by row
         for c in range(combined):
-            cache_out[layer_ref[0], page, offset, c, :] = new_ref[t, c, :]
+            # (an array index: jax's interpreter cannot discharge a masked store at a Python int index)
+            _store_columns(cache_out, (layer_ref[0], page, offset, jnp.int32(c)), new_ref[t, c, :], head_dim)
 
 
 def write_kv_cache_gpu(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *,
                        layer_index: jax.Array | int | None = None, interpret: bool = False, k_scale: float = 1.0,
                        v_scale: float = 1.0) -> jax.Array:
-    """Same contract as xla_common.write_kv_cache, as a Triton kernel (head_dim a power of two)."""
+    """Same contract as xla_common.write_kv_cache, as a Triton kernel (any head_dim: the new rows are padded to
+    padded_head_dim columns, a copy of T rows, and stored masked)."""
     cache, layer, squeeze = _stacked(kv_cache, layer_index)
     head_dim = cache.shape[-1]
-    if head_dim & (head_dim - 1):
-        raise ValueError(f"pallas_gpu needs a power-of-two head_dim; got {head_dim}")
     new = interleave(k, v, cache.dtype, k_scale, v_scale)
+    new = jnp.pad(new, ((0, 0), (0, 0), (0, padded_head_dim(head_dim) - head_dim)))
     whole = pl.BlockSpec()
     out = pl.pallas_call(
-        functools.partial(_gpu_kernel, block_size=cache.shape[2]),
+        functools.partial(_gpu_kernel, block_size=cache.shape[2], head_dim=head_dim),
         grid=(new.shape[0],),
         in_specs=[whole] * 4,
         out_specs=whole,
