@@ -149,3 +149,14 @@ def test_chip_table_and_gpu_target_config():
         assert spec.sources and spec.hbm_bytes and spec.hbm_bytes_per_s and spec.peak_bf16_flops
     text = gpu_target_config(CHIPS["h100"])
     assert "shared_memory_per_block_optin: 232448" in text and "major: 9" in text and "core_count: 132" in text
+
+
+def test_gpu_plan_takes_fewer_query_rows_for_wide_heads():
+    """Prefill programs hold a [rows, head_dim] float32 accumulator in registers: 64 rows up to head_dim 256,
+    32 at Gemma 4's 512 (shared memory fits either way on an H100)."""
+    shapes = dict(num_tokens=8192, num_seqs=64, group=4, num_kv_heads=2, table_width=512, block_size=16,
+                  dtype=jnp.bfloat16, chip=CHIPS["h100"])
+    assert gpu_attention.gpu_plan(head_dim=256, **shapes).rows == 64
+    wide = gpu_attention.gpu_plan(head_dim=512, **shapes)
+    assert wide.rows == 32 and wide.kv_rows == 16 and wide.num_stages == 2
+    assert gpu_attention.gpu_plan(head_dim=512, **{**shapes, "num_tokens": 64}).rows == 16  # decode rule kept

@@ -24,7 +24,6 @@ import jax
 from vllm_jax.aot.compile import CompileReport, compile_jitted
 from vllm_jax.aot.targets import Target, get_target
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.gemma4_spec import Gemma4Spec
 from vllm_jax.model.mla_spec import MlaSpec
 from vllm_jax.worker.abstract import AbstractEngine
 from vllm_jax.worker.device_step import DeviceStep
@@ -145,8 +144,6 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
         return result
     result.num_layers = engine.spec.num_layers
     result.mla = isinstance(engine.spec, MlaSpec)
-    if isinstance(engine.spec, Gemma4Spec):  # attention runs the XLA path on every backend (docs: "Gemma 4")
-        result.attention_backend = "xla"
     result.target_kv_bytes_per_block = engine.target_kv_bytes_per_block
     recorder = _Recorder(target, engine.mesh)
 

@@ -5,15 +5,13 @@ k/v projections and with a double-wide MLP), so the params are stacked per group
 (`Gemma4Spec.group_of`: sliding, full, sliding_shared, full_shared; param `layers/{group}_{name}`) and the forward
 is a Python loop over the layers, each reading its group's slice. The KV cache is the one array every model
 has, [cache layers, blocks, block_size, 2 * KV heads, width] with the most KV heads and the widest head_dim of the
-producing layers: a layer repeats its KV heads and zero-pads its K/V (and q) to that, writes and attends with the
-xla backend (Pallas backends are routed to it), and a KV-shared layer attends its producer's cache layer without
-writing. PLE params (`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`)
+producing layers: a layer repeats its KV heads and zero-pads its K/V (and q) to that, writes and attends through
+any backend (the Pallas kernels take head_dim from q, i.e. the cache width; pallas_tpu's lane-dense cache holds
+each repeated head's padded K | V pair), and a KV-shared layer attends its producer's cache layer without writing. PLE params (`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`)
 sit on the model; every norm weight is used as stored (Gemma 4 scales by weight, not 1 + weight).
 """
 
 from __future__ import annotations
-
-import logging
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +21,9 @@ from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma import geglu_mlp, rotary_tables_of, soft_cap
 from vllm_jax.model.gemma4_spec import Gemma4Spec
-from vllm_jax.model.layers import AttentionKernels, LayerContext, apply_rotary, init_param, linear
+from vllm_jax.model.layers import LayerContext, apply_rotary, init_param, linear
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.step_inputs import StepInputs
-
-logger = logging.getLogger(__name__)
 
 
 def gemma4_rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
@@ -99,10 +95,6 @@ class Gemma4LM(DecoderLM):
                              "drop --quantization")
         super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform,
                          mesh=mesh)
-        if self.kernels.backend != "xla":  # docs/architecture.md, "Gemma 4"
-            logger.info("%s: attention backend %s is not tried with Gemma 4's padded K/V; Gemma 4 runs the XLA "
-                        "path", spec.architecture, self.kernels.backend)
-            self.kernels = AttentionKernels("xla", self.kernels.platform)
         if spec.ple_size:
             width = spec.num_layers * spec.ple_size
             self.embed_tokens_per_layer = init_param(rngs, (spec.ple_vocab_size, width), dtype)

@@ -19,7 +19,7 @@ What differs from Gemma 3, as transformers' Gemma4Text* modeling code does it:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +33,6 @@ _TYPES = ("sliding_attention", "full_attention")
 
 @dataclass(frozen=True)
 class Gemma4Spec(DecoderSpec):
-    pallas_attention: ClassVar[bool] = False  # padded K/V through the XLA path (docs/architecture.md, "Gemma 4")
     # per layer: its head_dim (full layers: global_head_dim)
     layer_head_dims: tuple[int, ...] = field(default=(), kw_only=True)
     # per layer: its KV heads (full layers: num_global_key_value_heads when set)

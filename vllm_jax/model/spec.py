@@ -7,7 +7,7 @@ scaling); `spec_from_hf_config` sets the switches from the HF `architectures` na
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from vllm_jax.model.layers import rope_inv_freq
 
@@ -16,8 +16,6 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 @dataclass(frozen=True)
 class DecoderSpec:
-    # the Pallas attention kernels serve this family (Gemma 4 runs the XLA path whatever the backend)
-    pallas_attention: ClassVar[bool] = True
     architecture: str
     vocab_size: int
     hidden_size: int

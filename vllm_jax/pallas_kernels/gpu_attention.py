@@ -62,6 +62,11 @@ def load_columns(ref, index: tuple, rows: int, head_dim: int, padded: int) -> ja
     return _plgpu.load(ref.at[(*index, pl.ds(0, padded))], mask=cols < head_dim, other=jnp.zeros((), ref.dtype))
 
 
+# The float32 accumulator [rows, head_dim] of one program lives in registers: 64 x 256 (Gemma 2/3 prefill) is 128
+# registers a thread over 4 warps; wider heads (Gemma 4's 512) take fewer query rows instead of spilling.
+ACC_ELEMENTS = 64 * 256
+
+
 def gpu_block_sizes(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, table_width: int,
                     num_sms: int = 132) -> tuple[int, int]:
     """-> (query rows per program, kv splits), from the shapes only.
@@ -175,7 +180,8 @@ def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, t
              block_size: int, dtype, chip=None, rows: int | None = None, num_splits: int | None = None,
              num_stages: int | None = None) -> GpuPlan:
     """Block sizes for `chip` (chips.ChipSpec; default: the chip being compiled for, H100's figures
-    elsewhere): the shape rule (gpu_block_sizes) with the chip's SM count, then whole pages per loop step with
+    elsewhere): the shape rule (gpu_block_sizes) with the chip's SM count, query rows capped so the float32
+    accumulator stays ACC_ELEMENTS (head_dim 512: 32 rows, not 64), then whole pages per loop step with
     two pipeline stages, halving the KV chunk (down to 16 slots) and then dropping to one stage until the
     estimate fits the chip's shared memory per block. A configuration that cannot fit is a ValueError."""
     from vllm_jax.pallas_kernels.chips import CHIPS, current_chip
@@ -196,6 +202,7 @@ def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, t
     auto_rows, auto_splits = gpu_block_sizes(num_tokens=num_tokens, num_seqs=num_seqs, group=group,
                                              num_kv_heads=num_kv_heads, table_width=table_width,
                                              num_sms=chip.num_sms)
+    auto_rows = min(auto_rows, max(16, _next_pow2(group), ACC_ELEMENTS // head_dim))
     rows, num_splits = rows or auto_rows, num_splits or auto_splits
     kv_rows, stages = block_size, num_stages or 2
     limit = chip.shared_memory_per_block_optin

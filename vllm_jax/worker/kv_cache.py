@@ -97,15 +97,17 @@ def min_kv_blocks(config: EngineConfig) -> int:
 
 
 def lane_dense_cache(config: EngineConfig, spec: DecoderSpec) -> bool:
-    """Whether the engine's K/V cache takes pallas_tpu's lane-dense layout (kv_layout.py); an MLA latent cache
-    (one row per token) never does, nor a family the Pallas kernels do not serve (Gemma 4)."""
-    return (uses_lane_dense(config.resolved_attention_backend) and spec.pallas_attention
-            and spec.kv_cache_heads == 2 * spec.num_kv_heads and spec.kv_cache_width == spec.head_dim)
+    """Whether the engine's K/V cache takes pallas_tpu's lane-dense layout (kv_layout.py): any cache of K/V pairs
+    (Gemma 4's too, in its padded width and repeated heads: `kv_cache_heads` / `kv_cache_width`); an MLA latent
+    cache (one row per token, `kv_cache_heads` 1) never does."""
+    return uses_lane_dense(config.resolved_attention_backend) and spec.kv_cache_heads % 2 == 0
 
 
 def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:
     mc = config.model_config
-    return KVCacheShape(spec.num_cache_layers, num_blocks, config.cache_config.block_size, spec.num_kv_heads,
+    # KV heads of the cache (Gemma 4: the most any layer has), each kv_cache_width wide
+    pairs = spec.kv_cache_heads // 2 if spec.kv_cache_heads % 2 == 0 else spec.num_kv_heads
+    return KVCacheShape(spec.num_cache_layers, num_blocks, config.cache_config.block_size, pairs,
                         spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads,
                         lane_dense=lane_dense_cache(config, spec))
 
@@ -121,7 +123,8 @@ def spec_bytes_per_block(spec: DecoderSpec, block_size: int, dtype: str, lane_de
     pallas_tpu's padded pair windows, lane_dense_cache), or MLA's latent row; layers that read another layer's
     K/V (Gemma 4's KV sharing) hold none."""
     if lane_dense:
-        return bytes_per_block(spec.num_cache_layers, block_size, spec.num_kv_heads, spec.head_dim, dtype, True)
+        return bytes_per_block(spec.num_cache_layers, block_size, spec.kv_cache_heads // 2, spec.kv_cache_width,
+                               dtype, True)
     return spec.num_cache_layers * block_size * spec.kv_cache_heads * spec.kv_cache_width * jnp.dtype(dtype).itemsize
 
 
