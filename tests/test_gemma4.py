@@ -1,6 +1,7 @@
 """Gemma 4 (text) against transformers on tiny random checkpoints (tests/helpers/gemma4_models.py): logits on
 ragged chunked batches with attention_k_eq_v both ways, 32-token greedy continuations through an engine with
-prefix caching and preemption, the KV cache holding only the producing layers, and the options refused."""
+prefix caching and preemption, the KV cache holding only the producing layers, and the options refused (the MoE
+block: tests/test_gemma4_moe.py)."""
 
 from __future__ import annotations
 
@@ -101,9 +102,6 @@ def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(checkpoint, tmp_pa
 
 
 def test_refused_options_name_what_is_wrong():
-    with pytest.raises(ValueError, match="enable_moe_block"):
-        gemma4_spec_from_hf_config(gemma4_config(enable_moe_block=True, num_experts=4, top_k_experts=2,
-                                                 moe_intermediate_size=32))
     with pytest.raises(ValueError, match="hidden_activation"):
         gemma4_spec_from_hf_config(gemma4_config(hidden_activation="silu"))
     with pytest.raises(ValueError, match="do not fit the KV cache"):  # 2 sliding KV heads cannot repeat into 3

@@ -1,7 +1,8 @@
 """Tiny random Gemma 4 text checkpoints (tests/test_gemma4.py): 5 layers (sliding, sliding, full, sliding, full),
 the last two KV-shared (layer 3 reads layer 1's cache, layer 4 layer 2's) with the double-wide MLP, head_dim 16 and
 global_head_dim 32, PLE on, a final logit cap small enough to bend these logits, every norm and layer_scalar
-randomized (transformers starts them at one)."""
+randomized (transformers starts them at one). `MOE` adds the MoE block (tests/test_gemma4_moe.py), its router scales
+and norms randomized too."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 from tests.helpers.tiny_models import EOS_ID, VOCAB_SIZE, byte_tokenizer
 
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+
+
+# params transformers starts at one, randomized around it: norms (the MoE block's `..._layernorm_1/2` too),
+# layer_scalar and the router's scales
+_START_AT_ONE = ("norm.weight", "layernorm_1.weight", "layernorm_2.weight", "layer_scalar", "router.scale",
+                 "per_expert_scale")
+# the MoE block (tests/test_gemma4_moe.py): 4 experts of 32, top 2, beside every layer's MLP
+MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
 
 
 def gemma4_config(**overrides) -> Gemma4TextConfig:
@@ -33,7 +42,7 @@ def make_tiny_gemma4(path: Path, seed: int = 0, **overrides) -> Gemma4ForCausalL
     model = Gemma4ForCausalLM(gemma4_config(**overrides)).eval()
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            if name.endswith(("norm.weight", "layer_scalar")):
+            if name.endswith(_START_AT_ONE):
                 tensor.copy_(1.0 + torch.randn(tensor.shape) * 0.3)
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)

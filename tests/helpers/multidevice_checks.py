@@ -372,6 +372,22 @@ def check_gemma4_tensor_parallel(workdir: Path) -> dict:
     return {"tp2": tokens, "cache_spec": _spec_list(engine.runner.kv_cache), "specs": specs}
 
 
+def check_gemma4_moe_parallel(workdir: Path) -> dict:
+    """Greedy tokens of the tiny MoE Gemma 4 the test wrote to WORKDIR/gemma4_moe at TP 2 (experts split on their
+    width) and TP 2 with expert parallelism (split on the expert axis), and where each put the experts."""
+    from flax import nnx
+
+    result: dict = {}
+    for key, args in (("tp2", {}), ("tp2_ep", {"enable_expert_parallel": True})):
+        tokens, engine = _greedy(str(workdir / "gemma4_moe"), tensor_parallel_size=2, **args)
+        layers = nnx.to_pure_dict(engine.runner.params)["layers"]
+        result[key] = tokens
+        result["tp2_specs" if key == "tp2" else "ep_specs"] = {
+            name: _spec_list(layers[name]) for name in ("sliding_experts_gate", "full_shared_experts_down",
+                                                        "sliding_router")}
+    return result
+
+
 def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
     """Logits of one prefill step of a tiny `family` model (tests/helpers/family_models.py) at TP 1 and 2, and
     where TP 2 put its linears (Phi-3's q/k/v and gate/up, split from fused tensors at load, shard like Llama's)."""
@@ -410,7 +426,8 @@ CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel
           "orbax": check_orbax_restore_into_another_mesh, "expert_parallel": check_expert_parallel,
           "pallas_tensor_parallel": check_pallas_tensor_parallel, "gpt_oss_parallel": check_gpt_oss_parallel,
           "gpt_oss_mxfp4_parallel": check_gpt_oss_mxfp4_parallel,
-          "mla_tensor_parallel": check_mla_tensor_parallel, "gemma4_tensor_parallel": check_gemma4_tensor_parallel}
+          "mla_tensor_parallel": check_mla_tensor_parallel, "gemma4_tensor_parallel": check_gemma4_tensor_parallel,
+          "gemma4_moe_parallel": check_gemma4_moe_parallel}
 
 CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
            for family in ("granite", "olmo2", "phi3")}

@@ -133,15 +133,35 @@ GEMMA4_E4B = {
                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                            "rope_theta": 1000000.0}},
 }
+# google/gemma-4-26B-A4B's text_config as a Gemma4ForCausalLM. The numbers: 30 layers (five sliding, window 1024,
+# per full one), hidden 2816, dense MLP 2112, 128 experts of 704 with top 8 beside it, 16 query heads, 8 KV heads of
+# 256 on the sliding layers and 2 of 512 on the full ones with values from k_proj (attention_k_eq_v), no KV sharing,
+# no per-layer inputs; as quoted (with the same values in each) by several public configs in the code index:
+# mlx-community/gemma-4-26b-a4b-it-4bit's text_config, a model card's config.json (Gemma4ForConditionalGeneration)
+# and a Go loader's test of the 26B text_config.
+GEMMA4_26B_A4B = {
+    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hidden_size": 2816,
+    "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "num_global_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512, "vocab_size": 262144,
+    "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "sliding_window": 1024,
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0,
+    "use_double_wide_mlp": False, "attention_k_eq_v": True, "enable_moe_block": True, "num_experts": 128,
+    "top_k_experts": 8, "moe_intermediate_size": 704, "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0}},
+}
 MODELS = {"llama-3.1-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B,
           "mixtral-8x7b": MIXTRAL_8X7B, "gemma-2-9b": GEMMA2_9B, "gemma-3-27b": GEMMA3_27B,
           "phi-3-mini-128k": PHI3_MINI_128K, "granite-3-8b": GRANITE_3_8B, "olmo-2-7b": OLMO2_7B,
-          "gpt-oss-20b": GPT_OSS_20B, "deepseek-v3": DEEPSEEK_V3, "gemma-4-e4b": GEMMA4_E4B}
+          "gpt-oss-20b": GPT_OSS_20B, "deepseek-v3": DEEPSEEK_V3, "gemma-4-e4b": GEMMA4_E4B,
+          "gemma-4-26b-a4b": GEMMA4_26B_A4B}
 # Gemma's layer kinds as transformers derives them; a reduced model keeps its last layer global so that both
 # kinds (Gemma 3: both rope tables) are in the compiled program.
 _SLIDING_PERIOD = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Gemma4ForCausalLM": 6}
-# Gemma 4 cut to fewer layers keeps this many KV-shared layers (a sliding then a full one), each reading an
-# earlier layer of its type
+# Gemma 4 with KV sharing cut to fewer layers keeps this many KV-shared layers (a sliding then a full one), each
+# reading an earlier layer of its type
 _GEMMA4_SHARED_KEPT = 2
 
 
@@ -158,7 +178,9 @@ def layer_types(config: dict, layers: int) -> list[str] | None:
 
 
 def _cut_gemma4(config: dict, layers: int) -> bool:
-    return config["architectures"][0] == "Gemma4ForCausalLM" and layers < config["num_hidden_layers"]
+    """A Gemma 4 with KV-shared layers cut to fewer layers (26B-A4B has none to keep)."""
+    return (config["architectures"][0] == "Gemma4ForCausalLM" and layers < config["num_hidden_layers"]
+            and config.get("num_kv_shared_layers", 0) > 0)
 
 
 def write_config(directory: str | Path, config: dict | None = None, **overrides) -> Path:

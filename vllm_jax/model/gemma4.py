@@ -7,8 +7,10 @@ is a Python loop over the layers, each reading its group's slice. The KV cache i
 has, [cache layers, blocks, block_size, 2 * KV heads, width] with the most KV heads and the widest head_dim of the
 producing layers: a layer repeats its KV heads and zero-pads its K/V (and q) to that, writes and attends through
 any backend (the Pallas kernels take head_dim from q, i.e. the cache width; pallas_tpu's lane-dense cache holds
-each repeated head's padded K | V pair), and a KV-shared layer attends its producer's cache layer without writing. PLE params (`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`)
-sit on the model; every norm weight is used as stored (Gemma 4 scales by weight, not 1 + weight).
+each repeated head's padded K | V pair), and a KV-shared layer attends its producer's cache layer without writing.
+PLE params (`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`) sit on the model;
+every norm weight is used as stored (Gemma 4 scales by weight, not 1 + weight). With `enable_moe_block` each group
+also holds the MoE block's params and `_layer` adds the experts beside the MLP (model/gemma4_moe.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from flax import nnx
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma import geglu_mlp, rotary_tables_of, soft_cap
+from vllm_jax.model.gemma4_moe import MATRICES as MOE_MATRICES
+from vllm_jax.model.gemma4_moe import moe_block, moe_shapes
 from vllm_jax.model.gemma4_spec import Gemma4Spec
 from vllm_jax.model.layers import LayerContext, apply_rotary, init_param, linear
 from vllm_jax.model.quantization import Quantization
@@ -57,7 +61,7 @@ def group_shapes(spec: Gemma4Spec, group: str, layers: list[int]) -> dict[str, t
     if spec.ple_size:
         shapes |= {"per_layer_input_gate": (n, h, spec.ple_size), "per_layer_projection": (n, spec.ple_size, h),
                    "post_per_layer_input_norm": (n, h)}
-    return shapes
+    return shapes | moe_shapes(spec, n)
 
 
 def layer_groups(spec: Gemma4Spec) -> dict[str, list[int]]:
@@ -75,7 +79,7 @@ class Gemma4Layers(nnx.Module):
         del quant  # refused by Gemma4LM
         for group, layers in layer_groups(spec).items():
             for name, shape in group_shapes(spec, group, layers).items():
-                matrix = name.endswith(("_proj", "_gate"))
+                matrix = name.endswith(("_proj", "_gate")) or name in MOE_MATRICES
                 param = init_param(rngs, shape, dtype) if matrix else nnx.Param(jnp.ones(shape, dtype))
                 setattr(self, f"{group}_{name}", param)
 
@@ -87,7 +91,8 @@ class Gemma4LM(DecoderLM):
     switched_scan = False  # a Python loop over the layers; per-layer arrays (--no-scan-layers) index the same way
 
     def __init__(self, spec: Gemma4Spec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
-                 platform: str | None = None, mesh=None, quantization=None, quantization_group_size=None):
+                 platform: str | None = None, mesh=None, expert_mesh=None, expert_axis: str = "model",
+                 quantization=None, quantization_group_size=None):
         if quantization is not None:
             name = getattr(quantization, "scheme", None) or ("gguf" if not isinstance(quantization, str) else
                                                              quantization)
@@ -95,6 +100,8 @@ class Gemma4LM(DecoderLM):
                              "drop --quantization")
         super().__init__(spec, dtype, rngs=rngs, attention_backend=attention_backend, platform=platform,
                          mesh=mesh)
+        self.expert_mesh = expert_mesh  # set: the MoE block's experts split over its `expert_axis` (EP)
+        self.expert_axis = expert_axis
         if spec.ple_size:
             width = spec.num_layers * spec.ple_size
             self.embed_tokens_per_layer = init_param(rngs, (spec.ple_vocab_size, width), dtype)
@@ -145,13 +152,18 @@ class Gemma4LM(DecoderLM):
 
     def _layer(self, ctx: LayerContext, w: dict, hidden: jax.Array, kv_cache: jax.Array, layer: int,
                ple: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-        """One layer: norm -> attention -> norm -> residual; norm -> GeGLU -> norm -> residual; the gated
-        per-layer input -> norm -> residual; times layer_scalar."""
+        """One layer: norm -> attention -> norm -> residual; norm -> GeGLU (with the MoE block: its norm plus the
+        experts' normed output, model/gemma4_moe.py) -> norm -> residual; the gated per-layer input -> norm ->
+        residual; times layer_scalar."""
         eps = self.spec.rms_norm_eps
         x = gemma4_rms_norm(hidden, w["input_norm"], eps)
         attn, kv_cache = self._attention(ctx, w, x, kv_cache, layer)
         hidden = hidden + gemma4_rms_norm(attn, w["post_attention_norm"], eps)
         ffn = geglu_mlp(w, gemma4_rms_norm(hidden, w["pre_feedforward_norm"], eps))
+        if self.spec.num_experts is not None:
+            experts = moe_block(self.spec, w, hidden, gemma4_rms_norm, self.expert_mesh, self.expert_axis)
+            ffn = (gemma4_rms_norm(ffn, w["post_feedforward_norm_1"], eps)
+                   + gemma4_rms_norm(experts, w["post_feedforward_norm_2"], eps))
         hidden = hidden + gemma4_rms_norm(ffn, w["post_feedforward_norm"], eps)
         if ple is not None:
             gate = jax.nn.gelu(linear(hidden, w["per_layer_input_gate"]), approximate=True) * ple

@@ -13,7 +13,8 @@ What differs from Gemma 3, as transformers' Gemma4Text* modeling code does it:
 - KV sharing: the last `num_kv_shared_layers` layers compute no K/V and read the cache of the last non-shared layer
   of their type; they own no cache layer (`cache_layer_of`), and with `use_double_wide_mlp` their MLP is twice
   as wide;
-- per-layer-input embeddings (PLE, `ple_size` > 0) and a `layer_scalar` per layer (model/gemma4.py).
+- per-layer-input embeddings (PLE, `ple_size` > 0) and a `layer_scalar` per layer (model/gemma4.py);
+- with `enable_moe_block` (gemma-4-26B-A4B), routed GeGLU experts beside every layer's MLP (model/gemma4_moe.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class Gemma4Spec(DecoderSpec):
     ple_vocab_size: int = field(default=0, kw_only=True)
     # cap * tanh(logit / cap) on the final logits; None: no cap
     final_soft_cap: float | None = field(default=None, kw_only=True)
+    # the MoE block beside every layer's MLP (enable_moe_block; model/gemma4_moe.py): routed experts; None: no
+    # block (the runner reads `num_experts` for expert parallelism and LoRA's refusal, as for the MoE families)
+    num_experts: int | None = field(default=None, kw_only=True)
+    num_experts_per_tok: int = field(default=0, kw_only=True)  # top_k_experts
+    moe_intermediate_size: int = field(default=0, kw_only=True)  # one expert's FFN width
 
     def is_full(self, layer: int) -> bool:
         return self.sliding_windows[layer] == 0
@@ -93,9 +99,6 @@ def gemma4_spec_from_hf_config(config: Any) -> Gemma4Spec:
         raise ValueError(f"{arch}: hidden_activation {act!r} is not supported (only gelu_pytorch_tanh)")
     if getattr(config, "use_bidirectional_attention", None):
         raise ValueError(f"{arch}: use_bidirectional_attention is not supported (causal decoding only)")
-    if getattr(config, "enable_moe_block", False):
-        raise ValueError(f"{arch}: enable_moe_block (the MoE block beside the MLP, e.g. gemma-4-26B-A4B) is not "
-                         "built yet; only dense Gemma 4 text checkpoints load")
     if getattr(config, "attention_bias", False):
         raise ValueError(f"{arch}: attention_bias is not supported (no Gemma 4 checkpoint has it)")
     n = config.num_hidden_layers
@@ -135,10 +138,22 @@ def gemma4_spec_from_hf_config(config: Any) -> Gemma4Spec:
         layer_head_dims=head_dims, layer_kv_heads=kv_heads, kv_source=source, layer_intermediate=intermediate,
         k_eq_v=bool(getattr(config, "attention_k_eq_v", False)), global_inv_freq=global_inv_freq, ple_size=ple,
         ple_vocab_size=int(getattr(config, "vocab_size_per_layer_input", 0) or 0) if ple else 0,
-        final_soft_cap=float(final_cap) if final_cap else None)
+        final_soft_cap=float(final_cap) if final_cap else None, **_moe_fields(config, arch))
     _check_groups(spec)
     _check_cache_views(spec)
     return spec
+
+
+def _moe_fields(config: Any, arch: str) -> dict[str, Any]:
+    """The MoE block's sizes when enable_moe_block is set (every layer then has one), else none."""
+    if not getattr(config, "enable_moe_block", False):
+        return {}
+    experts, top_k = config.num_experts, config.top_k_experts
+    width = config.moe_intermediate_size
+    if not experts or not width or not top_k or not 1 <= top_k <= experts:
+        raise ValueError(f"{arch}: enable_moe_block needs num_experts, moe_intermediate_size and top_k_experts "
+                         f"between 1 and num_experts; got {experts}, {width}, {top_k}")
+    return {"num_experts": int(experts), "num_experts_per_tok": int(top_k), "moe_intermediate_size": int(width)}
 
 
 def _kv_sources(config: Any, types: list[str]) -> tuple[int, ...]:

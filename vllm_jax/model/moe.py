@@ -33,6 +33,7 @@ compile checks"). A grouped-matmul kernel for GPU is the fix, not yet written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -73,19 +74,21 @@ def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
 
 def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, w_gate: jax.Array,
                        w_up: jax.Array, w_down: jax.Array, expert_offset: jax.Array | int = 0,
-                       scales: ExpertScales | None = None) -> jax.Array:
+                       scales: ExpertScales | None = None,
+                       activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
     """sum_k weights[t, k] * FFN_{expert_ids[t, k]}(x[t]) over the experts held here -> float32 [T, hidden].
 
     x [T, H]; weights [T, k] float32; expert_ids [T, k]; w_gate, w_up [E_here, H, I]; w_down [E_here, I, H],
     holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to other experts add 0.
     `scales`: the weights are quantized values and these their per-expert channel scales (weight-only).
+    `activation` applies to the gate: SiLU (SwiGLU: Mixtral, Qwen3-MoE, DeepSeek), tanh-GELU (GeGLU: Gemma 4).
     """
     groups = ExpertGroups.of(expert_ids, w_gate.shape[0], expert_offset)
     xs = x[groups.order // expert_ids.shape[1]]  # [T*k, H], grouped by expert
     s_gate, s_up, s_down = scales if scales is not None else (None, None, None)
     gate = _grouped_matmul(xs, w_gate, s_gate, groups.sizes, groups.row_expert)
     up = _grouped_matmul(xs, w_up, s_up, groups.sizes, groups.row_expert)
-    out = _grouped_matmul(jax.nn.silu(gate) * up, w_down, s_down, groups.sizes, groups.row_expert)
+    out = _grouped_matmul(activation(gate) * up, w_down, s_down, groups.sizes, groups.row_expert)
     return groups.combine(out, weights)
 
 
@@ -130,13 +133,15 @@ def _grouped_matmul(xs: jax.Array, w: jax.Array, scale: jax.Array | None, group_
 
 def expert_parallel_ffn(mesh: Mesh, axis: str, x: jax.Array, weights: jax.Array, expert_ids: jax.Array,
                         w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
-                        scales: ExpertScales | None = None) -> jax.Array:
+                        scales: ExpertScales | None = None,
+                        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
     """`grouped_expert_ffn` with the expert axis of the weights (and their scales) split over `mesh` axis `axis`:
     tokens and routing are replicated, each device runs its own experts, a psum combines the partial outputs."""
 
     def local(x, weights, expert_ids, w_gate, w_up, w_down, *scales):
         offset = jax.lax.axis_index(axis) * w_gate.shape[0]
-        partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset, scales or None)
+        partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset, scales or None,
+                                         activation)
         return jax.lax.psum(partial_out, axis)
 
     extra = tuple(scales) if scales is not None else ()

@@ -1,4 +1,5 @@
-"""A param read as a row range of a fused HF tensor (Phi-3's qkv_proj and gate_up_proj).
+"""A param read as a row range of a fused HF tensor (Phi-3's qkv_proj and gate_up_proj; Gemma 4's stacked
+experts.gate_up_proj, and its experts.down_proj whole, both with their last two dims swapped).
 
 The fused tensor is split at load: q, k, v (gate, up) are separate params, so the partition rules, the
 quantized reads and the model code see Llama's layout. Each device reads only its slice of its part: the
@@ -50,3 +51,31 @@ def fused_part(template: str, num_layers: int, offset: int, fused_rows: int) -> 
     """Per layer (`template` holds `{layer}`), rows offset .. of a fused [fused_rows, in] weight, transposed."""
     names = per_layer(template, num_layers, transpose=True).names
     return FusedPartSource(names, transpose=True, offset=offset, fused_rows=fused_rows)
+
+
+@dataclass(frozen=True)
+class ExpertPartSource(ParamSource):
+    """Rows offset .. offset + part of each layer's stacked-expert HF tensor [E, fused_rows, in] (Gemma 4's
+    experts.gate_up_proj / down_proj), its last two dims swapped into the param [layers, E, in, part]. A slice of
+    the param reads only its experts, rows and columns (expert- and tensor-parallel loading)."""
+
+    offset: int = 0
+    fused_rows: int = 0
+
+    def hf_shape(self, param_shape: tuple[int, ...]) -> tuple[int, ...]:
+        experts, columns, _ = param_shape[1:]
+        return (experts, self.fused_rows, columns)
+
+    def read(self, checkpoint: Checkpoint, index: tuple[slice, ...], param_shape: tuple[int, ...],
+             dtype) -> np.ndarray:
+        layers, experts, columns, rows = tuple(index) + (slice(None),) * (4 - len(index))
+        start, stop, step = rows.indices(param_shape[3])
+        rows = slice(start + self.offset, stop + self.offset, step)
+        pieces = [np.swapaxes(checkpoint.read(self.names[i], (experts, rows, columns)), -1, -2).astype(dtype)
+                  for i in range(*layers.indices(param_shape[0]))]
+        return np.stack(pieces)
+
+
+def expert_part(template: str, layers: list[int], offset: int, fused_rows: int) -> ExpertPartSource:
+    """Per layer (`template` holds `{layer}`), rows offset .. of a stacked-expert [E, fused_rows, in] tensor."""
+    return ExpertPartSource(per_layer(template, layers).names, offset=offset, fused_rows=fused_rows)

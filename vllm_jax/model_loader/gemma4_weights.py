@@ -1,10 +1,12 @@
 """Gemma 4 (text) params by HF tensor name: each layer group's stacked params (model/gemma4.py) read from its
-layers' tensors, the per-layer-input (PLE) tensors, and the tied embedding / final norm."""
+layers' tensors (the MoE block's stacked experts split / transposed as they load), the per-layer-input (PLE)
+tensors, and the tied embedding / final norm."""
 
 from __future__ import annotations
 
 from vllm_jax.model.gemma4 import group_shapes, layer_groups
 from vllm_jax.model.gemma4_spec import Gemma4Spec
+from vllm_jax.model_loader.fused_weights import expert_part
 from vllm_jax.model_loader.param_source import ParamSource, per_layer, single
 
 # our per-group layer param -> (HF suffix under model.layers.{layer}., transpose)
@@ -26,6 +28,13 @@ _LAYER_TENSORS: dict[str, tuple[str, bool]] = {
     "per_layer_input_gate": ("per_layer_input_gate.weight", True),
     "per_layer_projection": ("per_layer_projection.weight", True),
     "post_per_layer_input_norm": ("post_per_layer_input_norm.weight", False),
+    # the MoE block (model/gemma4_moe.py); its experts come from the stacked tensors (below)
+    "router": ("router.proj.weight", True),
+    "router_norm": ("router.scale", False),
+    "per_expert_scale": ("router.per_expert_scale", False),
+    "pre_feedforward_norm_2": ("pre_feedforward_layernorm_2.weight", False),
+    "post_feedforward_norm_1": ("post_feedforward_layernorm_1.weight", False),
+    "post_feedforward_norm_2": ("post_feedforward_layernorm_2.weight", False),
 }
 
 
@@ -41,6 +50,23 @@ def gemma4_param_sources(spec: Gemma4Spec) -> dict[tuple[str, ...], ParamSource]
     }
     for group, layers in layer_groups(spec).items():
         for name in group_shapes(spec, group, layers):
+            if name in _EXPERT_TENSORS:
+                continue
             suffix, transpose = _LAYER_TENSORS[name]
             sources[("layers", f"{group}_{name}")] = per_layer(f"model.layers.{{layer}}.{suffix}", layers, transpose)
+        if spec.num_experts is not None:
+            sources |= {("layers", f"{group}_{name}"): source for name, source in _expert_sources(spec, layers).items()}
     return sources
+
+
+_EXPERT_TENSORS = ("experts_gate", "experts_up", "experts_down")
+
+
+def _expert_sources(spec: Gemma4Spec, layers: list[int]) -> dict[str, ParamSource]:
+    """experts.gate_up_proj [E, 2I, H] split into gate (rows 0 .. I) and up (rows I .. 2I), each [E, H, I];
+    experts.down_proj [E, H, I] as [E, I, H]."""
+    i, h = spec.moe_intermediate_size, spec.hidden_size
+    gate_up = "model.layers.{layer}.experts.gate_up_proj"
+    return {"experts_gate": expert_part(gate_up, layers, 0, 2 * i),
+            "experts_up": expert_part(gate_up, layers, i, 2 * i),
+            "experts_down": expert_part("model.layers.{layer}.experts.down_proj", layers, 0, h)}

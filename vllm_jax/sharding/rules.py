@@ -52,11 +52,14 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^layers/(sliding|full)(_shared)?_(q_proj|gate_proj|up_proj|per_layer_input_gate)$", _COLUMN),
     (r"^layers/(sliding|full)(_shared)?_(o_proj|down_proj|per_layer_projection)$", _ROW),
     (r"^embed_tokens_per_layer$", -2),
+    # its MoE block (model/gemma4_moe.py) without EP: experts split on I like Mixtral's; router and scales replicated
+    (r"^layers/(sliding|full)(_shared)?_experts_(gate|up)$", _COLUMN),
+    (r"^layers/(sliding|full)(_shared)?_experts_down$", _ROW),
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
 _ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
 _KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_proj_scale|k_proj_min|v_proj_min)$")
-_EXPERT_PARAMS = re.compile(r"^layers/experts_")
+_EXPERT_PARAMS = re.compile(r"^layers/((sliding|full)(_shared)?_)?experts_")  # Gemma 4's carry their group
 
 
 def check_tensor_parallel_layout(spec: Any, tp: int, attention_backend: str = "xla") -> None:
