@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from vllm_jax.model_loader.gguf_file.families import BLOCK_OVERRIDES, NOT_PARAMETERS, norm_shift
+from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, MoeTensors
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -73,10 +74,11 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     supported = {getattr(gguf.GGMLQuantizationType, t) for t in _SUPPORTED_TYPES}
+    moe = MoeTensors(arch, path) if arch in MOE_ARCHITECTURES else None  # stacked / split tensors (moe_families)
     for tensor in reader.tensors:
         if tensor.name in NOT_PARAMETERS:
             continue
-        name = _hf_name(tensor.name, arch)
+        name = _hf_name(tensor.name, arch) if moe is None else tensor.name if moe.claims(tensor.name) else None
         if name is None:
             raise ModelSourceError(f"{path}: tensor {tensor.name} has no HF counterpart for architecture {arch}")
         if name in skip:
@@ -85,6 +87,9 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
             raise ModelSourceError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which "
                                    f"this engine cannot dequantize (supported: {', '.join(_SUPPORTED_TYPES)})")
         array = _dequantize(path, tensor)
+        if moe is not None:
+            yield from moe.convert(tensor.name, array)
+            continue
         if shift := norm_shift(arch, tensor.name):
             array -= np.float32(shift)
         if permuted and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
@@ -92,6 +97,8 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
         elif permuted and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
             array = _unpermute(array, kv_heads)
         yield name, array
+    if moe is not None:
+        moe.finish()
 
 
 def _dequantize(path: str, tensor: Any) -> np.ndarray:
