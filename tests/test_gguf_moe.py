@@ -110,9 +110,10 @@ def write_gpt_oss_gguf(path: Path, hf_dir: Path, expert_quant: str | None = None
     return _close(writer, path)
 
 
-def write_deepseek_gguf(path: Path, hf_dir: Path, legacy_kv_b: bool = False) -> Path:
+def write_deepseek_gguf(path: Path, hf_dir: Path, legacy_kv_b: bool = False, mtp: bool = False) -> Path:
     """convert_hf_to_gguf.py's DeepseekV2Model: experts stacked, kv_b split into k_b / v_b (`legacy_kv_b`: one
-    attn_kv_b, as converters before the split wrote), the V3 routing bias as exp_probs_b."""
+    attn_kv_b, as converters before the split wrote), the V3 routing bias as exp_probs_b; `mtp`: a
+    multi-token-prediction layer's tensors after the last layer (as other converters write them)."""
     config = AutoConfig.from_pretrained(hf_dir)
     v3 = config.architectures == ["DeepseekV3ForCausalLM"]
     rope = config.rope_parameters
@@ -163,6 +164,10 @@ def write_deepseek_gguf(path: Path, hf_dir: Path, legacy_kv_b: bool = False) -> 
             _add(writer, f"{blk}.attn_kv_b.weight", array)
         else:
             _add(writer, f"{blk}.{DEEPSEEK_BLOCK[sub]}.{kind}", array)
+    if mtp:
+        n = config.num_hidden_layers
+        _add(writer, f"blk.{n}.attn_norm.weight", np.ones(config.hidden_size, np.float32))
+        _add(writer, f"blk.{n}.nextn.eh_proj.weight", np.ones((config.hidden_size, 2 * config.hidden_size), np.float32))
     return _close(writer, path)
 
 
@@ -193,8 +198,8 @@ def _logits(path: Path, quantization: str | None = None) -> np.ndarray:
     return prompt_logits(quant_runner(path, quantization))
 
 
-@pytest.mark.parametrize("arch, variant", [("gpt_oss", {}), ("gpt_oss", {"fused": True}), ("deepseek_v3", {}),
-                                           ("deepseek_v2", {"legacy_kv_b": True})])
+@pytest.mark.parametrize("arch, variant", [("gpt_oss", {}), ("gpt_oss", {"fused": True}),
+                                           ("deepseek_v3", {"mtp": True}), ("deepseek_v2", {"legacy_kv_b": True})])
 def test_config_and_tensors_read_back_as_the_hf_checkpoint(tmp_path, arch, variant):
     """The config on every field the model reads and every HF tensor (names, shapes, values) exactly."""
     hf_dir = tmp_path / "hf"

@@ -65,8 +65,8 @@ _V3_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (1: softmax)
 class MoeTensors:
     """GGUF tensors of one file -> HF tensors, fed in file order; `finish` says whether a part was left over."""
 
-    def __init__(self, arch: str, path: str):
-        self.arch, self.path = arch, path
+    def __init__(self, arch: str, path: str, num_layers: int):
+        self.arch, self.path, self.num_layers = arch, path, num_layers
         self._parts: dict[tuple[int, str], dict[str, np.ndarray]] = {}
         self._has_kv_b: set[int] = set()
 
@@ -75,14 +75,24 @@ class MoeTensors:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL:
             return kind in ("weight", "bias")
+        if self._mtp(gguf_name):
+            return True
         match = _BLOCK_RE.fullmatch(gguf_name)
         return bool(match) and (match.group(2) in _ONE_TO_ONE[self.arch] or match.group(2) in _PARTS[self.arch])
+
+    def _mtp(self, gguf_name: str) -> bool:
+        """A multi-token-prediction layer's tensor (`blk.{n >= block_count}.*`, `*.nextn.*`): not read, as the
+        safetensors loader skips HF's model.layers.{num_hidden_layers}."""
+        layer = re.match(r"blk\.(\d+)\.", gguf_name)
+        return ".nextn." in gguf_name or bool(layer) and int(layer.group(1)) >= self.num_layers
 
     def convert(self, gguf_name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
         """The HF tensors this GGUF tensor completes (none while its partners are still to come)."""
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL:
             return [(f"{_GLOBAL[stem]}.{kind}", array)]
+        if self._mtp(gguf_name):
+            return []
         match = _BLOCK_RE.fullmatch(gguf_name)
         layer, stem, kind = int(match.group(1)), match.group(2), match.group(3)
         prefix = f"model.layers.{layer}."
@@ -212,7 +222,8 @@ def _deepseek2(reader: Any, kwargs: dict[str, Any], path: str) -> dict[str, Any]
     key_mla = field(reader, f"{arch}.attention.key_length_mla")
     value_mla = field(reader, f"{arch}.attention.value_length_mla")
     if key_mla is None:  # converters before the *_mla keys wrote the per-head lengths as key / value_length
-        key_mla, value_mla = field(reader, f"{arch}.attention.key_length"), field(reader, f"{arch}.attention.value_length")
+        key_mla = field(reader, f"{arch}.attention.key_length")
+        value_mla = field(reader, f"{arch}.attention.value_length")
     for value, key in ((kv_lora, "attention.kv_lora_rank"), (key_mla, "attention.key_length_mla"),
                        (value_mla, "attention.value_length_mla")):
         if value is None:

@@ -74,7 +74,9 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     supported = {getattr(gguf.GGMLQuantizationType, t) for t in _SUPPORTED_TYPES}
-    moe = MoeTensors(arch, path) if arch in MOE_ARCHITECTURES else None  # stacked / split tensors (moe_families)
+    moe = None  # gpt-oss / deepseek2: stacked and split tensors (moe_families)
+    if arch in MOE_ARCHITECTURES:
+        moe = MoeTensors(arch, path, field(reader, f"{arch}.block_count") or 0)
     for tensor in reader.tensors:
         if tensor.name in NOT_PARAMETERS:
             continue
