@@ -71,10 +71,8 @@ def _close(writer: gguf.GGUFWriter, path: Path) -> Path:
     return path
 
 
-def write_gpt_oss_gguf(path: Path, hf_dir: Path, expert_quant: str | None = None, fused: bool = False) -> Path:
-    """convert_hf_to_gguf.py's GptOssModel (`fused`: --fuse-gate-up-exps); `expert_quant` for the expert weights."""
-    config = AutoConfig.from_pretrained(hf_dir)
-    writer = gguf.GGUFWriter(str(path), "gpt-oss")
+def gpt_oss_keys(writer: gguf.GGUFWriter, config) -> gguf.GGUFWriter:
+    """GptOssModel.set_gguf_parameters' keys."""
     _common_keys(writer, config, config.num_key_value_heads)
     writer.add_expert_count(config.num_local_experts)
     writer.add_expert_used_count(config.num_experts_per_tok)
@@ -82,6 +80,42 @@ def write_gpt_oss_gguf(path: Path, hf_dir: Path, expert_quant: str | None = None
     writer.add_value_length(config.head_dim)
     writer.add_sliding_window(config.sliding_window)
     writer.add_expert_feed_forward_length(config.intermediate_size)
+    return writer
+
+
+def deepseek_keys(writer: gguf.GGUFWriter, config) -> gguf.GGUFWriter:
+    """DeepseekV2Model.set_gguf_parameters' keys (the gating function from V2 / V3's scoring function)."""
+    v3 = config.architectures == ["DeepseekV3ForCausalLM"]
+    rope = config.rope_parameters
+    _common_keys(writer, config, 1)  # MLA written as MQA
+    writer.add_expert_count(config.n_routed_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_group_count(config.n_group)
+    writer.add_expert_group_used_count(config.topk_group)
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    writer.add_leading_dense_block_count(config.first_k_dense_replace)
+    if config.q_lora_rank is not None:
+        writer.add_q_lora_rank(config.q_lora_rank)
+    writer.add_kv_lora_rank(config.kv_lora_rank)
+    writer.add_key_length(config.kv_lora_rank + config.qk_rope_head_dim)
+    writer.add_value_length(config.kv_lora_rank)
+    writer.add_key_length_mla(config.qk_nope_head_dim + config.qk_rope_head_dim)
+    writer.add_value_length_mla(config.v_head_dim)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    writer.add_expert_shared_count(config.n_shared_experts)
+    writer.add_expert_weights_scale(config.routed_scaling_factor)
+    if config.norm_topk_prob:
+        writer.add_expert_weights_norm(True)
+    writer.add_rope_dimension_count(config.qk_rope_head_dim)
+    if rope.get("mscale_all_dim") is not None:
+        writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    return writer
+
+
+def write_gpt_oss_gguf(path: Path, hf_dir: Path, expert_quant: str | None = None, fused: bool = False) -> Path:
+    """convert_hf_to_gguf.py's GptOssModel (`fused`: --fuse-gate-up-exps); `expert_quant` for the expert weights."""
+    config = AutoConfig.from_pretrained(hf_dir)
+    writer = gpt_oss_keys(gguf.GGUFWriter(str(path), "gpt-oss"), config)
     for name, array in load_file(str(hf_dir / "model.safetensors")).items():
         stem, kind = name.rsplit(".", 1)
         if stem in GLOBAL:
@@ -115,31 +149,7 @@ def write_deepseek_gguf(path: Path, hf_dir: Path, legacy_kv_b: bool = False, mtp
     attn_kv_b, as converters before the split wrote), the V3 routing bias as exp_probs_b; `mtp`: a
     multi-token-prediction layer's tensors after the last layer (as other converters write them)."""
     config = AutoConfig.from_pretrained(hf_dir)
-    v3 = config.architectures == ["DeepseekV3ForCausalLM"]
-    rope = config.rope_parameters
-    writer = gguf.GGUFWriter(str(path), "deepseek2")
-    _common_keys(writer, config, 1)  # MLA written as MQA
-    writer.add_expert_count(config.n_routed_experts)
-    writer.add_expert_used_count(config.num_experts_per_tok)
-    writer.add_expert_group_count(config.n_group)
-    writer.add_expert_group_used_count(config.topk_group)
-    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
-    writer.add_leading_dense_block_count(config.first_k_dense_replace)
-    if config.q_lora_rank is not None:
-        writer.add_q_lora_rank(config.q_lora_rank)
-    writer.add_kv_lora_rank(config.kv_lora_rank)
-    writer.add_key_length(config.kv_lora_rank + config.qk_rope_head_dim)
-    writer.add_value_length(config.kv_lora_rank)
-    writer.add_key_length_mla(config.qk_nope_head_dim + config.qk_rope_head_dim)
-    writer.add_value_length_mla(config.v_head_dim)
-    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
-    writer.add_expert_shared_count(config.n_shared_experts)
-    writer.add_expert_weights_scale(config.routed_scaling_factor)
-    if config.norm_topk_prob:
-        writer.add_expert_weights_norm(True)
-    writer.add_rope_dimension_count(config.qk_rope_head_dim)
-    if rope.get("mscale_all_dim") is not None:
-        writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    writer = deepseek_keys(gguf.GGUFWriter(str(path), "deepseek2"), config)
     tensors = load_file(str(hf_dir / "model.safetensors"))
     for name, array in tensors.items():
         stem, kind = name.rsplit(".", 1)
@@ -284,3 +294,21 @@ def test_gpt_oss_swiglu_clamp_key_is_read(tmp_path):
     read = read_gguf_config(str(_close(writer, path)))
     assert read.swiglu_limit == 0.5
     assert read.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "deepseek-v3"])
+def test_published_shapes_give_the_same_spec(tmp_path, model):
+    """The published gpt-oss-20b and DeepSeek-V3 configs (aot/model_configs.py) through GGUF metadata written as the
+    converter would give the spec their config.json gives (sizes, layer kinds, routing, rope tables, scales)."""
+    from vllm_jax.aot.model_configs import MODELS, write_config
+    from vllm_jax.model.registry import resolve_architecture
+
+    config = AutoConfig.from_pretrained(write_config(tmp_path / "hf", MODELS[model]))
+    path = tmp_path / "meta.gguf"
+    arch = "gpt-oss" if model == "gpt-oss-20b" else "deepseek2"
+    writer = (gpt_oss_keys if arch == "gpt-oss" else deepseek_keys)(gguf.GGUFWriter(str(path), arch), config)
+    # the config reads an untied head and attention biases off the tensors present: one-value stand-ins
+    for name in ("output.weight", "blk.0.attn_q.bias") if arch == "gpt-oss" else ("output.weight",):
+        writer.add_tensor(name, np.zeros(1, np.float32))
+    read = read_gguf_config(str(_close(writer, path)))
+    assert resolve_architecture(read, 4096)[1] == resolve_architecture(config, 4096)[1]
