@@ -260,22 +260,32 @@ def test_gpt_oss_mxfp4_experts_dequantize(tmp_path):
     np.testing.assert_allclose(_logits(path), _logits(rounded_dir), atol=1e-5, rtol=0)
 
 
-def test_missing_key_and_kept_quantization_are_refused(tmp_path):
+def _copy_without(src: Path, dst: Path, arch: str, key: str | None = None, tensor: str | None = None) -> Path:
+    """`src` rewritten without one metadata key / one tensor."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for name, entry in reader.fields.items():
+        if name.startswith(f"{arch}.") and name != key:
+            writer.add_key_value(name, entry.contents(), entry.types[0],
+                                 entry.types[-1] if entry.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for item in reader.tensors:
+        if item.name != tensor:
+            writer.add_tensor(item.name, np.asarray(item.data).reshape(tuple(reversed(item.shape))))
+    return _close(writer, dst)
+
+
+def test_missing_key_or_tensor_and_kept_quantization_are_refused(tmp_path):
     hf_dir = tmp_path / "hf"
-    make_tiny_checkpoint("deepseek_v2", hf_dir)
+    make_tiny_checkpoint("deepseek_v3", hf_dir)
     path = write_deepseek_gguf(tmp_path / "full.gguf", hf_dir)
     with pytest.raises(ModelSourceError, match="--quantization gguf .* not supported for GGUF architecture deepseek2"):
         quant_runner(path, "gguf")
-    reader = gguf.GGUFReader(str(path))
-    writer = gguf.GGUFWriter(str(tmp_path / "no_rank.gguf"), "deepseek2")
-    for key, entry in reader.fields.items():
-        if key.startswith("deepseek2.") and key != "deepseek2.attention.kv_lora_rank":
-            writer.add_key_value(key, entry.contents(), entry.types[0],
-                                 entry.types[-1] if entry.types[0] == gguf.GGUFValueType.ARRAY else None)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data).reshape(tuple(reversed(tensor.shape))))
+    no_rank = _copy_without(path, tmp_path / "no_rank.gguf", "deepseek2", key="deepseek2.attention.kv_lora_rank")
     with pytest.raises(ModelSourceError, match="lacks deepseek2.attention.kv_lora_rank"):
-        read_gguf_config(str(_close(writer, tmp_path / "no_rank.gguf")))
+        read_gguf_config(str(no_rank))
+    no_v_b = _copy_without(path, tmp_path / "no_v_b.gguf", "deepseek2", tensor="blk.2.attn_v_b.weight")
+    with pytest.raises(ModelSourceError, match="blk.2 has only attn_k_b of its kv_b tensors"):
+        dict(iter_gguf_tensors(str(no_v_b)))
 
 
 def test_gpt_oss_swiglu_clamp_key_is_read(tmp_path):

@@ -75,14 +75,12 @@ class MoeTensors:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL:
             return kind in ("weight", "bias")
-        if self._mtp(gguf_name):
-            return True
         match = _BLOCK_RE.fullmatch(gguf_name)
         return bool(match) and (match.group(2) in _ONE_TO_ONE[self.arch] or match.group(2) in _PARTS[self.arch])
 
-    def _mtp(self, gguf_name: str) -> bool:
-        """A multi-token-prediction layer's tensor (`blk.{n >= block_count}.*`, `*.nextn.*`): not read, as the
-        safetensors loader skips HF's model.layers.{num_hidden_layers}."""
+    def skipped(self, gguf_name: str) -> bool:
+        """A multi-token-prediction layer's tensor (`blk.{n >= block_count}.*`, `*.nextn.*`): not read (nor
+        dequantized), as the safetensors loader skips HF's model.layers.{num_hidden_layers}."""
         layer = re.match(r"blk\.(\d+)\.", gguf_name)
         return ".nextn." in gguf_name or bool(layer) and int(layer.group(1)) >= self.num_layers
 
@@ -91,8 +89,6 @@ class MoeTensors:
         stem, _, kind = gguf_name.rpartition(".")
         if stem in _GLOBAL:
             return [(f"{_GLOBAL[stem]}.{kind}", array)]
-        if self._mtp(gguf_name):
-            return []
         match = _BLOCK_RE.fullmatch(gguf_name)
         layer, stem, kind = int(match.group(1)), match.group(2), match.group(3)
         prefix = f"model.layers.{layer}."

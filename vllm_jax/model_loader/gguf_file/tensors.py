@@ -2,7 +2,8 @@
 
 Supported storage types: those gguf-py dequantizes (_SUPPORTED_TYPES); casting to the model dtype is the loader's
 job. llama.cpp permutes the q/k projection rows of llama-family models for its rotary layout and adds 1 to Gemma's
-norm weights; both are undone here (families.py), so the arrays equal the HF weights.
+norm weights; both are undone here (families.py), as are gpt-oss's and DeepSeek's stacked / split expert and MLA
+tensors (moe_families.py), so the arrays equal the HF weights.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
     if arch in MOE_ARCHITECTURES:
         moe = MoeTensors(arch, path, field(reader, f"{arch}.block_count") or 0)
     for tensor in reader.tensors:
-        if tensor.name in NOT_PARAMETERS:
+        if tensor.name in NOT_PARAMETERS or (moe is not None and moe.skipped(tensor.name)):
             continue
         name = _hf_name(tensor.name, arch) if moe is None else tensor.name if moe.claims(tensor.name) else None
         if name is None:
