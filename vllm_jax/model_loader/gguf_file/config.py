@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from vllm_jax.model_loader.gguf_file.families import family_config
+from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, moe_config_class, moe_family_config
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, float32_decimal, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -29,13 +30,14 @@ def read_gguf_config(path: str) -> Any:
 
     reader = open_gguf(path)
     arch = architecture(reader)
-    class_name, hf_arch, _ = ARCHITECTURES[arch]
+    class_name, hf_arch = moe_config_class(reader, arch) or ARCHITECTURES[arch][:2]
     kwargs = _shape_fields(reader, arch, path)
     kwargs["rope_parameters"] = _rope_parameters(reader, arch, kwargs.pop("rope_theta"), kwargs["head_dim"])
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
         kwargs[f"{name}_token_id"] = field(reader, f"tokenizer.ggml.{key}")
     kwargs.update(_layer_switches(reader, arch))
-    kwargs.update(family_config(reader, arch, kwargs))
+    kwargs.update(family_config(reader, arch, kwargs) if arch not in MOE_ARCHITECTURES
+                  else moe_family_config(reader, arch, kwargs))
     config_class = getattr(transformers, class_name)
     try:
         return config_class(architectures=[hf_arch], **kwargs)

@@ -19,6 +19,7 @@ import numpy as np
 from vllm_jax.model.grouped_quant import FORMATS, GROUP, min_name
 from vllm_jax.model.quantization import KeptFormats, scale_name
 from vllm_jax.model_loader.decoder_weights import LAYER_TENSORS
+from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
 from vllm_jax.model_loader.gguf_file.tensors import GGUFCheckpoint, _hf_name, _unpermute
 from vllm_jax.model_loader.source import ModelSourceError
@@ -36,6 +37,10 @@ def kept_formats(path: str) -> KeptFormats:
     """The params this file's quantized blocks can be kept for, and their formats."""
     reader = open_gguf(path)
     arch = architecture(reader)
+    if arch in MOE_ARCHITECTURES:
+        raise ModelSourceError(f"{path}: --quantization gguf (blocks kept on the device) is not supported for GGUF "
+                               f"architecture {arch} (its model takes no quantized weights yet); drop "
+                               "--quantization to load the file dequantized")
     types = {_hf_name(t.name, arch): t.tensor_type.name.lower() for t in reader.tensors}
     num_layers = field(reader, f"{arch}.block_count") or 0
     formats = []

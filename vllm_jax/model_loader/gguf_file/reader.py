@@ -21,6 +21,8 @@ ARCHITECTURES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", False),
     "granite": ("GraniteConfig", "GraniteForCausalLM", True),  # llama.cpp converts it as a LlamaModel
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", False),
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", False),
+    "deepseek2": ("DeepseekV3Config", "DeepseekV3ForCausalLM", False),  # V2 by its gating (moe_families)
 }
 
 

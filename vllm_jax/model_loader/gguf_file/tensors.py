@@ -2,7 +2,8 @@
 
 Supported storage types: those gguf-py dequantizes (_SUPPORTED_TYPES); casting to the model dtype is the loader's
 job. llama.cpp permutes the q/k projection rows of llama-family models for its rotary layout and adds 1 to Gemma's
-norm weights; both are undone here (families.py), so the arrays equal the HF weights.
+norm weights; both are undone here (families.py), as are gpt-oss's and DeepSeek's stacked / split expert and MLA
+tensors (moe_families.py), so the arrays equal the HF weights.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from vllm_jax.model_loader.gguf_file.families import BLOCK_OVERRIDES, NOT_PARAMETERS, norm_shift
+from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, MoeTensors
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -73,10 +75,13 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     supported = {getattr(gguf.GGMLQuantizationType, t) for t in _SUPPORTED_TYPES}
+    moe = None  # gpt-oss / deepseek2: stacked and split tensors (moe_families)
+    if arch in MOE_ARCHITECTURES:
+        moe = MoeTensors(arch, path, field(reader, f"{arch}.block_count") or 0)
     for tensor in reader.tensors:
-        if tensor.name in NOT_PARAMETERS:
+        if tensor.name in NOT_PARAMETERS or (moe is not None and moe.skipped(tensor.name)):
             continue
-        name = _hf_name(tensor.name, arch)
+        name = _hf_name(tensor.name, arch) if moe is None else tensor.name if moe.claims(tensor.name) else None
         if name is None:
             raise ModelSourceError(f"{path}: tensor {tensor.name} has no HF counterpart for architecture {arch}")
         if name in skip:
@@ -85,6 +90,9 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
             raise ModelSourceError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which "
                                    f"this engine cannot dequantize (supported: {', '.join(_SUPPORTED_TYPES)})")
         array = _dequantize(path, tensor)
+        if moe is not None:
+            yield from moe.convert(tensor.name, array)
+            continue
         if shift := norm_shift(arch, tensor.name):
             array -= np.float32(shift)
         if permuted and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
@@ -92,6 +100,8 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
         elif permuted and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
             array = _unpermute(array, kv_heads)
         yield name, array
+    if moe is not None:
+        moe.finish()
 
 
 def _dequantize(path: str, tensor: Any) -> np.ndarray:
