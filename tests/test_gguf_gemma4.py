@@ -20,7 +20,7 @@ from transformers import AutoConfig
 from tests.helpers.gemma4_models import make_tiny_gemma4
 from tests.helpers.quantized_models import PROMPTS, prompt_logits, quant_runner, relative_error
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
-from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, read_gguf_config
+from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
 from vllm_jax.model_loader.source import ModelSourceError
 
 GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
@@ -44,9 +44,9 @@ PLAIN = dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_w
 
 def write_gemma4_gguf(path: Path, hf_dir: Path, quant: str | None = None,
                       extra: Callable[[gguf.GGUFWriter], None] | None = None,
-                      rope_mask: list[float] | None = None) -> Path:
+                      rope_mask: list[float] | None = None, omit: tuple[str, ...] = ()) -> Path:
     """The GGUF llama.cpp's converter writes for this checkpoint (2-D weights in `quant`, the rest F32); `extra`
-    adds metadata or tensors, `rope_mask` replaces the rope_freqs mask."""
+    adds metadata or tensors, `rope_mask` replaces the rope_freqs mask, `omit` leaves out keys ("freq_base_swa")."""
     config = AutoConfig.from_pretrained(hf_dir)
     tensors = load_file(str(hf_dir / "model.safetensors"))
     n, types = config.num_hidden_layers, config.layer_types
@@ -70,7 +70,8 @@ def write_gemma4_gguf(path: Path, hf_dir: Path, quant: str | None = None,
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
-    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    if "freq_base_swa" not in omit:
+        writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
     writer.add_key_length(global_head_dim)
     writer.add_value_length(global_head_dim)
     writer.add_key_length_swa(head_dim)
@@ -177,7 +178,6 @@ def test_q8_0_gives_the_hf_model_of_its_dequantized_weights_and_keeping_its_bloc
     (lambda w: w.add_tensor("blk.0.ffn_gate_up_exps.weight", np.zeros((2, 4, 64), np.float32)), "MoE block"),
     (lambda w: w.add_tensor("v.patch_embd.weight", np.zeros((4, 4), np.float32)), "vision / audio encoder"),
     (lambda w: w.add_expert_count(4), "expert_count"),
-    (lambda w: w.add_attn_logit_softcapping(50.0), "attn_logit_softcapping"),
     (lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR) or w.add_rope_scaling_factor(2.0),
      "rope scaling"),
 ])
@@ -194,3 +194,42 @@ def test_a_rope_freqs_tensor_other_than_the_proportional_mask_is_refused(tmp_pat
     path = write_gemma4_gguf(tmp_path / "bad.gguf", tmp_path / "hf", rope_mask=[1.0] * 4 + [8.0] * 12)
     with pytest.raises(ModelSourceError, match="proportional-rope mask"):
         read_gguf_config(str(path))
+
+
+def test_keys_llama_cpp_lets_default_take_its_defaults(tmp_path):
+    """Without `rope.freq_base_swa` llama.cpp's sliding layers use the full layers' base."""
+    make_tiny_gemma4(tmp_path / "hf", seed=5)
+    path = write_gemma4_gguf(tmp_path / "g.gguf", tmp_path / "hf", omit=("freq_base_swa",))
+    rope = read_gguf_config(str(path)).rope_parameters
+    assert rope["sliding_attention"] == {"rope_type": "default", "rope_theta": rope["full_attention"]["rope_theta"]}
+
+
+def test_gemma4_tokenizer_metadata_gives_a_tokenizer(tmp_path):
+    """The converter's tokenizer (`tokenizer.ggml.model` gemma4: tokens, scores, types, merges, BOS added) through
+    transformers' GGUF builder: merges apply, bytes fall back, BOS is prepended, the chat template is kept."""
+    tokens = (["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)] + list("abcdefghij")
+              + ["\u2581", "ab", "\u2581ab"])
+    types = [gguf.TokenType.CONTROL] * 4 + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * 13
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "gemma4")
+    writer.add_tokenizer_model("gemma4")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types(types)
+    writer.add_token_merges(["a b", "\u2581 ab"])
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_pad_token_id(0)
+    writer.add_add_space_prefix(False)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = load_gguf_tokenizer(str(tmp_path / "t.gguf"))
+    ids = tokenizer.encode("ab ab cz")
+    assert tokenizer.convert_ids_to_tokens(ids) == ["<bos>", "ab", "\u2581ab", "\u2581", "c", "<0x7A>"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "ab ab cz"
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<bos>", "<eos>", "<pad>")
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<bos>hi"

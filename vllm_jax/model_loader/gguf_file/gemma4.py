@@ -19,8 +19,9 @@ What llama.cpp's converter (`Gemma4Model`, a `Gemma3Model`) writes, and how it m
 
 Refused with a ModelSourceError naming the cause, as they cannot be mapped back exactly or are not built: the
 MoE block (gemma-4-26B-A4B's `*_exps`, router and extra norms), vision / audio tensors (llama.cpp writes those to
-a separate mmproj file; this engine serves the text decoder), rope scaling, an attention scale or soft cap,
-sliding rope over part of the head, and head shapes or MLP widths that disagree with the tensors.
+a separate mmproj file; this engine serves the text decoder), rope scaling, sliding rope over part of the head,
+and head shapes or MLP widths that disagree with the tensors. `attention.scale` / `attn_logit_softcapping` are
+ignored, as llama.cpp's gemma4 loader does (softmax scale 1, no attention cap).
 """
 
 from __future__ import annotations
@@ -100,10 +101,8 @@ def gemma4_config(reader: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     if field(reader, f"{ARCH}.expert_count"):
         raise ModelSourceError(f"{path}: {ARCH}.expert_count is set: Gemma 4's MoE block is not built yet; only "
                                "dense Gemma 4 GGUF files load")
-    scale, cap = field(reader, f"{ARCH}.attention.scale"), field(reader, f"{ARCH}.attn_logit_softcapping")
-    if scale not in (None, 0.0, 1.0) or cap:
-        raise ModelSourceError(f"{path}: {ARCH}.attention.scale or attn_logit_softcapping is set; Gemma 4 has "
-                               "neither (softmax scale 1, no attention soft cap)")
+    # attention.scale and attn_logit_softcapping are not read: llama.cpp fixes Gemma 4's softmax scale at 1 and
+    # has no attention cap for it, as transformers
     sliding = _sliding_flags(reader, n, path)
     types = ["sliding_attention" if s else "full_attention" for s in sliding]
     head_dim, global_head_dim = _head_dims(reader, path)
@@ -146,8 +145,11 @@ def _tensor_shapes(reader: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _sliding_flags(reader: Any, n: int, path: str) -> list[bool]:
-    """`attention.sliding_window_pattern`: one flag per layer, True for sliding (what the converter writes)."""
+    """`attention.sliding_window_pattern`: one flag per layer, True for sliding (what the converter writes), or
+    one flag for every layer (llama.cpp reads it as key or array)."""
     pattern = field(reader, f"{ARCH}.attention.sliding_window_pattern")
+    if isinstance(pattern, (bool, int)):
+        pattern = [bool(pattern)] * n
     if not isinstance(pattern, list) or len(pattern) != n:
         raise ModelSourceError(f"{path}: {ARCH}.attention.sliding_window_pattern must hold one flag per layer "
                                f"({n}); got {pattern!r}")
@@ -229,8 +231,9 @@ def _rope(reader: Any, kwargs: dict[str, Any], head_dim: int, global_head_dim: i
                                    "through rope_freqs.weight")
     full = {"rope_type": "proportional", "rope_theta": generic["rope_theta"],
             "partial_rotary_factor": _partial_rotary_factor(reader, global_head_dim, path)}
+    local_theta = field(reader, f"{ARCH}.rope.freq_base_swa")  # absent: llama.cpp uses the full layers' base
     local = {"rope_type": "default",
-             "rope_theta": float32_decimal(field(reader, f"{ARCH}.rope.freq_base_swa", 10000.0))}
+             "rope_theta": float32_decimal(local_theta) if local_theta is not None else generic["rope_theta"]}
     return {"full_attention": full, "sliding_attention": local}
 
 
