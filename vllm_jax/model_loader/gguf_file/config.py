@@ -101,7 +101,7 @@ def _rope_parameters(reader: Any, arch: str, theta: float, head_dim: int) -> dic
         raise ModelSourceError(f"{reader.data.filename}: rope scaling type {kind!r} is not supported "
                                "(supported: none, linear, yarn)")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if freqs is not None:
+    if freqs is not None and arch != "gemma4":  # Gemma 4's is its proportional-rope mask (gguf_file/gemma4.py)
         import gguf
 
         divisors = np.asarray(gguf.quants.dequantize(freqs.data, freqs.tensor_type), np.float64).reshape(-1)

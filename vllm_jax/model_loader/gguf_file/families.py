@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.gguf_file.gemma4 import gemma4_config
 from vllm_jax.model_loader.gguf_file.reader import field, float32_decimal
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -42,6 +43,8 @@ def family_config(reader: Any, arch: str, kwargs: dict[str, Any]) -> dict[str, A
     may rewrite the generic `kwargs` (rope parameters, head_dim) in place."""
     if arch in _GEMMA:
         return _gemma(reader, arch, kwargs)
+    if arch == "gemma4":
+        return gemma4_config(reader, kwargs)
     if arch == "phi3":
         return _phi3(reader, kwargs)
     if arch == "granite":

@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", False),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", False),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", False),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", False),  # text decoder only (gguf_file/gemma4.py)
     "phi3": ("Phi3Config", "Phi3ForCausalLM", False),
     "granite": ("GraniteConfig", "GraniteForCausalLM", True),  # llama.cpp converts it as a LlamaModel
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", False),

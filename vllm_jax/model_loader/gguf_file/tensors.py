@@ -16,6 +16,7 @@ import numpy as np
 
 from vllm_jax.model_loader.gguf_file.families import BLOCK_OVERRIDES, NOT_PARAMETERS, norm_shift
 from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, MoeTensors
+from vllm_jax.model_loader.gguf_file.gemma4 import gemma4_hf_name
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -120,6 +121,8 @@ def _dequantize(path: str, tensor: Any) -> np.ndarray:
 
 def _hf_name(gguf_name: str, arch: str) -> str | None:
     """The HF tensor name of a GGUF tensor of architecture `arch` (families.BLOCK_OVERRIDES first)."""
+    if arch == "gemma4":
+        return gemma4_hf_name(gguf_name)
     stem, _, kind = gguf_name.rpartition(".")
     if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[stem]}.{kind}"
