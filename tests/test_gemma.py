@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers.family_checks import engine_greedy
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax.model.gemma_spec import gemma_spec_from_hf_config
@@ -57,19 +58,6 @@ def test_attention_soft_cap_reaches_the_pallas_kernels(tmp_path):
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), attention_backend="pallas_gpu")
 
 
-def _greedy(engine, prompts: list[list[int]]) -> list[list[int]]:
-    """MAX_TOKENS greedy tokens of each prompt through `engine` (an LLMEngine: no warm-up compiles)."""
-    from vllm_jax import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
-    return [tokens[str(i)] for i in range(len(prompts))]
-
-
 def test_greedy_matches_transformers_with_prefix_caching_and_under_preemption(checkpoint):
     """32 greedy tokens of prompts of 7, 30 and 1 tokens and of four prompts sharing a 24-token prefix equal
     transformers' with prefix caching on (and hits) and off, both with a KV cache small enough to preempt (the
@@ -90,10 +78,11 @@ def test_greedy_matches_transformers_with_prefix_caching_and_under_preemption(ch
         return LLMEngine(EngineArgs(**base, **args).create_config(), warmup=False)
 
     cached = engine(enable_prefix_caching=True)
-    assert _greedy(cached, prompts[:5]) + _greedy(cached, prompts[5:]) == reference
+    first, rest = engine_greedy(cached, prompts[:5], MAX_TOKENS), engine_greedy(cached, prompts[5:], MAX_TOKENS)
+    assert first + rest == reference
     assert cached.kv_cache_manager.prefix_cache_hits > 0
     uncached = engine(enable_prefix_caching=False)
-    assert _greedy(uncached, prompts) == reference
+    assert engine_greedy(uncached, prompts, MAX_TOKENS) == reference
     assert cached.scheduler.num_preemptions_total > 0 and uncached.scheduler.num_preemptions_total > 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_prompts
+from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_greedy, engine_prompts
 from tests.helpers.gemma4_models import LAYER_TYPES, MOE, gemma4_config, make_tiny_gemma4
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
@@ -67,20 +67,14 @@ def test_logits_match_without_kv_sharing_on_per_layer_arrays(tmp_path):
 def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(checkpoint):
     """32 greedy tokens of seven prompts equal transformers' through an engine with prefix caching on (the shared
     prefix is hit) and a cache small enough to preempt."""
-    from vllm_jax import EngineArgs, SamplingParams
+    from vllm_jax import EngineArgs
     from vllm_jax.engine.llm_engine import LLMEngine
 
     path, hf = checkpoint
     prompts = engine_prompts()
     engine = LLMEngine(EngineArgs(model=str(path), **ENGINE, enable_prefix_caching=True).create_config(),
                        warmup=False)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
-    assert [tokens[str(i)] for i in range(len(prompts))] == [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+    assert engine_greedy(engine, prompts) == [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     assert engine.scheduler.num_preemptions_total > 0 and engine.kv_cache_manager.prefix_cache_hits > 0
 
 
