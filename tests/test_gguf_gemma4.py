@@ -34,6 +34,12 @@ BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_atten
          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
          "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
          "post_per_layer_input_norm": "post_norm"}
+# the MoE block (enable_moe_block): HF suffix under model.layers.{i}. -> the converter's name, tensors as they are
+MOE_BLOCK = {"router.proj.weight": "ffn_gate_inp.weight", "router.scale": "ffn_gate_inp.scale",
+             "router.per_expert_scale": "ffn_down_exps.scale", "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+             "experts.down_proj": "ffn_down_exps.weight", "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+             "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+             "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight"}
 # no PLE, no KV sharing, one KV head count, V projections on the full layers, no final cap, a wider rope share
 PLAIN = dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_wide_mlp=False,
              attention_k_eq_v=False, num_global_key_value_heads=None, final_logit_softcapping=None,
@@ -45,8 +51,9 @@ PLAIN = dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_w
 def write_gemma4_gguf(path: Path, hf_dir: Path, quant: str | None = None,
                       extra: Callable[[gguf.GGUFWriter], None] | None = None,
                       rope_mask: list[float] | None = None, omit: tuple[str, ...] = ()) -> Path:
-    """The GGUF llama.cpp's converter writes for this checkpoint (2-D weights in `quant`, the rest F32); `extra`
-    adds metadata or tensors, `rope_mask` replaces the rope_freqs mask, `omit` leaves out keys ("freq_base_swa")."""
+    """The GGUF llama.cpp's converter writes for this checkpoint (2-D / 3-D weights in `quant` but the router, the
+    rest F32); `extra` adds metadata or tensors, `rope_mask` replaces the rope_freqs mask, `omit` leaves out keys
+    ("freq_base_swa") or GGUF tensors (by name)."""
     config = AutoConfig.from_pretrained(hf_dir)
     tensors = load_file(str(hf_dir / "model.safetensors"))
     n, types = config.num_hidden_layers, config.layer_types
@@ -84,6 +91,12 @@ def write_gemma4_gguf(path: Path, hf_dir: Path, quant: str | None = None,
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     writer.add_shared_kv_layers(config.num_kv_shared_layers)
     writer.add_embedding_length_per_layer_input(config.hidden_size_per_layer_input or 0)
+    if config.enable_moe_block:
+        writer.add_expert_count(config.num_experts)
+        if "expert_used_count" not in omit:
+            writer.add_expert_used_count(config.top_k_experts)
+        if "expert_feed_forward_length" not in omit:
+            writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     rotated = int(global_head_dim * rope["full_attention"]["partial_rotary_factor"] / 2)
     mask = rope_mask or [1.0] * rotated + [1e30] * (global_head_dim // 2 - rotated)
     writer.add_tensor("rope_freqs.weight", np.array(mask, np.float32))
@@ -97,10 +110,15 @@ def write_gemma4_gguf(path: Path, hf_dir: Path, quant: str | None = None,
             gguf_name = f"{GLOBAL[stem]}.{kind}"
         elif kind == "layer_scalar":
             gguf_name = f"blk.{stem.removeprefix('model.layers.')}.layer_output_scale.weight"
+        elif (parts := name.removeprefix("model.layers.").split(".", 1))[1] in MOE_BLOCK:
+            gguf_name = f"blk.{parts[0]}.{MOE_BLOCK[parts[1]]}"
         else:
             layer, sub = stem.removeprefix("model.layers.").split(".", 1)
             gguf_name = f"blk.{layer}.{BLOCK[sub]}.{kind}"
-        if quant is not None and array.ndim == 2 and array.shape[1] % 32 == 0:  # llama.cpp keeps the rest F32
+        if gguf_name in omit:
+            continue
+        quantized = array.ndim >= 2 and array.shape[-1] % 32 == 0 and ".ffn_gate_inp." not in gguf_name
+        if quant is not None and quantized:  # llama.cpp keeps the rest (and the router) F32
             qtype = gguf.GGMLQuantizationType[quant]
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
@@ -175,9 +193,10 @@ def test_q8_0_gives_the_hf_model_of_its_dequantized_weights_and_keeping_its_bloc
 
 
 @pytest.mark.parametrize("extra, message", [
-    (lambda w: w.add_tensor("blk.0.ffn_gate_up_exps.weight", np.zeros((2, 4, 64), np.float32)), "MoE block"),
+    (lambda w: w.add_tensor("blk.0.ffn_gate_up_exps.weight", np.zeros((2, 4, 64), np.float32)),
+     "ffn_gate_up_exps.weight belongs to Gemma 4's MoE block, but the metadata has no gemma4.expert_count"),
     (lambda w: w.add_tensor("v.patch_embd.weight", np.zeros((4, 4), np.float32)), "vision / audio encoder"),
-    (lambda w: w.add_expert_count(4), "expert_count"),
+    (lambda w: w.add_expert_count(4), "sets gemma4.expert_count but lacks gemma4.expert_used_count"),
     (lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR) or w.add_rope_scaling_factor(2.0),
      "rope scaling"),
 ])

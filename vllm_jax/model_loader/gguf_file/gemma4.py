@@ -17,11 +17,13 @@ What llama.cpp's converter (`Gemma4Model`, a `Gemma3Model`) writes, and how it m
   0) for the rest; its count of ones gives `partial_rotary_factor`. `rope.freq_base` / `freq_base_swa` are the
   full / sliding bases.
 
-Refused with a ModelSourceError naming the cause, as they cannot be mapped back exactly or are not built: the
-MoE block (gemma-4-26B-A4B's `*_exps`, router and extra norms), vision / audio tensors (llama.cpp writes those to
-a separate mmproj file; this engine serves the text decoder), rope scaling, sliding rope over part of the head,
-and head shapes or MLP widths that disagree with the tensors. `attention.scale` / `attn_logit_softcapping` are
-ignored, as llama.cpp's gemma4 loader does (softmax scale 1, no attention cap).
+The MoE block (gemma-4-26B-A4B: router, stacked experts, extra norms, expert_* keys) maps back in gemma4_moe.py.
+
+Refused with a ModelSourceError naming the cause, as they cannot be mapped back exactly or are not built: vision /
+audio tensors (llama.cpp writes those to a separate mmproj file; this engine serves the text decoder), rope
+scaling, sliding rope over part of the head, and head shapes or MLP widths that disagree with the tensors.
+`attention.scale` / `attn_logit_softcapping` are ignored, as llama.cpp's gemma4 loader does (softmax scale 1, no
+attention cap).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.gguf_file.gemma4_moe import MOE_STEMS, moe_config, moe_hf_name
 from vllm_jax.model_loader.gguf_file.reader import field, float32_decimal
 from vllm_jax.model_loader.source import ModelSourceError
 
@@ -61,16 +64,14 @@ _BLOCK = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
 }
-# the MoE block beside the MLP (router, experts, their norms): model/gemma4_spec.py refuses enable_moe_block
-_MOE = ("ffn_gate_inp", "ffn_gate_up_exps", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "pre_ffw_norm_2",
-        "post_ffw_norm_1", "post_ffw_norm_2")
 _MULTIMODAL = ("v.", "a.", "mm.", "conformer.", "vision", "audio")
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(\w+)")
 _UNROTATED = 1e20  # llama.cpp writes 1e30 as the frequency divisor of the dims proportional rope leaves unrotated
 
 
 def gemma4_hf_name(gguf_name: str) -> str | None:
-    """The HF name of a `gemma4` GGUF tensor; None when it has none; MoE and vision / audio tensors refused."""
+    """The HF name of a `gemma4` GGUF tensor; None when it has none; vision / audio tensors refused (the MoE
+    block's names: gemma4_moe.py)."""
     if gguf_name.startswith(_MULTIMODAL):
         raise ModelSourceError(f"GGUF tensor {gguf_name} belongs to Gemma 4's vision / audio encoder; this engine "
                                "serves the text decoder only (use the text GGUF; llama.cpp writes the encoders to a "
@@ -82,9 +83,8 @@ def gemma4_hf_name(gguf_name: str) -> str | None:
     if match is None:
         return None
     layer, name, kind = match.groups()
-    if name in _MOE:
-        raise ModelSourceError(f"GGUF tensor {gguf_name} is part of Gemma 4's MoE block (e.g. gemma-4-26B-A4B), "
-                               "which is not built yet; only dense Gemma 4 GGUF files load")
+    if name in MOE_STEMS:
+        return moe_hf_name(gguf_name, layer, name, kind)
     if name == "layer_output_scale" and kind == "weight":
         return f"model.layers.{layer}.layer_scalar"  # an HF buffer, named without .weight
     if name in _BLOCK and kind == "weight":
@@ -98,9 +98,6 @@ def gemma4_config(reader: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     path = reader.data.filename
     n = kwargs["num_hidden_layers"]
     shapes = _tensor_shapes(reader)
-    if field(reader, f"{ARCH}.expert_count"):
-        raise ModelSourceError(f"{path}: {ARCH}.expert_count is set: Gemma 4's MoE block is not built yet; only "
-                               "dense Gemma 4 GGUF files load")
     # attention.scale and attn_logit_softcapping are not read: llama.cpp fixes Gemma 4's softmax scale at 1 and
     # has no attention cap for it, as transformers
     sliding = _sliding_flags(reader, n, path)
@@ -128,6 +125,7 @@ def gemma4_config(reader: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         "attention_k_eq_v": _k_eq_v(shapes, sliding, first_shared, path),
         "hidden_size_per_layer_input": ple, "vocab_size_per_layer_input": int(ple_rows),
         "hidden_activation": "gelu_pytorch_tanh",
+        **moe_config(reader, shapes, n, kwargs["hidden_size"], path),
     }
     final_cap = field(reader, f"{ARCH}.final_logit_softcapping")
     out["final_logit_softcapping"] = float32_decimal(final_cap) if final_cap else None
