@@ -15,6 +15,7 @@ import transformers
 from safetensors.numpy import load_file
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from tests.helpers.gguf_writing import finish_gguf
 from tests.helpers.kquants import q4_k_blocks, q6_k_blocks
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
 from vllm_jax.model_loader.source import DEFAULT_MODEL_PACKAGE, ModelSourceError
@@ -130,11 +131,7 @@ def write_gguf(path: Path, arch: str, config, tensors: dict[str, np.ndarray], qu
             writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish_gguf(writer, path)
 
 
 @pytest.fixture(scope="module")

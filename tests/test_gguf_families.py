@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 from transformers import AutoConfig
 
 from tests.helpers.family_models import make_family_checkpoint
+from tests.helpers.gguf_writing import add_tensor, finish_gguf
 from tests.helpers.quantized_models import prompt_logits, quant_runner, relative_error
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from tests.test_gguf import llama_cpp_permute
@@ -98,16 +99,8 @@ def write_family_gguf(path: Path, arch: str, hf_dir: Path, quant: str | None = N
             array = llama_cpp_permute(array, config.num_attention_heads)
         elif arch == "granite" and "k_proj" in name:
             array = llama_cpp_permute(array, config.num_key_value_heads)
-        if quant is not None and array.ndim == 2:
-            qtype = gguf.GGMLQuantizationType[quant]
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        add_tensor(writer, gguf_name, array, quant if array.ndim == 2 else None)
+    return finish_gguf(writer, path)
 
 
 def _logits(path: Path, quantization: str | None = None) -> np.ndarray:

@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 from transformers import AutoConfig
 
 from tests.helpers.gemma4_models import make_tiny_gemma4
+from tests.helpers.gguf_writing import add_tensor, finish_gguf
 from tests.helpers.quantized_models import PROMPTS, prompt_logits, quant_runner, relative_error
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
@@ -118,16 +119,9 @@ def write_gemma4_gguf(path: Path, hf_dir: Path, quant: str | None = None,
         if gguf_name in omit:
             continue
         quantized = array.ndim >= 2 and array.shape[-1] % 32 == 0 and ".ffn_gate_inp." not in gguf_name
-        if quant is not None and quantized:  # llama.cpp keeps the rest (and the router) F32
-            qtype = gguf.GGMLQuantizationType[quant]
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        # llama.cpp keeps the rest (and the router) F32
+        add_tensor(writer, gguf_name, array, quant if quantized else None)
+    return finish_gguf(writer, path)
 
 
 @pytest.fixture(scope="module", params=["full", "plain"])
@@ -242,10 +236,7 @@ def test_gemma4_tokenizer_metadata_gives_a_tokenizer(tmp_path):
     writer.add_add_bos_token(True)
     writer.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
     writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, tmp_path / "t.gguf")
     tokenizer = load_gguf_tokenizer(str(tmp_path / "t.gguf"))
     ids = tokenizer.encode("ab ab cz")
     assert tokenizer.convert_ids_to_tokens(ids) == ["<bos>", "ab", "\u2581ab", "\u2581", "c", "<0x7A>"]

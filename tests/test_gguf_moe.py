@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 from transformers import AutoConfig
 
+from tests.helpers.gguf_writing import finish_gguf
 from tests.helpers.quantized_models import prompt_logits, quant_runner
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, read_gguf_config
@@ -61,14 +62,6 @@ def _common_keys(writer: gguf.GGUFWriter, config, num_kv_heads: int) -> None:
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-
-
-def _close(writer: gguf.GGUFWriter, path: Path) -> Path:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def gpt_oss_keys(writer: gguf.GGUFWriter, config) -> gguf.GGUFWriter:
@@ -141,7 +134,7 @@ def write_gpt_oss_gguf(path: Path, hf_dir: Path, expert_quant: str | None = None
             _add(writer, f"{blk}.ffn_down_exps.bias", array)
         else:
             _add(writer, f"{blk}.{GPT_OSS_BLOCK[sub.rsplit('.', 1)[0]]}.{kind}", array)
-    return _close(writer, path)
+    return finish_gguf(writer, path)
 
 
 def write_deepseek_gguf(path: Path, hf_dir: Path, legacy_kv_b: bool = False, mtp: bool = False) -> Path:
@@ -178,7 +171,7 @@ def write_deepseek_gguf(path: Path, hf_dir: Path, legacy_kv_b: bool = False, mtp
         n = config.num_hidden_layers
         _add(writer, f"blk.{n}.attn_norm.weight", np.ones(config.hidden_size, np.float32))
         _add(writer, f"blk.{n}.nextn.eh_proj.weight", np.ones((config.hidden_size, 2 * config.hidden_size), np.float32))
-    return _close(writer, path)
+    return finish_gguf(writer, path)
 
 
 CHECKPOINTS = {  # llama.cpp fixes gpt-oss's SwiGLU limit at 7.0 (the published value)
@@ -271,7 +264,7 @@ def _copy_without(src: Path, dst: Path, arch: str, key: str | None = None, tenso
     for item in reader.tensors:
         if item.name != tensor:
             writer.add_tensor(item.name, np.asarray(item.data).reshape(tuple(reversed(item.shape))))
-    return _close(writer, dst)
+    return finish_gguf(writer, dst)
 
 
 def test_missing_key_or_tensor_and_kept_quantization_are_refused(tmp_path):
@@ -301,7 +294,7 @@ def test_gpt_oss_swiglu_clamp_key_is_read(tmp_path):
     writer.add_swiglu_clamp_exp([0.5] * config.num_hidden_layers)
     writer.add_uint32("gpt-oss.attention.sliding_window_pattern", 3)
     writer.add_tensor("token_embd.weight", np.zeros((config.vocab_size, config.hidden_size), np.float32))
-    read = read_gguf_config(str(_close(writer, path)))
+    read = read_gguf_config(str(finish_gguf(writer, path)))
     assert read.swiglu_limit == 0.5
     assert read.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
 
@@ -320,5 +313,5 @@ def test_published_shapes_give_the_same_spec(tmp_path, model):
     # the config reads an untied head and attention biases off the tensors present: one-value stand-ins
     for name in ("output.weight", "blk.0.attn_q.bias") if arch == "gpt-oss" else ("output.weight",):
         writer.add_tensor(name, np.zeros(1, np.float32))
-    read = read_gguf_config(str(_close(writer, path)))
+    read = read_gguf_config(str(finish_gguf(writer, path)))
     assert resolve_architecture(read, 4096)[1] == resolve_architecture(config, 4096)[1]
