@@ -2,7 +2,8 @@
 (docs/architecture.md, "GGUF files of the newer families").
 
 - Tensor names: GGUF reuses `ffn_norm`, `post_attention_norm` and `ffn_up` with per-architecture meanings
-  (Gemma's `ffn_norm` is the pre-feedforward norm, Phi-3's `attn_qkv` / `ffn_up` hold the fused projections).
+  (Gemma's `ffn_norm` is the pre-feedforward norm, Phi-3's `attn_qkv` / `ffn_up` hold the fused projections):
+  names.BLOCK_OVERRIDES.
 - Gemma's RMSNorm weights are stored with 1 added (llama.cpp multiplies by the weight, Gemma by 1 + weight).
 - Config keys that exist only for one family: Granite's four multipliers, Gemma's soft caps and query scale,
   Gemma 3's sliding pattern and local rope base, Phi-3's long-rope factor tensors.
@@ -18,14 +19,6 @@ from vllm_jax.model_loader.gguf_file.gemma4 import gemma4_config
 from vllm_jax.model_loader.gguf_file.reader import field, float32_decimal
 from vllm_jax.model_loader.source import ModelSourceError
 
-# general.architecture -> {GGUF block tensor: HF name under model.layers.{i}.} that differ from llama's
-BLOCK_OVERRIDES: dict[str, dict[str, str]] = {
-    "gemma2": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm"},
-    "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-}
-BLOCK_OVERRIDES["gemma3"] = BLOCK_OVERRIDES["gemma2"]
 # llama.cpp's precomputed rope factors; the config folds them in
 NOT_PARAMETERS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _GEMMA = ("gemma2", "gemma3")

@@ -34,32 +34,18 @@ from typing import Any
 import numpy as np
 
 from vllm_jax.model_loader.gguf_file.gemma4_moe import MOE_STEMS, moe_config, moe_hf_name
+from vllm_jax.model_loader.gguf_file.names import BLOCK_NAMES, BLOCK_OVERRIDES, GLOBAL_NAMES
 from vllm_jax.model_loader.gguf_file.reader import field, float32_decimal
 from vllm_jax.model_loader.source import ModelSourceError
 
 ARCH = "gemma4"
-_GLOBAL = {
-    "token_embd": "model.embed_tokens",
-    "output": "lm_head",
-    "output_norm": "model.norm",
+# Gemma 3n's per-layer-input (PLE) names beside llama's
+_GLOBAL = GLOBAL_NAMES | {
     "per_layer_token_embd": "model.embed_tokens_per_layer",
     "per_layer_model_proj": "model.per_layer_model_projection",
     "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
-_BLOCK = {
-    "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+_BLOCK = BLOCK_NAMES | BLOCK_OVERRIDES["gemma2"] | {
     "inp_gate": "per_layer_input_gate",
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",

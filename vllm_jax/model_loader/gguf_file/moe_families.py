@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.gguf_file.names import GLOBAL_NAMES
 from vllm_jax.model_loader.gguf_file.reader import field, float32_decimal
 from vllm_jax.model_loader.source import ModelSourceError
 
 MOE_ARCHITECTURES = ("gpt-oss", "deepseek2")
-_GLOBAL = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # GGUF block tensor stem -> HF name under model.layers.{i}. ("{kind}": weight / bias), for 1:1 tensors
 _ONE_TO_ONE: dict[str, dict[str, str]] = {
@@ -73,7 +73,7 @@ class MoeTensors:
     def claims(self, gguf_name: str) -> bool:
         """Whether this is a tensor of the family (else it has no HF counterpart: the caller's error)."""
         stem, _, kind = gguf_name.rpartition(".")
-        if stem in _GLOBAL:
+        if stem in GLOBAL_NAMES:
             return kind in ("weight", "bias")
         match = _BLOCK_RE.fullmatch(gguf_name)
         return bool(match) and (match.group(2) in _ONE_TO_ONE[self.arch] or match.group(2) in _PARTS[self.arch])
@@ -87,8 +87,8 @@ class MoeTensors:
     def convert(self, gguf_name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
         """The HF tensors this GGUF tensor completes (none while its partners are still to come)."""
         stem, _, kind = gguf_name.rpartition(".")
-        if stem in _GLOBAL:
-            return [(f"{_GLOBAL[stem]}.{kind}", array)]
+        if stem in GLOBAL_NAMES:
+            return [(f"{GLOBAL_NAMES[stem]}.{kind}", array)]
         match = _BLOCK_RE.fullmatch(gguf_name)
         layer, stem, kind = int(match.group(1)), match.group(2), match.group(3)
         prefix = f"model.layers.{layer}."

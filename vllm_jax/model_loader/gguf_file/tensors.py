@@ -14,30 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.model_loader.gguf_file.families import BLOCK_OVERRIDES, NOT_PARAMETERS, norm_shift
-from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, MoeTensors
+from vllm_jax.model_loader.gguf_file.families import NOT_PARAMETERS, norm_shift
 from vllm_jax.model_loader.gguf_file.gemma4 import gemma4_hf_name
+from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, MoeTensors
+from vllm_jax.model_loader.gguf_file.names import BLOCK_NAMES, BLOCK_OVERRIDES, GLOBAL_NAMES
 from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
 from vllm_jax.model_loader.source import ModelSourceError
 
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output": "lm_head",
-    "output_norm": "model.norm",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # every type gguf-py can dequantize (Q8_1, Q8_K and the integer types it cannot)
 _SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -120,15 +103,15 @@ def _dequantize(path: str, tensor: Any) -> np.ndarray:
 
 
 def _hf_name(gguf_name: str, arch: str) -> str | None:
-    """The HF tensor name of a GGUF tensor of architecture `arch` (families.BLOCK_OVERRIDES first)."""
+    """The HF tensor name of a GGUF tensor of architecture `arch` (names.BLOCK_OVERRIDES first)."""
     if arch == "gemma4":
         return gemma4_hf_name(gguf_name)
     stem, _, kind = gguf_name.rpartition(".")
-    if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
-        return f"{_GLOBAL_NAMES[stem]}.{kind}"
+    if stem in GLOBAL_NAMES and kind in ("weight", "bias"):
+        return f"{GLOBAL_NAMES[stem]}.{kind}"
     match = _BLOCK_RE.fullmatch(gguf_name)
     names = BLOCK_OVERRIDES.get(arch, {})
-    if match and (hf := names.get(match.group(2)) or _BLOCK_NAMES.get(match.group(2))):
+    if match and (hf := names.get(match.group(2)) or BLOCK_NAMES.get(match.group(2))):
         return f"model.layers.{match.group(1)}.{hf}.{match.group(3)}"
     return None
 
