@@ -43,10 +43,10 @@ python - "$shape" "$work/kernels.json" <<'PY'
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from tests.helpers.ragged_batches import make_batch, paged_batch
-from vllm_jax.pallas_kernels import dispatch
+from vllm_jax.attention import attention_backend_for
 
 shape, path = sys.argv[1:]
-kernel = dispatch.resolve_backend("auto")
+kernel = attention_backend_for("auto").name
 if kernel == "xla":  # the CPU smoke path: the GPU kernel in interpret mode
     kernel = "pallas_gpu"
 cases = [("decode", 1, 64, jnp.float32, None, None, False, 8), ("prefill", 2, 128, jnp.float32, 5, None, False, 16),
@@ -55,8 +55,8 @@ cases = [("decode", 1, 64, jnp.float32, None, None, False, 8), ("prefill", 2, 12
 results = []
 
 def compare(name, batch, total, dtype, **kw):
-    run = lambda backend: np.asarray(jax.jit(lambda *a: dispatch.ragged_paged_attention(
-        *a, backend=backend, **kw))(*batch), np.float32)[:total]
+    run = lambda backend: np.asarray(jax.jit(lambda *a: attention_backend_for(backend).attention(
+        *a, **kw))(*batch), np.float32)[:total]
     t0 = time.perf_counter()
     got, want = run(kernel), run("xla")
     tol = 2e-5 if dtype == jnp.float32 else 3e-2
@@ -82,8 +82,8 @@ if shape != "tiny":  # Llama-3-8B heads: 64 decode rows at 1k context, and a 512
 cache = jnp.asarray(np.random.default_rng(1).standard_normal((2, 9, 16, 4, 64)), jnp.bfloat16)
 k = jnp.asarray(np.random.default_rng(2).standard_normal((24, 2, 64)), jnp.bfloat16)
 slots = jnp.asarray(np.random.default_rng(3).permutation(np.arange(16, 9 * 16))[:24], jnp.int32)
-write = lambda backend: np.asarray(jax.jit(lambda c: dispatch.write_kv_cache(
-    c, k, -k, slots, layer_index=jnp.int32(1), backend=backend))(cache), np.float32)
+write = lambda backend: np.asarray(jax.jit(lambda c: attention_backend_for(backend).write_kv_cache(
+    c, k, -k, slots, layer_index=jnp.int32(1)))(cache), np.float32)
 same = bool(np.array_equal(write(kernel), write("xla")))
 results.append(dict(case="kv_write", kernel=kernel, ok=same))
 print(f"kernels: kv_write: {'ok' if same else 'MISMATCH'}")

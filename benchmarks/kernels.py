@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vllm_jax.pallas_kernels import ragged_paged_attention, resolve_backend, write_kv_cache
+from vllm_jax.attention import attention_backend_for
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 DECODE = [(1, 1024), (1, 8192), (16, 2048), (64, 4096), (128, 2048), (256, 1024), (256, 4096)]
@@ -73,7 +73,7 @@ def time_us(fn, *args, iters: int) -> float:
 
 
 def ours(backend: str, b: dict):
-    fn = jax.jit(functools.partial(ragged_paged_attention, sm_scale=HEAD_DIM ** -0.5, backend=backend))
+    fn = jax.jit(functools.partial(attention_backend_for(backend).attention, sm_scale=HEAD_DIM ** -0.5))
     return lambda: fn(b["q"], b["cache"], b["tables"], b["lens"], b["qsl"], b["num_seqs"], layer_index=jnp.int32(0))
 
 
@@ -132,7 +132,7 @@ def write_rows(backends: list[str], block_size: int, dtype, iters: int, smoke: b
         nbytes = 2 * 2 * k.size * k.dtype.itemsize  # K and V, read once and written once
         cells = []
         for backend in backends:
-            fn = jax.jit(functools.partial(write_kv_cache, backend=backend), donate_argnums=0)
+            fn = jax.jit(attention_backend_for(backend).write_kv_cache, donate_argnums=0)
             state = {"cache": jnp.zeros((1, num_blocks, block_size, 2 * heads, HEAD_DIM), dtype)}
 
             def step(fn=fn, state=state):
@@ -164,7 +164,7 @@ def main() -> None:
               "would run in interpret mode).\nRun it on a TPU or GPU, or pass --smoke to check the script here.")
         return
     device = jax.devices()[0]
-    native = resolve_backend("auto", platform)
+    native = attention_backend_for("auto", platform).name
     backends = ["xla"] + ([native] if native != "xla" else ["pallas_tpu", "pallas_gpu"] if ns.smoke else [])
     peak = peak_gbs(device)
     print(f"device: {device.device_kind} ({platform}); peak HBM {peak or '?'} GB/s; dtype {ns.dtype}; "

@@ -22,9 +22,8 @@ from jax.sharding import PartitionSpec as P
 
 from vllm_jax.aot import targets
 from vllm_jax.aot.compile import compile_for_target
-from vllm_jax.pallas_kernels import dispatch
+from vllm_jax.attention import attention_backend_for
 from vllm_jax.pallas_kernels.kv_layout import row_lanes
-from vllm_jax.sharding.kernel_sharding import sharded_ragged_paged_attention, sharded_write_kv_cache
 
 MAX_MODEL_LEN, MAX_NUM_SEQS, Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS, NUM_PAGES = 131072, 256, 32, 8, 128, 2, 4096
 BACKEND = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}
@@ -55,15 +54,15 @@ def attention_args(num_tokens: int, num_seqs: int, block_size: int, dtype, kv_he
 
 def attention(platform: str):
     def fn(q, cache, tables, lens, qsl, num_seqs, layer):
-        return dispatch.ragged_paged_attention(q, cache, tables, lens, qsl, num_seqs, sm_scale=HEAD_DIM ** -0.5,
-                                               layer_index=layer, backend=BACKEND[platform], platform=platform)
+        return attention_backend_for(BACKEND[platform], platform).attention(
+            q, cache, tables, lens, qsl, num_seqs, sm_scale=HEAD_DIM ** -0.5, layer_index=layer)
     return fn
 
 
 def kv_write(platform: str):
     def fn(cache, k, v, slots, layer):
-        return dispatch.write_kv_cache(cache, k, v, slots, layer_index=layer, backend=BACKEND[platform],
-                                       platform=platform)
+        return attention_backend_for(BACKEND[platform], platform).write_kv_cache(cache, k, v, slots,
+                                                                                  layer_index=layer)
     return fn
 
 
@@ -170,17 +169,17 @@ def test_kernels_under_tensor_parallelism_compile_per_device(target, kv_heads, l
     cache_spec = P(None, None, None, "model") if layout == "sharded" else P()  # lane-dense rows (kv_layout.py)
     args = attention_args(256, 256, 16, jnp.bfloat16, kv_heads=kv_heads)
     shardings = (head, cache_spec, P(), P(), P(), P(), P())
+    kernels = attention_backend_for("pallas_tpu", "tpu")
 
     def attn(q, cache, tables, lens, qsl, num_seqs, layer):
-        return sharded_ragged_paged_attention(mesh, q, cache, tables, lens, qsl, num_seqs, sm_scale=0.088,
-                                              layer_index=layer, backend="pallas_tpu", platform="tpu")
+        return kernels.attention(q, cache, tables, lens, qsl, num_seqs, sm_scale=0.088, layer_index=layer,
+                                 mesh=mesh)
     report = compile_for_target(attn, args, t, shardings=shardings)
     assert report.ok, report.error
     assert report.kernel_calls == 1
 
     def write(cache, k, v, slots, layer):
-        return sharded_write_kv_cache(mesh, cache, k, v, slots, layer_index=layer, backend="pallas_tpu",
-                                      platform="tpu")
+        return kernels.write_kv_cache(cache, k, v, slots, layer_index=layer, mesh=mesh)
     k = jax.ShapeDtypeStruct((256, kv_heads, HEAD_DIM), jnp.bfloat16)
     kv_spec = head if layout == "sharded" else P()
     report = compile_for_target(write, (args[1], k, k, i32((256,)), i32(())), t,

@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.config import EngineArgs, initialize_distributed
-from vllm_jax.pallas_kernels import dispatch
+from vllm_jax.attention import selector
 from vllm_jax.sharding import multihost
 
 MULTI_HOST = dict(distributed_coordinator="127.0.0.1:1234", num_processes=2, process_id=1)
@@ -41,14 +41,14 @@ def test_initialize_distributed_joins_with_the_flags_only_when_asked(joins):
     assert joins == [("127.0.0.1:1234", 2, 1)]
 
 
-@pytest.mark.parametrize("name", ["auto", *dispatch.BACKENDS])
+@pytest.mark.parametrize("name", ["auto", *selector.BACKENDS])
 def test_every_dispatch_backend_is_a_valid_flag(checkpoint, name):
     assert EngineArgs(model=checkpoint, max_model_len=64, attention_backend=name).create_config().attention_backend \
         == name
 
 
 def test_an_unknown_backend_is_refused_naming_the_dispatch_list(checkpoint, monkeypatch):
-    monkeypatch.setattr(dispatch, "BACKENDS", ("xla",))
+    monkeypatch.setattr(selector, "BACKENDS", ("xla",))
     with pytest.raises(ValueError, match=r"attention_backend must be one of auto, xla; got 'pallas_tpu'"):
         EngineArgs(model=checkpoint, attention_backend="pallas_tpu").create_config()
 
@@ -61,17 +61,17 @@ def test_a_tpu_platform_on_this_cpu_host_gets_the_accelerator_defaults_and_the_m
     assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (256, 8192)
     assert (sc.min_token_bucket, sc.min_seq_bucket, sc.bucket_growth) == (16, 8, 2)
     assert config.cache_config.kv_cache_memory_bytes is None  # sized from the device, not the CPU's 1 GiB
-    assert config.resolved_attention_backend == "pallas_tpu"  # `auto` keeps the kernel under tp 4
+    assert config.resolved_attention_backend.name == "pallas_tpu"  # `auto` keeps the kernel under tp 4
 
 
 def test_the_platform_picks_the_kernel_and_cpu_stays_as_it_was(checkpoint):
     cpu = EngineArgs(model=checkpoint, max_model_len=64).create_config()
-    assert cpu.platform == "cpu" and cpu.resolved_attention_backend == "xla"
+    assert cpu.platform == "cpu" and cpu.resolved_attention_backend.name == "xla"
     assert cpu.model_config.dtype == "float32" and cpu.scheduler_config.max_num_seqs == 32
     interpret = EngineArgs(model=checkpoint, max_model_len=64, attention_backend="pallas_gpu").create_config()
-    assert interpret.resolved_attention_backend == "pallas_gpu"  # interpret mode on this host
+    assert interpret.resolved_attention_backend.name == "pallas_gpu"  # interpret mode on this host
     gpu = EngineArgs(model=checkpoint, max_model_len=64).create_config(platform="cuda")
-    assert gpu.platform == "gpu" and gpu.resolved_attention_backend == "pallas_gpu"
+    assert gpu.platform == "gpu" and gpu.resolved_attention_backend.name == "pallas_gpu"
 
 
 def test_the_other_chips_kernel_and_an_unknown_platform_are_refused_at_config_time(checkpoint):

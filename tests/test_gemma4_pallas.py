@@ -21,7 +21,8 @@ from tests.helpers.family_checks import engine_prompts
 from tests.helpers.gemma4_models import make_tiny_gemma4
 from tests.helpers.ragged_batches import make_batch
 from vllm_jax import LLM, SamplingParams
-from vllm_jax.pallas_kernels import dispatch, tpu_attention
+from vllm_jax.attention import attention_backend_for
+from vllm_jax.pallas_kernels import tpu_attention
 from vllm_jax.pallas_kernels.kv_layout import row_lanes
 
 # (id, narrow layer head_dim, cache width, sliding window): the tiny checkpoint's widths (pair-window path on
@@ -54,12 +55,13 @@ def test_narrow_layer_padded_and_repeated_into_a_wide_cache_attends_as_its_own_s
     k, v = (np.pad(np.repeat(rows[:, i:i + 1], CACHE_HEADS, axis=1), ((0, 0), (0, 0), (0, width - d)))
             for i in (0, 1))
     interpret = tpu_attention.interpret_params() if backend == "pallas_tpu" else True
-    cache = dispatch.write_kv_cache(_empty_cache(backend, 2, blocks, block_size, width), jnp.asarray(k),
-                                    jnp.asarray(v), jnp.arange(blocks * block_size, dtype=jnp.int32),
-                                    layer_index=jnp.int32(1), backend=backend, interpret=interpret)
+    kernels = attention_backend_for(backend, interpret=interpret)
+    cache = kernels.write_kv_cache(_empty_cache(backend, 2, blocks, block_size, width), jnp.asarray(k),
+                                   jnp.asarray(v), jnp.arange(blocks * block_size, dtype=jnp.int32),
+                                   layer_index=jnp.int32(1))
     q_wide = jnp.pad(q, ((0, 0), (0, 0), (0, width - d)))
-    got = np.asarray(jax.jit(lambda q, c: dispatch.ragged_paged_attention(
-        q, c, tables, lens, qsl, num_seqs, sm_scale=SM_SCALE, backend=backend, interpret=interpret,
+    got = np.asarray(jax.jit(lambda q, c: kernels.attention(
+        q, c, tables, lens, qsl, num_seqs, sm_scale=SM_SCALE,
         sliding_window=None if window is None else jnp.int32(window), layer_index=jnp.int32(1)))(q_wide, cache))
     assert got.shape == q_wide.shape and np.isfinite(got).all()
     np.testing.assert_allclose(got[:total, :, :d], want, atol=2e-5, rtol=2e-5)

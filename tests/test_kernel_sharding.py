@@ -1,4 +1,4 @@
-"""The Pallas kernels under tensor parallelism (sharding/kernel_sharding.py): attention and the KV write inside
+"""The Pallas kernels under tensor parallelism (attention/tensor_parallel.py): attention and the KV write inside
 shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
 precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
 and attention sinks (split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_jax.sharding.kernel_sharding import kv_head_layout
+from vllm_jax.sharding.rules import kv_head_layout
 
 REPO = Path(__file__).resolve().parent.parent
 

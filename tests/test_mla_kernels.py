@@ -14,7 +14,8 @@ import pytest
 
 from tests.helpers import attention_oracle as oracle
 from tests.helpers.ragged_batches import _lengths, paged_batch
-from vllm_jax.pallas_kernels import dispatch, gpu_mla_attention, mla_attention, tpu_attention, tpu_mla_attention
+from vllm_jax.attention import attention_backend_for
+from vllm_jax.pallas_kernels import gpu_mla_attention, mla_attention, tpu_attention, tpu_mla_attention
 
 RANK, ROPE, HEADS, WIDTH = 16, 8, 4, 128  # the latent row: 16 + 8 used lanes, padded to 128
 FP8 = jnp.float8_e4m3fn
@@ -100,22 +101,22 @@ def test_fp8_cache_kernels_equal_the_xla_path_with_the_scale_folded(backend):
     kwargs = dict(sm_scale=scale, layer_index=jnp.int32(1), kv_scale=KV_SCALE)
     want = _dense_oracle(q_lat, q_rope, np.asarray(kv, np.float32), *batch, sm_scale=scale, layer_index=1,
                          scale=KV_SCALE)
-    xla = np.asarray(dispatch.mla_ragged_paged_attention(q_lat, q_rope, kv, *batch, backend="xla", **kwargs))
-    got = np.asarray(jax.jit(functools.partial(dispatch.mla_ragged_paged_attention, backend=backend, **kwargs))(
+    xla = np.asarray(attention_backend_for("xla").mla_attention(q_lat, q_rope, kv, *batch, **kwargs))
+    got = np.asarray(jax.jit(functools.partial(attention_backend_for(backend).mla_attention, **kwargs))(
         q_lat, q_rope, kv, *batch))
     np.testing.assert_allclose(xla[:real], want, atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(got[:real], xla[:real], atol=2e-5, rtol=2e-5)
-    unscaled = np.asarray(dispatch.mla_ragged_paged_attention(q_lat, q_rope, kv, *batch, backend="xla",
-                                                              sm_scale=scale, layer_index=jnp.int32(1)))
+    unscaled = np.asarray(attention_backend_for("xla").mla_attention(q_lat, q_rope, kv, *batch, sm_scale=scale,
+                                                                      layer_index=jnp.int32(1)))
     assert np.abs(unscaled[:real] - want).max() > 0.1  # the scale matters at this tolerance
 
 
 def test_bad_mla_shapes_are_refused_by_name():
     q_lat, q_rope, kv, *batch, _ = mla_batch("decode", 1, 8)
     with pytest.raises(ValueError, match="power-of-two kv_lora_rank"):
-        dispatch.mla_ragged_paged_attention(q_lat[..., :12], q_rope, kv, *batch, sm_scale=1.0, backend="pallas_gpu")
+        attention_backend_for("pallas_gpu").mla_attention(q_lat[..., :12], q_rope, kv, *batch, sm_scale=1.0)
     with pytest.raises(ValueError, match="kv_lora_rank"):
-        dispatch.mla_ragged_paged_attention(q_lat, q_rope, kv[..., :20], *batch, sm_scale=1.0, backend="pallas_tpu")
+        attention_backend_for("pallas_tpu").mla_attention(q_lat, q_rope, kv[..., :20], *batch, sm_scale=1.0)
 
 
 def test_mla_kernels_lower_to_mosaic_and_triton_for_deepseek_v3_heads():
@@ -128,8 +129,8 @@ def test_mla_kernels_lower_to_mosaic_and_triton_for_deepseek_v3_heads():
                 jax.ShapeDtypeStruct((2, 64, 16, 1, 640), kv_dtype), i32((8, 256)), i32((8,)), i32((9,)), i32((1,)),
                 i32(()))
         for backend, platform, marker in (("pallas_tpu", "tpu", "tpu_custom_call"), ("pallas_gpu", "cuda", "triton")):
-            fn = functools.partial(dispatch.mla_ragged_paged_attention, sm_scale=0.1, backend=backend,
-                                   platform="gpu" if platform == "cuda" else platform)
+            kernels = attention_backend_for(backend, "gpu" if platform == "cuda" else platform)
+            fn = functools.partial(kernels.mla_attention, sm_scale=0.1)
             text = jax.jit(lambda *a, fn=fn: fn(*a[:-1], layer_index=a[-1])).trace(*args).lower(
                 lowering_platforms=(platform,)).as_text()
             assert marker in text, (backend, kv_dtype)

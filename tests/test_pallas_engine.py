@@ -63,7 +63,7 @@ def test_a_runner_built_for_an_accelerator_on_this_cpu_host_lowers_to_its_kernel
 
     args = EngineArgs(model=checkpoint, compilation_cache=False, **ENGINE_ARGS)
     runner = ModelRunner(args.create_config(platform=platform), random_weights=True)
-    assert runner.attention_backend == f"pallas_{platform}" and runner.max_blocks_per_seq == width
+    assert runner.attention_backend.name == f"pallas_{platform}" and runner.max_blocks_per_seq == width
     inputs = pack_step_inputs([], block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
                               num_tokens_padded=16, num_seqs_padded=8)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (runner.params, runner.kv_cache, inputs))

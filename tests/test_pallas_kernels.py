@@ -24,7 +24,8 @@ import pytest
 
 from tests.helpers import attention_oracle as oracle
 from tests.helpers.ragged_batches import make_batch
-from vllm_jax.pallas_kernels import dispatch, gpu_attention, kv_write, tpu_attention, tpu_plan, xla_attention
+from vllm_jax.attention import attention_backend_for
+from vllm_jax.pallas_kernels import gpu_attention, kv_write, tpu_attention, tpu_plan, xla_attention
 from vllm_jax.pallas_kernels.kv_layout import from_interleaved, pair_lanes, to_interleaved
 
 # (id, batch kind, GQA group, head_dim, dtype, sliding window, soft cap, stacked layers, block size)
@@ -188,7 +189,7 @@ def test_dispatch_runs_the_named_kernel_in_interpret_mode_on_cpu(backend, monkey
     lane_dense = from_interleaved if backend == "pallas_tpu" else (lambda c: c)  # pallas_tpu's cache layout
 
     def run(q, kv_cache, *rest, **kwargs):
-        return dispatch.ragged_paged_attention(q, lane_dense(kv_cache), *rest, backend=backend, **kwargs)
+        return attention_backend_for(backend).attention(q, lane_dense(kv_cache), *rest, **kwargs)
     _check(CASES[3], run, seed=30)
     assert called == [True]
 
@@ -208,7 +209,7 @@ def test_kv_write_equals_the_oracle(write, layered):
     slots = jnp.asarray(np.concatenate([real, [0, 1, 2, 3]]), jnp.int32)  # padding tokens -> null block
     k, v = (jnp.asarray(rng.standard_normal((num_tokens, num_kv_heads, head_dim)), jnp.float32) for _ in "kv")
     layer = jnp.int32(1) if layered else None
-    fn = {"xla": functools.partial(dispatch.write_kv_cache, backend="xla"),
+    fn = {"xla": attention_backend_for("xla").write_kv_cache,
           "tpu_interpreter": _tpu_write(interpret=tpu_attention.interpret_params()),
           "tpu_generic": _tpu_write(interpret=True),
           "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write.split("_d")[0]]
@@ -275,19 +276,19 @@ def test_gpu_splits_kv_for_small_decode_batches_only():
 
 
 def test_auto_backend_picks_the_platform_kernel():
-    assert dispatch.resolve_backend("auto", "tpu") == "pallas_tpu"
-    assert dispatch.resolve_backend("auto", "gpu") == "pallas_gpu"
-    assert dispatch.resolve_backend("auto", "cpu") == "xla"
-    assert dispatch.resolve_backend("pallas_tpu", "cpu") == "pallas_tpu"  # interpret mode
+    assert attention_backend_for("auto", "tpu").name == "pallas_tpu"
+    assert attention_backend_for("auto", "gpu").name == "pallas_gpu"
+    assert attention_backend_for("auto", "cpu").name == "xla"
+    assert attention_backend_for("pallas_tpu", "cpu").name == "pallas_tpu"  # interpret mode
 
 
 def test_unknown_or_foreign_backend_names_are_clear_errors():
     with pytest.raises(ValueError, match="must be one of"):
-        dispatch.resolve_backend("flash", "cpu")
+        attention_backend_for("flash", "cpu")
     with pytest.raises(ValueError, match="does not run on gpu"):
-        dispatch.resolve_backend("pallas_tpu", "gpu")
+        attention_backend_for("pallas_tpu", "gpu")
     with pytest.raises(ValueError, match="does not run on tpu"):
-        dispatch.resolve_backend("pallas_gpu", "tpu")
+        attention_backend_for("pallas_gpu", "tpu")
 
 
 # ---- attention sinks (gpt-oss: a learned per-head logit in the softmax denominator) -----------------------------
@@ -310,7 +311,7 @@ SINK_RUNS = {
     "tpu_interpreter": _tpu(interpret=tpu_attention.interpret_params(), tq=16, pages_per_block=2),
     "tpu_generic": _tpu(interpret=True, tq=16, pages_per_block=2),
     "gpu": functools.partial(gpu_attention.ragged_paged_attention_gpu, interpret=True, num_splits=3),
-    "dispatch_gpu": functools.partial(dispatch.ragged_paged_attention, backend="pallas_gpu"),
+    "dispatch_gpu": attention_backend_for("pallas_gpu").attention,
 }
 
 
@@ -354,7 +355,7 @@ def test_kernels_with_sinks_lower_to_mosaic_and_triton():
 def test_sinks_of_the_wrong_shape_are_a_clear_error():
     *batch, _ = make_batch("decode", group=2, head_dim=64, dtype=jnp.float32, block_size=8, layers=None, seed=1)
     with pytest.raises(ValueError, match="sinks must be"):
-        dispatch.ragged_paged_attention(*batch, sm_scale=0.1, backend="xla", sinks=jnp.zeros(3))
+        attention_backend_for("xla").attention(*batch, sm_scale=0.1, sinks=jnp.zeros(3))
 
 
 # ---- fp8 KV cache (--kv-cache-dtype fp8: pallas_kernels/kv_quant.py) -------------------------------------------
@@ -465,7 +466,7 @@ def test_fp8_kv_write_stores_the_e4m3_rounding_of_k_over_its_scale(write):
                                                    replace=False), [0, 1, 2]]), jnp.int32)
     k, v = (rng.standard_normal((num_tokens, num_kv_heads, head_dim)).astype(np.float32) * 3 for _ in "kv")
     k[0, 0, :4] = [1000.0, -1000.0, 3 * 2.0 ** -10, -3e-3]  # saturate to +-448 * K_SCALE; subnormals
-    fn = {"xla": functools.partial(dispatch.write_kv_cache, backend="xla"),
+    fn = {"xla": attention_backend_for("xla").write_kv_cache,
           "tpu_interpreter": _tpu_write(interpret=tpu_attention.interpret_params()),
           "tpu_generic": _tpu_write(interpret=True),
           "gpu": functools.partial(kv_write.write_kv_cache_gpu, interpret=True)}[write]

@@ -19,6 +19,7 @@ from vllm_jax.spec_decode.config import SpeculativeConfig
 from vllm_jax.utils import json_object_flag
 
 if TYPE_CHECKING:
+    from vllm_jax.attention import AttentionBackend
     from vllm_jax.model_loader.source import ModelSource
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -152,12 +153,13 @@ class EngineConfig:
     lora_config: LoRAConfig | None = None
 
     @property
-    def resolved_attention_backend(self) -> str:
-        """`--attention-backend` resolved against `platform`: xla, pallas_tpu or pallas_gpu (what the model runs;
-        a Pallas backend on a cpu platform runs in interpret mode)."""
-        from vllm_jax.pallas_kernels.dispatch import resolve_backend
+    def resolved_attention_backend(self) -> AttentionBackend:
+        """`--attention-backend` resolved against `platform`: the xla, pallas_tpu or pallas_gpu backend object
+        (what the model runs, and the cache layout and block table it needs; a Pallas backend on a cpu platform
+        runs in interpret mode). Objects compare by value, so every read gives the same backend."""
+        from vllm_jax.attention import attention_backend_for
 
-        return resolve_backend(self.attention_backend, self.platform)
+        return attention_backend_for(self.attention_backend, self.platform)
 
 
 @dataclass
@@ -317,7 +319,7 @@ class EngineArgs:
 
     def _check_values(self, platform: str) -> None:
         """Every check that needs no model: a ValueError naming the first bad flag."""
-        from vllm_jax.pallas_kernels.dispatch import BACKENDS, resolve_backend
+        from vllm_jax.attention.selector import BACKENDS, attention_backend_for
 
         _check_choice("dtype", self.dtype, DTYPES)
         if self.quantization is not None:
@@ -327,7 +329,7 @@ class EngineArgs:
                              f"{', '.join(KV_CACHE_DTYPES)} (fp8 and fp8_e4m3 are float8_e4m3fn)")
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("attention_backend", self.attention_backend, ("auto", *BACKENDS))
-        resolve_backend(self.attention_backend, platform)  # the other accelerator's kernel is refused here
+        attention_backend_for(self.attention_backend, platform)  # the other accelerator's kernel is refused here
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}")

@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tests.helpers import attention_oracle as oracle  # noqa: E402
 from tests.helpers.ragged_batches import make_batch  # noqa: E402
+from vllm_jax.attention import attention_backend_for  # noqa: E402
 from vllm_jax.pallas_kernels.kv_layout import from_interleaved, to_interleaved  # noqa: E402
-from vllm_jax.sharding.kernel_sharding import (kv_head_layout, sharded_mla_attention,  # noqa: E402
-                                               sharded_ragged_paged_attention, sharded_write_kv_cache)
 from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
+from vllm_jax.sharding.rules import kv_head_layout  # noqa: E402
 
 # (name, KV heads, GQA group, head_dim, dtype, sliding window); the "sinks" case also passes attention sinks
 # (gpt-oss), split with the query heads in both layouts (tp 2 sharded, tp 4 replicated)
@@ -52,8 +52,8 @@ def attention(backend: str, case, tp: int) -> tuple[np.ndarray, int, str]:
         cache = from_interleaved(cache)
     q = _place(mesh, q, P(None, "model", None))
     cache = _place(mesh, cache, cache_spec)
-    fn = jax.jit(functools.partial(sharded_ragged_paged_attention, mesh, sm_scale=head_dim ** -0.5, soft_cap=None,
-                                   backend=backend, **BACKENDS[backend]))
+    fn = jax.jit(functools.partial(attention_backend_for(backend, **BACKENDS[backend]).attention,
+                                   sm_scale=head_dim ** -0.5, soft_cap=None, mesh=mesh))
     out = fn(q, cache, tables, lens, qsl, n, sliding_window=None if window is None else jnp.int32(window),
              layer_index=jnp.int32(1), sinks=None if sinks is None else _place(mesh, sinks, P("model")))
     return np.asarray(out, np.float32)[:total], total, layout
@@ -79,7 +79,7 @@ def kv_write(backend: str, num_kv_heads: int, tp: int) -> np.ndarray:
         cache = from_interleaved(cache)
     cache = _place(mesh, cache, _cache_spec(backend) if sharded else P())
     k, v = (_place(mesh, x, P(None, "model", None) if sharded else P()) for x in (k, v))
-    fn = jax.jit(functools.partial(sharded_write_kv_cache, mesh, backend=backend, **BACKENDS[backend]),
+    fn = jax.jit(functools.partial(attention_backend_for(backend, **BACKENDS[backend]).write_kv_cache, mesh=mesh),
                  donate_argnums=0)
     got = fn(cache, k, v, slots, layer_index=jnp.int32(1))
     spec = got.sharding.spec
@@ -105,8 +105,8 @@ def mla_attention(backend: str, tp: int) -> np.ndarray:
     q_latent, q_rope, cache, *batch, total = mla_batch("mixed", 9, 8, heads=8)
     mesh = make_mesh(tensor_parallel_size=tp)
     q_latent, q_rope = (_place(mesh, x, P(None, "model", None)) for x in (q_latent, q_rope))
-    fn = jax.jit(functools.partial(sharded_mla_attention, mesh, sm_scale=(RANK + ROPE) ** -0.5, backend=backend,
-                                   **ALL_BACKENDS[backend]))
+    fn = jax.jit(functools.partial(attention_backend_for(backend, **ALL_BACKENDS[backend]).mla_attention,
+                                   sm_scale=(RANK + ROPE) ** -0.5, mesh=mesh))
     out = fn(q_latent, q_rope, _place(mesh, cache, P()), *batch, layer_index=jnp.int32(1))
     return np.asarray(out, np.float32)[:total]
 

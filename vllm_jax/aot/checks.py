@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vllm_jax.attention import attention_backend_for
+
 if TYPE_CHECKING:
     from vllm_jax.aot.engine_programs import TargetResult
 
-KERNELS = {"pallas_gpu": ("vllm_jax_ragged_paged_attention", "vllm_jax_write_kv_cache"),
-           "pallas_tpu": ("vllm_jax_ragged_paged_attention",)}
-MLA_KERNELS = ("vllm_jax_mla_attention",)
 DECODE_TEMP_SHARE = 0.1  # a decode program's temporaries must stay under this share of the cache
 MiB = 1 << 20
 
@@ -36,12 +35,10 @@ def check(result: TargetResult) -> TargetResult:
             continue
         if program.kind != "forward":
             continue
-        if result.attention_backend != "xla":
-            expected = MLA_KERNELS if result.mla else KERNELS.get(result.attention_backend, KERNELS["pallas_gpu"])
-            missing = [k for k in expected if k not in report.kernel_names]
-            if missing:
-                failures.append(f"{program.label}: {', '.join(missing)} not in the compiled program "
-                                f"(a fallback to XLA ops)")
+        missing = [k for k in expected_kernels(result) if k not in report.kernel_names]
+        if missing:
+            failures.append(f"{program.label}: {', '.join(missing)} not in the compiled program "
+                            f"(a fallback to XLA ops)")
         if result.budget is not None:
             target_bytes = result.budget.kv_bytes
             if result.target_kv_bytes_per_block:  # a draft model's cache holds the rest of each block
@@ -55,6 +52,11 @@ def check(result: TargetResult) -> TargetResult:
                             f"{budget.usable_bytes / MiB:.0f} MiB: the probe's temporaries were "
                             f"{budget.temp_bytes / MiB:.0f} MiB")
     return result
+
+
+def expected_kernels(result: TargetResult) -> tuple[str, ...]:
+    """The custom calls every forward of `result` must contain: its backend's (AttentionBackend.kernel_names)."""
+    return attention_backend_for(result.attention_backend, result.platform or None).kernel_names(result.mla)
 
 
 def _memory_truth(program, kv_bytes: int) -> list[str]:

@@ -59,7 +59,7 @@ class TargetResult:
     num_layers: int = 0
     scan_layers: bool = True
     kv_cache_dtype: str = ""
-    mla: bool = False  # an MLA model: its forward holds the MLA kernel (aot.checks.MLA_KERNELS)
+    mla: bool = False  # an MLA model: its forward holds the MLA kernel (aot.checks.expected_kernels)
     budget: KVBudget | None = None
     # the target's own cache per block: what the forward aliases (a draft model's cache shares the blocks)
     target_kv_bytes_per_block: int = 0
@@ -134,7 +134,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     config = args.create_config(platform=target.platform)
     mc, sc = config.model_config, config.scheduler_config
     result = TargetResult(target.name, target.platform, config.parallel_config.tensor_parallel_size,
-                          config.resolved_attention_backend, mc.dtype, mc.max_model_len, sc.max_num_seqs,
+                          config.resolved_attention_backend.name, mc.dtype, mc.max_model_len, sc.max_num_seqs,
                           sc.max_num_batched_tokens, config.cache_config.block_size, scan_layers=config.scan_layers,
                           kv_cache_dtype=mc.kv_cache_dtype)
     try:

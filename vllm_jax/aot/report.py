@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import TextIO
 
-from vllm_jax.aot.checks import first_line
+from vllm_jax.aot.checks import expected_kernels, first_line
 from vllm_jax.aot.engine_programs import TargetResult, check_target
 from vllm_jax.config import EngineArgs
 
@@ -105,7 +105,7 @@ def format_target(result: TargetResult) -> str:
     if result.programs and result.programs[0].report.ok and _layer_loop(result):
         lines.append("note: XLA's cost analysis counts the layer loop's body once, so GFLOP / GB / roofline cover "
                      "one layer plus the rest; --no-scan-layers compiles the layers unrolled for whole-step figures")
-    kernels = "" if result.attention_backend == "xla" else (
+    kernels = "" if not expected_kernels(result) else (
         ", the MLA kernel in every forward" if result.mla else ", its kernels in every forward")
     lines += [f"FAILED: {f}" for f in result.failures] or ["ok: every program compiled" + kernels
                                                             + ", the KV cache aliased in place"]

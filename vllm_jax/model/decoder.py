@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from vllm_jax.attention import attention_backend_for
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, QuantizedWeight, attention_params,
@@ -32,7 +33,6 @@ from vllm_jax.model.quantization import (SCALE_SUFFIX, KeptFormats, OnlineQuanti
                                          quantize_table, scale_name)
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels import resolve_backend
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
@@ -101,7 +101,7 @@ class DecoderLM(nnx.Module):
         scale per vocab row (`embed_tokens_scale` [V, 1]), and an untied LM head per output channel."""
         self.spec = spec
         platform = platform or jax.default_backend()
-        self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
+        self.kernels = AttentionKernels(attention_backend_for(attention_backend, platform), mesh)
         self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
         quant = self.quantization
         embed_fmt = quant.format_of("embed_tokens") if quant is not None and quant.gguf_kept else None

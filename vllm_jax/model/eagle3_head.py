@@ -24,11 +24,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from vllm_jax.attention import attention_backend_for
 from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.layers import (AttentionKernels, LayerContext, attention, gated_mlp, init_param, linear,
                                    rms_norm, rotary_tables)
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels import resolve_backend
 
 
 class VocabMap(nnx.Variable):
@@ -63,7 +63,7 @@ class Eagle3Head(nnx.Module):
                  attention_backend: str = "auto", platform: str | None = None, mesh: Mesh | None = None):
         self.spec = spec
         platform = platform or jax.default_backend()
-        self.kernels = AttentionKernels(resolve_backend(attention_backend, platform), platform, mesh)
+        self.kernels = AttentionKernels(attention_backend_for(attention_backend, platform), mesh)
         h = spec.hidden_size
         self.fc = init_param(rngs, (spec.num_aux_layers * spec.target_hidden_size, h), dtype)
         self.midlayer = Eagle3Layer(spec, dtype, rngs)

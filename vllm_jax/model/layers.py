@@ -1,6 +1,6 @@
 """The building blocks every decoder family here shares: parameter init, RMS norm, rotary embedding (with its
 linear and llama3 frequency scalings), linear layers with optional bias, the gated MLP, the attention call
-through `pallas_kernels` (shard_map-wrapped under tensor parallelism: `AttentionKernels`), one pre-norm decoder
+through the resolved backend and the mesh (`AttentionKernels`, over vllm_jax.attention), one pre-norm decoder
 block, and the stacked / per-layer param layouts. A quantized weight (model/quantization.py) reaches `linear` as a
 `QuantizedWeight`, which dequantizes inside the dot (model/quantized_dots.py); LoRA adapters as a `LoRAWeight`
 (model/lora_layers.py).
@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from vllm_jax.attention import AttentionBackend
 from vllm_jax.model.grouped_quant import grouped_shapes, min_name
 from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
@@ -30,9 +31,6 @@ from vllm_jax.model.quantized_dots import dot, gguf_dot, grouped_dot
 from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels import mla_ragged_paged_attention, ragged_paged_attention, write_kv_cache
-from vllm_jax.sharding.kernel_sharding import (sharded_mla_attention, sharded_ragged_paged_attention,
-                                               sharded_write_kv_cache)
 
 if TYPE_CHECKING:  # spec.py reads rope scaling through rope_inv_freq below
     from vllm_jax.model.spec import DecoderSpec
@@ -274,50 +272,43 @@ def gated_mlp(w: dict, x: jax.Array) -> jax.Array:
 
 @dataclass(frozen=True)
 class AttentionKernels:
-    """The attention implementation a model's program calls, fixed when the model is built (static: part of the
-    graphdef): a resolved backend, the platform the program is built for (so a CPU host building a TPU program
-    emits the Mosaic kernel, not interpret mode) and, under tensor parallelism, the mesh. With a mesh, the Pallas
-    backends run inside shard_map over the KV heads (sharding/kernel_sharding.py); the xla backend stays plain
-    XLA ops, which GSPMD partitions (docs/architecture.md, "Sharding"). `k_scale` / `v_scale`: the KV cache's
-    per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as in vLLM."""
+    """The attention a model's program calls, fixed when the model is built (static: part of the graphdef): the
+    resolved backend (vllm_jax.attention: its kernels, KV layout and shard_map wrapping, for the platform the
+    program is built for, so a CPU host building a TPU program emits the Mosaic kernel, not interpret mode) and,
+    under tensor parallelism, the mesh it runs over (docs/architecture.md, "Sharding"). `k_scale` / `v_scale`:
+    the KV cache's per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as in
+    vLLM."""
 
-    backend: str  # xla, pallas_tpu or pallas_gpu (pallas_kernels.resolve_backend's answer)
-    platform: str  # cpu, tpu or gpu
+    backend: AttentionBackend
     mesh: Mesh | None = None
     k_scale: float = 1.0
     v_scale: float = 1.0
 
+    @property
+    def platform(self) -> str:
+        return self.backend.platform
+
     def write_kv_cache(self, kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
                        layer_index: jax.Array | int) -> jax.Array:
-        kwargs = dict(layer_index=layer_index, backend=self.backend, platform=self.platform, k_scale=self.k_scale,
-                      v_scale=self.v_scale)
-        if self.mesh is None:
-            return write_kv_cache(kv_cache, k, v, slot_mapping, **kwargs)
-        return sharded_write_kv_cache(self.mesh, kv_cache, k, v, slot_mapping, **kwargs)
+        return self.backend.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index,
+                                           k_scale=self.k_scale, v_scale=self.v_scale, mesh=self.mesh)
 
     def attention(self, q: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *, sm_scale: float,
                   window: jax.Array | int, layer_index: jax.Array | int,
                   soft_cap: float | None = None, sinks: jax.Array | None = None) -> jax.Array:
-        """`soft_cap` (Gemma 2): scores -> cap * tanh(scores / cap) after sm_scale; `sinks` (gpt-oss): a learned
-        per-head logit in the softmax denominator; both in every backend."""
-        args = (q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
-        kwargs = dict(sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap, layer_index=layer_index,
-                      backend=self.backend, platform=self.platform, k_scale=self.k_scale, v_scale=self.v_scale,
-                      sinks=sinks)
-        if self.mesh is None:
-            return ragged_paged_attention(*args, **kwargs)
-        return sharded_ragged_paged_attention(self.mesh, *args, **kwargs)
+        """`soft_cap` (Gemma 2) and `sinks` (gpt-oss) as AttentionBackend.attention takes them."""
+        return self.backend.attention(q, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
+                                      inputs.num_seqs, sm_scale=sm_scale, sliding_window=window, soft_cap=soft_cap,
+                                      layer_index=layer_index, k_scale=self.k_scale, v_scale=self.v_scale,
+                                      sinks=sinks, mesh=self.mesh)
 
     def mla_attention(self, q_latent: jax.Array, q_rope: jax.Array, kv_cache: jax.Array, inputs: StepInputs, *,
                       sm_scale: float, layer_index: jax.Array | int) -> jax.Array:
-        """DeepSeek's MLA over the latent cache (pallas_kernels/dispatch.mla_ragged_paged_attention): the backend's
-        own kernel; under a mesh the Pallas kernels run per device on its heads over the replicated cache."""
-        args = (q_latent, q_rope, kv_cache, inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
-                inputs.num_seqs)
-        kwargs = dict(sm_scale=sm_scale, layer_index=layer_index, backend=self.backend, platform=self.platform)
-        if self.mesh is None:
-            return mla_ragged_paged_attention(*args, **kwargs)
-        return sharded_mla_attention(self.mesh, *args, **kwargs)
+        """DeepSeek's MLA over the latent cache (AttentionBackend.mla_attention): the backend's own kernel; under
+        a mesh the Pallas kernels run per device on its heads over the replicated cache."""
+        return self.backend.mla_attention(q_latent, q_rope, kv_cache, inputs.block_tables, inputs.seq_lens,
+                                          inputs.query_start_loc, inputs.num_seqs, sm_scale=sm_scale,
+                                          layer_index=layer_index, mesh=self.mesh)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,3 @@
-"""Ragged paged attention and the KV-cache write behind one dispatch: plain XLA (the CPU default), Pallas TPU
-(Mosaic) and Pallas GPU (Triton) kernels; the tests hold each against a numpy oracle that shares no code with
-them (tests/helpers/attention_oracle.py)."""
-
-from vllm_jax.pallas_kernels.dispatch import (BACKENDS, mla_ragged_paged_attention, ragged_paged_attention,
-                                              resolve_backend, write_kv_cache)
-
-__all__ = ["BACKENDS", "mla_ragged_paged_attention", "ragged_paged_attention", "resolve_backend", "write_kv_cache"]
+"""Ragged paged attention, MLA and the KV-cache write as plain XLA (xla_attention, xla_common, mla_attention),
+Pallas TPU (Mosaic: tpu_*) and Pallas GPU (Triton: gpu_*) kernels; vllm_jax.attention picks and calls them. The
+tests hold each against a numpy oracle that shares no code with them (tests/helpers/attention_oracle.py)."""

@@ -271,7 +271,7 @@ def ragged_paged_attention_gpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                num_warps: int = 4, num_stages: int | None = None,
                                kv_head_offset: jax.Array | int | None = None, chip=None, k_scale: float = 1.0,
                                v_scale: float = 1.0, sinks: jax.Array | None = None) -> jax.Array:
-    """Same contract as dispatch.ragged_paged_attention; `interpret` is passed to pallas_call.
+    """Same contract as xla_attention.ragged_paged_attention; `interpret` is passed to pallas_call.
     `kv_head_offset`: all of q's heads attend that one KV head of a cache holding every KV head (tensor
     parallelism over more devices than KV heads); `chip`: the chips.ChipSpec to plan for. `k_scale` / `v_scale`:
     the cache holds K / k_scale and V / v_scale (kv_quant); an fp8 cache's chunks are cast to q's dtype before

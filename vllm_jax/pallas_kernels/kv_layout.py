@@ -24,12 +24,6 @@ from vllm_jax.pallas_kernels.kv_quant import quantize
 LANES = 128
 
 
-def uses_lane_dense(backend: str) -> bool:
-    """Whether a (resolved) attention backend keeps K/V in the lane-dense layout: pallas_tpu does, on TPU and in
-    interpret mode alike; xla and pallas_gpu keep [.., 2 * num_kv_heads, head_dim] (no tiled layout to fight)."""
-    return backend == "pallas_tpu"
-
-
 def pair_lanes(head_dim: int) -> int:
     """Lanes one KV head's (K | V) pair takes in a cache row: 2 * head_dim rounded up to whole 128-lane tiles."""
     return -(-2 * head_dim // LANES) * LANES

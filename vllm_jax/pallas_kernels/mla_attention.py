@@ -12,7 +12,7 @@ decode take the same paths as every other model.
 
 This is the `xla` backend's MLA (GSPMD partitions it under tensor parallelism: heads split, latent cache
 replicated); the Pallas backends run their own kernels (tpu_mla_attention.py, gpu_mla_attention.py) with the same
-contract, chosen by dispatch.mla_ragged_paged_attention. Every backend writes the row here (write_mla_cache: one
+contract, chosen by the backend object (vllm_jax/attention/). Every backend writes the row here (write_mla_cache: one
 XLA scatter, in place in the donated cache).
 """
 
@@ -52,7 +52,7 @@ def mla_ragged_paged_attention(q_latent: jax.Array, q_rope: jax.Array, kv_cache:
     """Causal ragged MLA over the paged latent cache -> [T, num_heads, kv_lora_rank] in latent space (float32
     softmax, result in q_latent's dtype). q_latent [T, H, kv_lora_rank] (q_nope absorbed through W_UK), q_rope
     [T, H, qk_rope_head_dim] (rotated); `kv_cache` one layer [blocks, block_size, 1, width] or the whole stack
-    with `layer_index`; the batch arguments as dispatch.ragged_paged_attention's. `kv_scale`: the cache holds
+    with `layer_index`; the batch arguments as xla_attention.ragged_paged_attention's. `kv_scale`: the cache holds
     row / kv_scale (kv_quant: folded into the score scale and the output)."""
     rank = q_latent.shape[-1]
     check_row(kv_cache, rank, q_rope.shape[-1])

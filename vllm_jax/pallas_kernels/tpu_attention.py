@@ -258,7 +258,7 @@ def ragged_paged_attention_tpu(q: jax.Array, kv_cache: jax.Array, block_tables: 
                                pages_per_block: int | None = None, kv_head_offset: jax.Array | int | None = None,
                                chip=None, k_scale: float = 1.0, v_scale: float = 1.0,
                                sinks: jax.Array | None = None) -> jax.Array:
-    """Same contract as dispatch.ragged_paged_attention, over the lane-dense cache (kv_layout.py): [num_layers,
+    """Same contract as xla_attention.ragged_paged_attention, over the lane-dense cache (kv_layout.py): [num_layers,
     num_blocks, block_size, lanes] with `layer_index`, else one layer [num_blocks, block_size, lanes]; `interpret`
     is passed to pallas_call.
 

@@ -30,10 +30,10 @@ def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.
                            layer_index: jax.Array | int | None = None, query_tile: int = _QUERY_TILE,
                            k_scale: float = 1.0, v_scale: float = 1.0, sinks: jax.Array | None = None,
                            shared_kv: bool = False) -> jax.Array:
-    """[T, num_q_heads, head_dim]; the contract of dispatch.ragged_paged_attention. Pages are read as float32
-    (an fp8 cache's values exactly); k_scale joins sm_scale and v_scale the output (kv_quant); `sinks` join the
-    denominator once every key is folded in. `shared_kv`: the cache's head axis holds rows that are both key and
-    value (MLA's latent, mla_attention.py), not K/V pairs."""
+    """[T, num_q_heads, head_dim]; the contract of AttentionBackend.attention (vllm_jax/attention/base.py). Pages
+    are read as float32 (an fp8 cache's values exactly); k_scale joins sm_scale and v_scale the output
+    (kv_quant); `sinks` join the denominator once every key is folded in. `shared_kv`: the cache's head axis holds
+    rows that are both key and value (MLA's latent, mla_attention.py), not K/V pairs."""
     num_tokens, num_q_heads, head_dim = q.shape
     if layer_index is None:
         kv_cache, layer_index = kv_cache[None], 0

@@ -23,7 +23,6 @@ from typing import Any
 
 from jax.sharding import PartitionSpec as P
 
-from vllm_jax.sharding.kernel_sharding import kv_head_layout
 from vllm_jax.sharding.mesh import MODEL_AXIS
 
 # (regex on "a/b" param path, index of the dim to shard counted from the END, or None = replicate)
@@ -62,19 +61,33 @@ _KV_PARAMS = re.compile(r"^layers/(k_proj|v_proj|k_bias|v_bias|k_proj_scale|v_pr
 _EXPERT_PARAMS = re.compile(r"^layers/((sliding|full)(_shared)?_)?experts_")  # Gemma 4's carry their group
 
 
-def check_tensor_parallel_layout(spec: Any, tp: int, attention_backend: str = "xla") -> None:
-    """Start-up check: tp must split the query heads evenly; with a Pallas backend (resolved name) it must also
-    divide the KV heads or be a multiple of them (the kernels' shard_map layouts, kernel_sharding.kv_head_layout),
-    so a layout they cannot serve is refused here, not at the first request. The xla backend takes any KV head
-    count (GSPMD replicates what tp does not divide)."""
+def kv_head_layout(num_kv_heads: int, tp: int, num_q_heads: int | None = None) -> str:
+    """How the Pallas kernels split attention over tp devices (attention/tensor_parallel.py): "sharded" (tp
+    divides the KV heads: each device its own heads) or "replicated" (tp is a multiple of them: every device all
+    KV heads, its own query heads); else a ValueError."""
+    if num_q_heads is not None and num_q_heads % tp:
+        raise ValueError(f"--tensor-parallel-size ({tp}) must divide the number of query heads ({num_q_heads})")
+    if num_kv_heads % tp == 0:
+        return "sharded"
+    if tp % num_kv_heads == 0:
+        return "replicated"
+    raise ValueError(f"--tensor-parallel-size ({tp}) must divide the number of KV heads ({num_kv_heads}) or be a "
+                     f"multiple of it for the Pallas kernels; use a tp that does, or --attention-backend xla")
+
+
+def check_tensor_parallel_layout(spec: Any, tp: int, attention_backend: Any = None) -> None:
+    """Start-up check: tp must split the query heads evenly; with a backend whose kernels run in shard_map (the
+    resolved vllm_jax.attention backend: `shard_mapped`, `name`) it must also divide the KV heads or be a
+    multiple of them (kv_head_layout), so a layout they cannot serve is refused here, not at the first request.
+    The xla backend (or none) takes any KV head count (GSPMD replicates what tp does not divide)."""
     if spec.num_heads % tp:
         raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's num_attention_heads "
                          f"({spec.num_heads})")
-    if tp > 1 and attention_backend != "xla":
+    if tp > 1 and attention_backend is not None and attention_backend.shard_mapped:
         try:
             kv_head_layout(spec.num_kv_heads, tp, spec.num_heads)
         except ValueError as exc:
-            raise ValueError(f"attention backend {attention_backend}: {exc}") from None
+            raise ValueError(f"attention backend {attention_backend.name}: {exc}") from None
 
 
 def kv_heads_sharded(spec: Any, tp: int) -> bool:

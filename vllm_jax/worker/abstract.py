@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.eagle3_head import Eagle3Head
 from vllm_jax.model.eagle3_spec import Eagle3Spec
@@ -29,7 +30,6 @@ from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model_loader.loader import model_quantization
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, flatten_params, unflatten_params
-from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter
@@ -50,7 +50,7 @@ class AbstractEngine:
     config: EngineConfig
     spec: DecoderSpec
     mesh: Mesh
-    attention_backend: str  # resolved for config.platform
+    attention_backend: AttentionBackend  # resolved for config.platform
     graphdef: nnx.GraphDef
     params: nnx.State  # ShapeDtypeStructs with NamedShardings over `mesh`
     max_blocks_per_seq: int
@@ -80,8 +80,7 @@ class AbstractEngine:
             draft_entry, draft_spec = resolve_architecture(config.draft_model_config.hf_config, mc.max_model_len)
             check_tensor_parallel_layout(draft_spec, tp, backend)
             speculator = SpeculatorModel(*_abstract_model(config, draft_entry, draft_spec, backend, mesh), draft_spec)
-        width = block_table_width(blocks_per_sequence(mc.max_model_len, config.cache_config.block_size), backend,
-                                  config.platform)
+        width = backend.block_table_width(blocks_per_sequence(mc.max_model_len, config.cache_config.block_size))
         return cls(config, spec, mesh, backend, graphdef, params, width,
                    geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
                    geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth),
@@ -159,7 +158,7 @@ class AbstractEngine:
         return CompilationManager(step, counter, shapes, None, drafter=drafter, chain_buckets=chains, eagle=eagle)
 
 
-def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str, mesh: Mesh,
+def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: AttentionBackend, mesh: Mesh,
                     aux_layers: tuple[int, ...] = (), *,
                     quantization: str | KeptFormats | None = None) -> tuple[nnx.GraphDef, nnx.State]:
     """The model as the runner builds it (model_loader.build_model's arguments), every param a ShapeDtypeStruct
@@ -169,12 +168,12 @@ def _abstract_model(config: EngineConfig, entry, spec: DecoderSpec, backend: str
     kwargs = {} if quantization is None else {"quantization": quantization}
     if quantization is not None and mc.quantization_group_size is not None:
         kwargs["quantization_group_size"] = mc.quantization_group_size
-    if pc.tensor_parallel_size > 1 and backend != "xla":
+    if pc.tensor_parallel_size > 1 and backend.shard_mapped:
         kwargs["mesh"] = mesh  # the Pallas kernels run inside shard_map over it
     if pc.enable_expert_parallel and getattr(spec, "num_experts", None):
         kwargs["expert_mesh"] = mesh
     dtype = jnp.dtype(NP_DTYPES[mc.dtype])
-    model = nnx.eval_shape(lambda: entry.model_class(spec, dtype, rngs=nnx.Rngs(0), attention_backend=backend,
+    model = nnx.eval_shape(lambda: entry.model_class(spec, dtype, rngs=nnx.Rngs(0), attention_backend=backend.name,
                                                      platform=config.platform, **kwargs))
     graphdef, state = nnx.split(model)
 
@@ -215,7 +214,7 @@ def _method(config: EngineConfig) -> str | None:
     return config.speculative_config.method if config.speculative_config is not None else None
 
 
-def _abstract_head(config: EngineConfig, backend: str, mesh: Mesh) -> SpeculatorModel:
+def _abstract_head(config: EngineConfig, backend: AttentionBackend, mesh: Mesh) -> SpeculatorModel:
     """The EAGLE-3 head as the runner loads it (model_loader.eagle3_loader), its params abstract and replicated."""
     from vllm_jax.model_loader.eagle3_loader import read_eagle3_spec
     from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
@@ -225,7 +224,7 @@ def _abstract_head(config: EngineConfig, backend: str, mesh: Mesh) -> Speculator
     own_embedding = "embed_tokens.weight" in SafetensorsCheckpoint(Path(directory)).names()
     dtype = jnp.dtype(NP_DTYPES[config.model_config.dtype])
     head = nnx.eval_shape(lambda: Eagle3Head(spec, dtype, rngs=nnx.Rngs(0), own_embedding=own_embedding,
-                                             attention_backend=backend, platform=config.platform))
+                                             attention_backend=backend.name, platform=config.platform))
     graphdef, state = nnx.split(head)
     replicated = NamedSharding(mesh, PartitionSpec())
     flat = flatten_params(nnx.to_pure_dict(state))

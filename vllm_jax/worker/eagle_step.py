@@ -37,7 +37,6 @@ from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.worker.device_step import input_signature
 from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.draft_step import DraftCacheLayout, LoadOrCompile
-from vllm_jax.pallas_kernels.kv_layout import uses_lane_dense
 from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block
 
 
@@ -63,7 +62,7 @@ def eagle_cache_layout(config: EngineConfig, spec: Eagle3Spec, mesh: Mesh) -> Dr
     """The head's one-layer cache, whole on the (one-device) mesh."""
     layer, block_size = spec.layer, config.cache_config.block_size
     dtype = config.model_config.kv_cache_dtype
-    lane_dense = uses_lane_dense(config.resolved_attention_backend)  # pallas_tpu's layout (kv_layout.py)
+    lane_dense = config.resolved_attention_backend.lane_dense  # pallas_tpu's layout (kv_layout.py)
     shape = KVCacheShape(1, 0, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense=lane_dense)
     return DraftCacheLayout(shape, NamedSharding(mesh, PartitionSpec()),
                             bytes_per_block(1, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense))

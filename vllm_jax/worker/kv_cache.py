@@ -21,7 +21,7 @@ import numpy as np
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
-from vllm_jax.pallas_kernels.kv_layout import row_lanes, uses_lane_dense
+from vllm_jax.pallas_kernels.kv_layout import row_lanes
 from vllm_jax.utils import cdiv
 from vllm_jax.worker.kv_budget import kv_budget
 
@@ -100,7 +100,7 @@ def lane_dense_cache(config: EngineConfig, spec: DecoderSpec) -> bool:
     """Whether the engine's K/V cache takes pallas_tpu's lane-dense layout (kv_layout.py): any cache of K/V pairs
     (Gemma 4's too, in its padded width and repeated heads: `kv_cache_heads` / `kv_cache_width`); an MLA latent
     cache (one row per token, `kv_cache_heads` 1) never does."""
-    return uses_lane_dense(config.resolved_attention_backend) and spec.kv_cache_heads % 2 == 0
+    return config.resolved_attention_backend.lane_dense and spec.kv_cache_heads % 2 == 0
 
 
 def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:

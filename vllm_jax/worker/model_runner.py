@@ -41,7 +41,6 @@ from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
-from vllm_jax.pallas_kernels.dispatch import block_table_width
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
 from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -113,8 +112,8 @@ class ModelRunner:
                                             aux_layers, quantization=model_quantization(mc))
         self.vocab_size = self.spec.vocab_size
         self.block_size = cc.block_size
-        self.max_blocks_per_seq = block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size),
-                                                    self.attention_backend, config.platform)
+        self.max_blocks_per_seq = self.attention_backend.block_table_width(
+            blocks_per_sequence(mc.max_model_len, cc.block_size))
         self.max_logprobs = mc.max_logprobs
 
         self.token_buckets = geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth)
@@ -194,9 +193,9 @@ class ModelRunner:
         the model dtype)."""
         config, mc = self.config, self.config.model_config
         # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
-        sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend != "xla"
+        sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend.shard_mapped
         model = build_model(model_entry, spec, mc.dtype, source,
-                            attention_backend=self.attention_backend, platform=config.platform,
+                            attention_backend=self.attention_backend.name, platform=config.platform,
                             mesh=self.mesh if sharded_kernels else None, seed=mc.seed,
                             sharding_for=functools.partial(self._param_sharding, spec),
                             model_kwargs=self._expert_parallel_kwargs(spec), quantization=quantization,

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.registry import resolve_architecture
@@ -75,7 +76,7 @@ def target_embedding(target_params: nnx.State) -> jax.Array | jax.ShapeDtypeStru
     return (embed.astype(jnp.float32) * scale).astype(dtype)
 
 
-def load_draft_model(config: EngineConfig, attention_backend: str, load_model: LoadModel,
+def load_draft_model(config: EngineConfig, attention_backend: AttentionBackend, load_model: LoadModel,
                      random_weights: bool) -> SpeculatorModel:
     """method draft_model: the draft, sharded like the target (its vocabulary was checked with the config)."""
     dc = config.draft_model_config
@@ -91,7 +92,8 @@ def load_draft_model(config: EngineConfig, attention_backend: str, load_model: L
     return SpeculatorModel(graphdef, params, spec)
 
 
-def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention_backend: str) -> SpeculatorModel:
+def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh,
+                attention_backend: AttentionBackend) -> SpeculatorModel:
     """method eagle3: the head, whole on the (one-device) mesh, its vocabulary and input width checked against
     the target's."""
     sc = config.speculative_config
@@ -99,7 +101,7 @@ def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention
         raise ValueError("speculative_config method 'eagle3' runs on one device in one process so far (its head "
                          "has no partition rules); use tensor_parallel_size 1")
     try:
-        head = load_eagle3_head(sc.model, config.model_config.dtype, attention_backend=attention_backend,
+        head = load_eagle3_head(sc.model, config.model_config.dtype, attention_backend=attention_backend.name,
                                 platform=config.platform,
                                 sharding_for=lambda path, shape: NamedSharding(mesh, PartitionSpec()))
     except ValueError as exc:
