@@ -16,29 +16,19 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.attention import attention_backend_for
+from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
-from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, LayerSwitch, QuantizedWeight, attention_params,
-                                   bundle_quantized, decoder_block, gated_mlp, grouped_params, init_param,
-                                   is_unstacked, layer_param_values, linear_params, matmul_f32, rms_norm,
-                                   rotary_tables)
-from vllm_jax.model.lora_layers import LoRAMask, bundle_lora
-from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot_rows
-from vllm_jax.model.quantization import (SCALE_SUFFIX, KeptFormats, OnlineQuantization, Quantization,
-                                         quantize_table, scale_name)
+from vllm_jax.model.embedding_head import EmbeddingHead
+from vllm_jax.model.layers import (AttentionKernels, LayerContext, attention_params, decoder_block, gated_mlp,
+                                   layer_param_values, linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.lora_layers import LoRAMask
+from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-
-# A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
-# quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
-# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md,
-# "Quantized weights")
-HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
@@ -67,11 +57,13 @@ class DecoderLayers(nnx.Module):
             self.down_bias = nnx.Param(jnp.zeros((n, h), dtype))
 
 
-class DecoderLM(nnx.Module):
+class DecoderLM(EmbeddingHead, nnx.Module):
     """Embeddings, the layers, final norm and LM head: `(kv_cache, StepInputs) -> (kv_cache, logits)`.
 
-    Families with another FFN subclass it, naming their layer-params class (`layers_class`) and overriding
-    `_run_layers`."""
+    The forward below is the transformer; the embedding table and LM head in their stored forms are
+    `EmbeddingHead`'s (model/embedding_head.py), the loop over the layers (its three forms and the aux states'
+    recording) model/layer_loop.py's. Families with another FFN or layer name their layer-params class
+    (`layers_class`) and override `_block`, or `_run_layers` for another loop."""
 
     layers_class: type[nnx.Module] = DecoderLayers
     # With per-layer arrays (unstack_layers): scan with switched matmuls (True) or a Python loop (False).
@@ -103,25 +95,10 @@ class DecoderLM(nnx.Module):
         platform = platform or jax.default_backend()
         self.kernels = AttentionKernels(attention_backend_for(attention_backend, platform), mesh)
         self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
-        quant = self.quantization
-        embed_fmt = quant.format_of("embed_tokens") if quant is not None and quant.gguf_kept else None
-        if embed_fmt:  # [V, H] kept in GGUF blocks, grouped along hidden
-            for name, param in grouped_params("embed_tokens", (spec.vocab_size, spec.hidden_size), embed_fmt,
-                                              axis=-1).items():
-                setattr(self, name, param)
-        elif self._table_quantized():  # [V, H] values, [V, 1] float32 row scales
-            table = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype).get_value()
-            values, scale = quantize_table(table, quant.scheme)
-            self.embed_tokens, self.embed_tokens_scale = nnx.Param(values), nnx.Param(scale)
-        else:
-            self.embed_tokens = init_param(rngs, (spec.vocab_size, spec.hidden_size), dtype)
+        self._init_embedding(dtype, rngs)
         self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
-        if not spec.tie_word_embeddings:
-            head_quant = quant if quant is not None and (quant.gguf_kept or self._untied_head_quantized()) else None
-            for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
-                                             head_quant).items():
-                setattr(self, name, param)
+        self._init_lm_head(dtype, rngs)
 
     def __call__(self, kv_cache: jax.Array, inputs: StepInputs, lora: dict | None = None) -> tuple[jax.Array, ...]:
         """-> (updated kv_cache, float32 logits [S, vocab]) for the last scheduled token of each row; with
@@ -150,107 +127,20 @@ class DecoderLM(nnx.Module):
             ctx = LayerContext(cos, sin, inputs, self.kernels, lora, LoRAMask.of(inputs.lora_slots, num_slots))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
-        return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
-
-    def _embed(self, ids: jax.Array) -> jax.Array:
-        """The embedding rows of `ids`; kept GGUF blocks (or online-quantized rows) gather their rows' values and
-        scales, then dequantize."""
-        if self._table_quantized():
-            rows = self.embed_tokens[...][ids].astype(jnp.float32) * self.embed_tokens_scale[...][ids]
-            return rows.astype(self.final_norm[...].dtype)
-        embed_fmt = self._kept_format("embed_tokens")
-        if embed_fmt is None:
-            return self.embed_tokens[...][ids]
-        rows = dequantize_grouped(*(None if part is None else part[ids] for part in self._kept_parts("embed_tokens")),
-                                  embed_fmt, axis=-1)
-        return rows.astype(self.final_norm[...].dtype)
-
-    def _lm_head(self, last: jax.Array) -> jax.Array:
-        """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
-        inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
-        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`)."""
-        chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
-        if not self.spec.tie_word_embeddings:
-            if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
-                head = QuantizedWeight(self.lm_head[...], self.lm_head_scale[...],
-                                       self.quantization.quantize_activations)
-                return matmul_f32(last, head)
-            head_fmt = self._kept_format("lm_head")
-            if head_fmt is None:
-                return jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
-            return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
-        embed_fmt = self._kept_format("embed_tokens")
-        if embed_fmt is None:
-            if self._table_quantized():
-                return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
-            return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
-        return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
-
-    def _untied_head_quantized(self) -> bool:
-        """An untied LM head is quantized online (int8 / fp8 values, float32 scales per vocab entry)."""
-        return self.quantization is not None and self.quantization.embedding
-
-    def _table_quantized(self) -> bool:
-        """Whether the embedding table (and so a tied LM head) is quantized online, which it is except on TPU:
-        there XLA's program for Llama-3-8B read ~1.1 GB more per decode step with an int8 table than the gathered
-        rows need (the whole table, converted; v6e batch 1: 9.27 GB for 8.17 needed, roofline 5.01 -> 5.65 ms), so
-        TPU keeps it in the model dtype (docs/architecture.md, "Quantized weights")."""
-        return self._untied_head_quantized() and self.kernels.platform != "tpu"
-
-    def _kept_format(self, name: str) -> str | None:
-        quant = self.quantization
-        return quant.format_of(name) if quant is not None and quant.gguf_kept else None
-
-    def _kept_parts(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """(values, scale, min or None) of a param kept in GGUF blocks."""
-        minimum = getattr(self, min_name(name), None)
-        return (getattr(self, name)[...], getattr(self, scale_name(name))[...],
-                None if minimum is None else minimum[...])
+        return kv_cache, hidden, aux.concatenated()
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
                     aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
-        """All layers: a scan over the stacked params; over per-layer arrays (`unstack_layers`), a scan whose
-        matmuls pick their layer's array through a switch (`scan_layers`, the CPU form) or a Python loop. `aux`
-        records each chosen layer's input on the way."""
-        layer_weights = layer_param_values(self.layers)
-        if is_unstacked(layer_weights) and not self.scan_layers:
-            return self._run_unrolled(ctx, layer_weights, hidden, kv_cache, aux)
-        per_layer, stacked = {}, layer_weights
-        if is_unstacked(layer_weights):  # matrices go through LayerSwitch; vectors (norms, biases) restack
-            # grouped scales [in // g, out] (block fp8) restack: linear weights each layer's partial sums by them
-            grouped = self.quantization is not None and self.quantization.group_size is not None
-            per_layer = {name: value for name, value in layer_weights.items()
-                         if value[0].ndim == 2 and not (grouped and name.endswith(SCALE_SUFFIX))}
-            stacked = {name: jnp.stack(value) for name, value in layer_weights.items() if name not in per_layer}
-
-        def layer(carry, xs):
-            hidden, kv_cache, aux = carry
-            w, layer_index, window = xs
-            w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
-            w = bundle_lora(bundle_quantized(w, self.quantization), ctx.lora, ctx.lora_mask, layer_index)
-            aux = aux.record(layer_index, hidden)
-            hidden, kv_cache = self._block(ctx, w, hidden, kv_cache, layer_index, window)
-            return (hidden, kv_cache, aux), None
-
-        num_layers = self.spec.num_layers
-        windows = jnp.asarray(np.array(self.spec.sliding_windows, dtype=np.int32))
-        xs = (stacked, jnp.arange(num_layers, dtype=jnp.int32), windows)
-        (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
-        return hidden, kv_cache, aux
-
-    def _run_unrolled(self, ctx: LayerContext, layer_weights: dict, hidden: jax.Array, kv_cache: jax.Array,
-                      aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
-        """The layers as a Python loop over per-layer arrays (--no-scan-layers)."""
-        for i in range(self.spec.num_layers):
-            w = bundle_quantized({name: value[i] for name, value in layer_weights.items()}, self.quantization)
-            w = bundle_lora(w, ctx.lora, ctx.lora_mask, i)
-            aux = aux.record(i, hidden)
-            hidden, kv_cache = self._block(ctx, w, hidden, kv_cache, i, self.spec.sliding_windows[i])
-        return hidden, kv_cache, aux
+        """All layers, in the form their params are in (model/layer_loop.py): a scan over stacked params; over
+        per-layer arrays (`unstack_layers`) the switched scan (`scan_layers`, the CPU form, where the family's
+        `switched_scan` allows it) or a Python loop. `aux` records each chosen layer's input on the way."""
+        return layer_loop.run_layers(self._block, ctx, layer_param_values(self.layers), self.spec.sliding_windows,
+                                     self.quantization, (hidden, kv_cache, aux),
+                                     switched=self.scan_layers and self.switched_scan)
 
     def _block(self, ctx: LayerContext, w: dict, hidden: jax.Array, kv_cache: jax.Array,
                layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
         """One layer from its weights `w`: `block` (the pre-norm block, or a family's residual / norm layout) with
         the SiLU-gated MLP. A family with another MLP too (Gemma: model/gemma.py) overrides this and keeps the scan /
-        switch / LoRA machinery above."""
+        switch / LoRA machinery of layer_loop.run_layers."""
         return self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)

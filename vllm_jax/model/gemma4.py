@@ -15,17 +15,20 @@ also holds the MoE block's params and `_layer` adds the experts beside the MLP (
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma import geglu_mlp, rotary_tables_of, soft_cap
 from vllm_jax.model.gemma4_moe import MATRICES as MOE_MATRICES
 from vllm_jax.model.gemma4_moe import moe_block, moe_shapes
 from vllm_jax.model.gemma4_spec import Gemma4Spec
-from vllm_jax.model.layers import LayerContext, apply_rotary, init_param, linear
+from vllm_jax.model.layers import LayerContext, apply_rotary, init_param, layer_param_values, linear
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.step_inputs import StepInputs
 
@@ -126,17 +129,24 @@ class Gemma4LM(DecoderLM):
         tables = {"sliding": rotary_tables_of(spec.inv_freq, 1.0, inputs.positions),
                   "full": rotary_tables_of(spec.global_inv_freq, 1.0, inputs.positions)}
         aux = AuxHiddenStates.start(self.aux_hidden_layers, spec.num_layers, hidden)
-        weights = {name: p.get_value() for name, p in vars(self.layers).items() if isinstance(p, nnx.Param)}
+
+        def step(w: dict, layer: int, hidden: jax.Array, kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+            ctx = LayerContext(*tables["full" if spec.is_full(layer) else "sliding"], inputs, self.kernels)
+            return self._layer(ctx, w, hidden, kv_cache, layer, None if ple is None else ple[:, layer])
+
+        hidden, kv_cache, aux = layer_loop.unrolled(step, self._layer_weights(), (hidden, kv_cache, aux))
+        return kv_cache, hidden, aux.concatenated()
+
+    def _layer_weights(self) -> Iterator[tuple[dict, int]]:
+        """(layer's weights, layer) for every layer in order: its group's params at its row, the group prefix
+        dropped."""
+        spec = self.spec
+        weights = layer_param_values(self.layers)
         groups = layer_groups(spec)
         for layer in range(spec.num_layers):
             group = spec.group_of(layer)
-            row = groups[group].index(layer)
-            prefix = f"{group}_"
-            w = {name[len(prefix):]: value[row] for name, value in weights.items() if name.startswith(prefix)}
-            aux = aux.record(layer, hidden)
-            ctx = LayerContext(*tables["full" if spec.is_full(layer) else "sliding"], inputs, self.kernels)
-            hidden, kv_cache = self._layer(ctx, w, hidden, kv_cache, layer, None if ple is None else ple[:, layer])
-        return kv_cache, hidden, None if aux.buffer is None else aux.concatenated()
+            row, prefix = groups[group].index(layer), f"{group}_"
+            yield {name[len(prefix):]: value[row] for name, value in weights.items() if name.startswith(prefix)}, layer
 
     def _per_layer_inputs(self, ids: jax.Array, embeds: jax.Array) -> jax.Array:
         """PLE [T, layers, ple_size]: (norm(embeds @ projection / sqrt(hidden)) + the token's per-layer rows *

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gpt_oss_experts import EXPERT_NAMES, expert_ffn, expert_parallel_ffn, route_top_logits
 from vllm_jax.model.gpt_oss_spec import GptOssSpec
-from vllm_jax.model.layers import (LayerContext, attention, attention_params, init_param, is_unstacked,
-                                   layer_param_values)
+from vllm_jax.model.layers import LayerContext, attention, attention_params, init_param
 from vllm_jax.model.step_inputs import StepInputs
 
 
@@ -102,28 +99,3 @@ class GptOssLM(DecoderLM):
         hidden = hidden + attn
         hidden = hidden + self._experts(w, gpt_oss_rms_norm(hidden, w["post_attention_norm"], eps))
         return hidden, kv_cache
-
-    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
-                    aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
-        """A scan over the stacked params (each layer's window rides in xs); a Python loop over per-layer
-        arrays (--no-scan-layers)."""
-        params = layer_param_values(self.layers)
-        windows = self.spec.sliding_windows
-        if is_unstacked(params):
-            for i in range(self.spec.num_layers):
-                aux = aux.record(i, hidden)
-                hidden, kv_cache = self._block(ctx, {name: value[i] for name, value in params.items()}, hidden,
-                                               kv_cache, i, windows[i])
-            return hidden, kv_cache, aux
-
-        def layer(carry, xs):
-            hidden, kv_cache, aux = carry
-            w, layer_index, window = xs
-            aux = aux.record(layer_index, hidden)
-            hidden, kv_cache = self._block(ctx, w, hidden, kv_cache, layer_index, window)
-            return (hidden, kv_cache, aux), None
-
-        xs = (params, jnp.arange(self.spec.num_layers, dtype=jnp.int32),
-              jnp.asarray(np.array(windows, dtype=np.int32)))
-        (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
-        return hidden, kv_cache, aux

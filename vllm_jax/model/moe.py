@@ -44,6 +44,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.layers import (LayerContext, Mlp, QuantizedWeight, attention_params, bundle_quantized,
@@ -208,42 +209,28 @@ class MoeLM(DecoderLM):
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
                     aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
-        """One scan per run of consecutive same-kind layers (a single scan when every layer is MoE). Each
-        iteration indexes the stacked params by its layer's position in its own stack; `aux` records each
-        chosen layer's input (its global index rides in the scan's xs)."""
+        """One scan per run of consecutive same-kind layers (a single scan when every layer is MoE); over
+        per-layer arrays (see layers.unstack_layers) the same runs as a Python loop (model/layer_loop.py). A layer
+        indexes the attention params by its global index and its FFN's by its position in its own kind's stack."""
         params = layer_param_values(self.layers)
         attn = {name: value for name, value in params.items() if name not in self.mlp_param_set}
-        if is_unstacked(params):
-            return self._run_unrolled(ctx, params, attn, hidden, kv_cache, aux)
+        carry = (hidden, kv_cache, aux)
         for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
-            mlp_params = {name: params[name] for name in self._mlp_param_names(is_moe)}
+            names = self._mlp_param_names(is_moe)
 
-            def layer(carry, xs, is_moe=is_moe, mlp_params=mlp_params):
-                hidden, kv_cache, aux = carry
-                layer_index, mlp_index, window = xs
+            def step(layer_input, layer_index, hidden, kv_cache, is_moe=is_moe, names=names):
+                mlp_index, window = layer_input
                 w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
-                mlp = self._mlp(is_moe, {name: value[mlp_index] for name, value in mlp_params.items()})
-                aux = aux.record(layer_index, hidden)
-                hidden, kv_cache = self._block(ctx, w, mlp, hidden, kv_cache, layer_index, window)
-                return (hidden, kv_cache, aux), None
+                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in names})
+                return self._block(ctx, w, mlp, hidden, kv_cache, layer_index, window)
 
-            windows = np.array([self.spec.sliding_windows[i] for i in layer_ids], dtype=np.int32)
-            xs = (jnp.asarray(np.array(layer_ids, np.int32)), jnp.asarray(np.array(mlp_ids, np.int32)),
-                  jnp.asarray(windows))
-            (hidden, kv_cache, aux), _ = jax.lax.scan(layer, (hidden, kv_cache, aux), xs)
-        return hidden, kv_cache, aux
-
-    def _run_unrolled(self, ctx: LayerContext, params: dict, attn: dict, hidden: jax.Array, kv_cache: jax.Array,
-                      aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
-        """The same layers as a Python loop over per-layer arrays (see layers.unstack_layers)."""
-        for is_moe, layer_ids, mlp_ids in _layer_runs(self.spec.moe_layers):
-            for layer_index, mlp_index in zip(layer_ids, mlp_ids):
-                w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
-                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in self._mlp_param_names(is_moe)})
-                aux = aux.record(layer_index, hidden)
-                hidden, kv_cache = self._block(ctx, w, mlp, hidden, kv_cache, layer_index,
-                                               self.spec.sliding_windows[layer_index])
-        return hidden, kv_cache, aux
+            windows = [self.spec.sliding_windows[i] for i in layer_ids]
+            if is_unstacked(params):
+                carry = layer_loop.unrolled(step, zip(zip(mlp_ids, windows), layer_ids), carry)
+            else:
+                xs = (jnp.asarray(np.array(mlp_ids, np.int32)), jnp.asarray(np.array(windows, np.int32)))
+                carry = layer_loop.scan(step, xs, jnp.asarray(np.array(layer_ids, np.int32)), carry)
+        return carry
 
     def _block(self, ctx: LayerContext, w: dict, mlp: Mlp, hidden: jax.Array, kv_cache: jax.Array,
                layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:

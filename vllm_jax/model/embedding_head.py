@@ -1,0 +1,118 @@
+"""The embedding table and the LM head in whichever form they are stored: a mixin of DecoderLM.
+
+Three stored forms, fixed when the model is built (model/quantization.py):
+- the model dtype (no --quantization, a pre-quantized checkpoint, or the table on TPU);
+- GGUF blocks kept as the file holds them (--quantization gguf): `embed_tokens` / `lm_head` values with their
+  `_scale` (and `_min`) siblings, grouped along hidden (docs/architecture.md, "Quantized weights");
+- online int8 / fp8 (--quantization int8 | fp8 of a float checkpoint): the table with one float32 scale per vocab
+  row (`embed_tokens_scale` [V, 1]), an untied head per output channel (`lm_head_scale` [V]).
+
+A mixin rather than a submodule: the params stay attributes of the model itself, so their paths (`embed_tokens`,
+`embed_tokens_scale`, `lm_head`, ...) are the ones the weight loaders, the partition rules, LoRA, the EAGLE-3
+head's shared embedding and checkpoints address. The host class sets `spec`, `quantization` and `kernels` before
+`_init_embedding`, and owns `final_norm`, whose dtype is the model's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
+from vllm_jax.model.layers import QuantizedWeight, grouped_params, init_param, linear_params, matmul_f32
+from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot_rows
+from vllm_jax.model.quantization import quantize_table, scale_name
+
+# A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
+# quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
+# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md,
+# "Quantized weights")
+HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
+
+
+class EmbeddingHead:
+    """`_embed(ids)` -> the rows of the embedding [T, hidden]; `_lm_head(last)` -> float32 logits [S, vocab]; and
+    the params behind them (`_init_embedding`, `_init_lm_head`)."""
+
+    def _init_embedding(self, dtype, rngs: nnx.Rngs) -> None:
+        """`embed_tokens` [V, H]: kept GGUF blocks (grouped along hidden), online-quantized values with float32 row
+        scales, or the model dtype."""
+        spec, quant = self.spec, self.quantization
+        shape = (spec.vocab_size, spec.hidden_size)
+        embed_fmt = self._kept_format("embed_tokens")
+        if embed_fmt:
+            for name, param in grouped_params("embed_tokens", shape, embed_fmt, axis=-1).items():
+                setattr(self, name, param)
+        elif self._table_quantized():
+            values, scale = quantize_table(init_param(rngs, shape, dtype).get_value(), quant.scheme)
+            self.embed_tokens, self.embed_tokens_scale = nnx.Param(values), nnx.Param(scale)
+        else:
+            self.embed_tokens = init_param(rngs, shape, dtype)
+
+    def _init_lm_head(self, dtype, rngs: nnx.Rngs) -> None:
+        """`lm_head` [H, V] unless the head is the tied table: kept GGUF blocks, quantized per output channel, or
+        the model dtype."""
+        spec, quant = self.spec, self.quantization
+        if spec.tie_word_embeddings:
+            return
+        head_quant = quant if quant is not None and (quant.gguf_kept or self._untied_head_quantized()) else None
+        for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
+                                         head_quant).items():
+            setattr(self, name, param)
+
+    def _embed(self, ids: jax.Array) -> jax.Array:
+        """The embedding rows of `ids`; kept GGUF blocks (or online-quantized rows) gather their rows' values and
+        scales, then dequantize."""
+        if self._table_quantized():
+            rows = self.embed_tokens[...][ids].astype(jnp.float32) * self.embed_tokens_scale[...][ids]
+            return rows.astype(self.final_norm[...].dtype)
+        embed_fmt = self._kept_format("embed_tokens")
+        if embed_fmt is None:
+            return self.embed_tokens[...][ids]
+        rows = dequantize_grouped(*(None if part is None else part[ids] for part in self._kept_parts("embed_tokens")),
+                                  embed_fmt, axis=-1)
+        return rows.astype(self.final_norm[...].dtype)
+
+    def _lm_head(self, last: jax.Array) -> jax.Array:
+        """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
+        inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
+        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`)."""
+        chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
+        if not self.spec.tie_word_embeddings:
+            if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
+                head = QuantizedWeight(self.lm_head[...], self.lm_head_scale[...],
+                                       self.quantization.quantize_activations)
+                return matmul_f32(last, head)
+            head_fmt = self._kept_format("lm_head")
+            if head_fmt is None:
+                return jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
+            return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
+        embed_fmt = self._kept_format("embed_tokens")
+        if embed_fmt is None:
+            if self._table_quantized():
+                return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
+            return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
+        return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
+
+    def _untied_head_quantized(self) -> bool:
+        """An untied LM head is quantized online (int8 / fp8 values, float32 scales per vocab entry)."""
+        return self.quantization is not None and self.quantization.embedding
+
+    def _table_quantized(self) -> bool:
+        """Whether the embedding table (and so a tied LM head) is quantized online, which it is except on TPU:
+        there XLA's program for Llama-3-8B read ~1.1 GB more per decode step with an int8 table than the gathered
+        rows need (the whole table, converted; v6e batch 1: 9.27 GB for 8.17 needed, roofline 5.01 -> 5.65 ms), so
+        TPU keeps it in the model dtype (docs/architecture.md, "Quantized weights")."""
+        return self._untied_head_quantized() and self.kernels.platform != "tpu"
+
+    def _kept_format(self, name: str) -> str | None:
+        """The GGUF format `name` is kept in (--quantization gguf), else None."""
+        quant = self.quantization
+        return quant.format_of(name) if quant is not None and quant.gguf_kept else None
+
+    def _kept_parts(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """(values, scale, min or None) of a param kept in GGUF blocks."""
+        minimum = getattr(self, min_name(name), None)
+        return (getattr(self, name)[...], getattr(self, scale_name(name))[...],
+                None if minimum is None else minimum[...])
