@@ -46,9 +46,11 @@ def read_eagle3_spec(directory: str | Path) -> Eagle3Spec:
 
 def load_eagle3_head(directory: str | Path, dtype: str = "float32", *, attention_backend: str = "auto",
                      platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
-                     sharding_for: ShardingFor | None = None) -> Eagle3Head:
+                     sharding_for: ShardingFor | None = None, abstract: bool = False) -> Eagle3Head:
     """The head with every param read from the directory's safetensors, in `dtype` (d2t stays int32), each on
-    `sharding_for(path, shape)` (default: the first device). Kernel arguments as for the target model."""
+    `sharding_for(path, shape)` (default: the first device). Kernel arguments as for the target model.
+    `abstract`: the same checks, every param a ShapeDtypeStruct on its sharding instead (ahead-of-time
+    compiles)."""
     directory = Path(directory)
     spec = read_eagle3_spec(directory)
     checkpoint = SafetensorsCheckpoint(directory)
@@ -75,13 +77,18 @@ def load_eagle3_head(directory: str | Path, dtype: str = "float32", *, attention
     for path, src in sources.items():
         shape = shapes[path]
         np_dtype = np.int32 if path == ("d2t",) else NP_DTYPES[dtype]
+        if abstract:
+            arrays[path] = jax.ShapeDtypeStruct(shape, np_dtype, sharding=place(path, shape))
+            continue
         arrays[path] = jax.make_array_from_callback(
             shape, place(path, shape),
             lambda index, src=src, shape=shape, np_dtype=np_dtype: src.read(checkpoint, index, shape, np_dtype))
     if ("d2t",) in arrays:
         _check_d2t(checkpoint, spec)
     else:
-        arrays[("d2t",)] = jax.device_put(np.zeros(spec.draft_vocab_size, np.int32), place(("d2t",), shapes[("d2t",)]))
+        zeros, where = np.zeros(spec.draft_vocab_size, np.int32), place(("d2t",), shapes[("d2t",)])
+        arrays[("d2t",)] = (jax.ShapeDtypeStruct(zeros.shape, zeros.dtype, sharding=where) if abstract
+                            else jax.device_put(zeros, where))
     nnx.replace_by_pure_dict(state, unflatten_params(arrays))
     return nnx.merge(graphdef, state)
 
