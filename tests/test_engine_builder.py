@@ -57,9 +57,13 @@ def test_compile_check_compiles_the_programs_warm_up_makes_ready(models, case):
     assert any(label.split()[0] == {"plain": "forward", "draft_model": "draft", "eagle3": "draft",
                                     "lora": "lora"}[case] for label in labels)
     assert engine.max_blocks_per_seq == runner.max_blocks_per_seq
-    assert _leaves(engine.params) == _leaves(runner.params)
+    params = {"runner": [runner.params], "engine": [engine.params]}
     if case in ("draft_model", "eagle3"):
-        assert _leaves(engine.speculator.params) == _leaves((runner.drafter or runner.eagle).params)
+        params["runner"].append((runner.drafter or runner.eagle).params)
+        params["engine"].append(engine.speculator.params)
+    assert _leaves(params["engine"]) == _leaves(params["runner"])
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(params["runner"]))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params["engine"]))
     assert runner.num_compilations == 0  # building the abstract engine compiled nothing of the runner's
 
 

@@ -56,10 +56,10 @@ def load_eagle3_head(directory: str | Path, dtype: str = "float32", *, attention
     checkpoint = SafetensorsCheckpoint(directory)
     names = checkpoint.names()
     jdtype = jnp.dtype(NP_DTYPES[dtype])
-    abstract = nnx.eval_shape(lambda: Eagle3Head(
+    shaped = nnx.eval_shape(lambda: Eagle3Head(
         spec, jdtype, rngs=nnx.Rngs(0), own_embedding="embed_tokens.weight" in names,
         attention_backend=attention_backend, platform=platform, mesh=mesh))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(shaped)
     shapes = {path: tuple(value.shape) for path, value in flatten_params(nnx.to_pure_dict(state)).items()}
     sources = {path: src for path, src in eagle3_param_sources(layer_prefix(names)).items() if path in shapes}
     unmapped = sorted(set(shapes) - set(sources))
