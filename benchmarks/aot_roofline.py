@@ -40,7 +40,7 @@ from vllm_jax.aot.engine_programs import compile_plan  # noqa: E402
 from vllm_jax.aot.model_configs import write_config  # noqa: E402
 from vllm_jax.aot.targets import get_target  # noqa: E402
 from vllm_jax.utils import cdiv  # noqa: E402
-from vllm_jax.worker.abstract import AbstractEngine, shard_bytes  # noqa: E402
+from vllm_jax.worker.engine_builder import build_engine, shard_bytes  # noqa: E402
 
 BLOCK_SIZE = 16
 # libtpu's switches of memory-space assignment into VMEM (both generations' names; each chip reads its own).
@@ -56,7 +56,7 @@ def cell(model_dir: str, target_name: str, batch: int, context: int, quantizatio
                       num_gpu_blocks_override=blocks, scan_layers=False, tensor_parallel_size=tp,
                       block_size=BLOCK_SIZE, quantization=quantization)
     config = args.create_config(platform=target.platform)
-    engine = AbstractEngine.build(config, target.devices)
+    engine = build_engine(config, target.devices, abstract=True)
     embed = shard_bytes(engine.params["embed_tokens"].get_value())
     kv_touched = batch * context * engine.kv_bytes_per_block // BLOCK_SIZE
     need = engine.weight_bytes - embed + batch * embed // engine.spec.vocab_size + kv_touched

@@ -47,7 +47,7 @@ def cpu_run(tiny_dir, tmp_path_factory):
 
 
 def test_the_cpu_run_compiles_the_runners_own_plan(cpu_run, tiny_dir):
-    from vllm_jax.worker.abstract import AbstractEngine
+    from vllm_jax.worker.engine_builder import build_engine
     from vllm_jax.worker.model_runner import ModelRunner
 
     code, [result] = cpu_run
@@ -57,7 +57,7 @@ def test_the_cpu_run_compiles_the_runners_own_plan(cpu_run, tiny_dir):
     config = args.create_config()
     runner = ModelRunner(config, random_weights=True)
     assert [p["label"] for p in result["programs"]] == [label for label, _ in runner.warmup_plan()]
-    engine = AbstractEngine.build(config, targets.get_target("cpu").devices)
+    engine = build_engine(config, targets.get_target("cpu").devices, abstract=True)
     assert engine.max_blocks_per_seq == runner.max_blocks_per_seq
     import jax
     shapes = lambda tree: [(x.shape, str(x.dtype)) for x in jax.tree.leaves(tree)]  # noqa: E731

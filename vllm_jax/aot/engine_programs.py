@@ -1,8 +1,9 @@
 """Every program the engine's warm-up compiles, compiled for a chip this host does not have.
 
 `check_target(args, "v5e:2x2")` takes the engine's own path: `args.create_config(platform=...)` (the target's
-defaults: dtype, batch limits, buckets, attention backend), `worker.abstract.AbstractEngine` (the runner's model,
-params and block-table width, abstract), and warm-up's plan (worker/compilation.py: each token bucket's forward,
+defaults: dtype, batch limits, buckets, attention backend), `worker.engine_builder.build_engine(...,
+abstract=True)` (the runner's own construction: its model, params, speculator and block-table width, abstract, and
+every refusal of the runner), and warm-up's plan (worker/compilation.py: each token bucket's forward,
 the KV write inside it, each sampler variant per sequence bucket), every program compiled by
 `aot.compile.compile_jitted` through the DeviceStep's own jitted functions (their donation included).
 
@@ -25,8 +26,9 @@ from vllm_jax.aot.compile import CompileReport, compile_jitted
 from vllm_jax.aot.targets import Target, get_target
 from vllm_jax.config import EngineArgs
 from vllm_jax.model.mla_spec import MlaSpec
-from vllm_jax.worker.abstract import AbstractEngine
+from vllm_jax.worker.compilation import WarmupPlan
 from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.engine_builder import DeviceStepFactory, EngineParts, build_engine
 from vllm_jax.worker.kv_budget import KVBudget, kv_budget
 
 
@@ -138,8 +140,9 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
                           sc.max_num_batched_tokens, config.cache_config.block_size, scan_layers=config.scan_layers,
                           kv_cache_dtype=mc.kv_cache_dtype)
     try:
-        engine = AbstractEngine.build(config, target.devices)
-    except ValueError as exc:  # a tensor-parallel layout the kernels cannot serve, too few devices
+        engine = build_engine(config, target.devices, abstract=True)
+    except ValueError as exc:  # what the runner refuses (a tensor-parallel layout the kernels cannot serve, an
+        # expert count tp does not divide, ...), too few devices
         result.refused = str(exc)
         return result
     result.num_layers = engine.spec.num_layers
@@ -168,17 +171,25 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     return check(result)
 
 
-def compile_plan(engine: AbstractEngine, target: Target, num_blocks: int, buckets: list | None = None, *,
-                 kinds: tuple[str, ...] = ("forward", "sampler", "token", "draft", "lora"),
-                 recorder: _Recorder | None = None,
+KINDS = ("forward", "sampler", "token", "draft", "lora")  # every kind of program warm-up makes ready
+
+
+def engine_plan(engine: EngineParts, num_blocks: int, buckets: list | None = None, *, kinds: tuple[str, ...] = KINDS,
+                device_step: DeviceStepFactory = DeviceStep) -> WarmupPlan:
+    """Warm-up's plan over `engine`'s abstract step with a `num_blocks` cache (`buckets`: EngineParts.compilation's),
+    its `kinds` of programs: what `compile_plan` compiles."""
+    plan = engine.compilation(num_blocks, buckets, device_step=device_step).plan()
+    return [item for item in plan if item[0].split()[0] in kinds]
+
+
+def compile_plan(engine: EngineParts, target: Target, num_blocks: int, buckets: list | None = None, *,
+                 kinds: tuple[str, ...] = KINDS, recorder: _Recorder | None = None,
                  compiler_options: dict[str, Any] | None = None) -> list[ProgramResult]:
-    """Compile warm-up's plan (its `kinds` of programs; `buckets`: AbstractEngine.compilation's) for `target`
-    over a `num_blocks` cache (with `compiler_options`, XLA flags, when no `recorder` is given). A shared
-    `recorder` compiles a program it has seen with the same inputs once."""
+    """Compile `engine_plan` for `target` (with `compiler_options`, XLA flags, when no `recorder` is given). A
+    shared `recorder` compiles a program it has seen with the same inputs once."""
     recorder = recorder or _Recorder(target, engine.mesh, compiler_options)
     step = lambda *a, **k: RecordingDeviceStep(*a, recorder=recorder, **k)  # noqa: E731
-    plan = engine.compilation(num_blocks, buckets, device_step=step).plan()
-    return recorder.run([item for item in plan if item[0].split()[0] in kinds])
+    return recorder.run(engine_plan(engine, num_blocks, buckets, kinds=kinds, device_step=step))
 
 
 def _result(label: str, report: CompileReport, reused: bool) -> ProgramResult:

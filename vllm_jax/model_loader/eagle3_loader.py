@@ -46,18 +46,20 @@ def read_eagle3_spec(directory: str | Path) -> Eagle3Spec:
 
 def load_eagle3_head(directory: str | Path, dtype: str = "float32", *, attention_backend: str = "auto",
                      platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
-                     sharding_for: ShardingFor | None = None) -> Eagle3Head:
+                     sharding_for: ShardingFor | None = None, abstract: bool = False) -> Eagle3Head:
     """The head with every param read from the directory's safetensors, in `dtype` (d2t stays int32), each on
-    `sharding_for(path, shape)` (default: the first device). Kernel arguments as for the target model."""
+    `sharding_for(path, shape)` (default: the first device). Kernel arguments as for the target model.
+    `abstract`: the same checks, every param a ShapeDtypeStruct on its sharding instead (ahead-of-time
+    compiles)."""
     directory = Path(directory)
     spec = read_eagle3_spec(directory)
     checkpoint = SafetensorsCheckpoint(directory)
     names = checkpoint.names()
     jdtype = jnp.dtype(NP_DTYPES[dtype])
-    abstract = nnx.eval_shape(lambda: Eagle3Head(
+    shaped = nnx.eval_shape(lambda: Eagle3Head(
         spec, jdtype, rngs=nnx.Rngs(0), own_embedding="embed_tokens.weight" in names,
         attention_backend=attention_backend, platform=platform, mesh=mesh))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(shaped)
     shapes = {path: tuple(value.shape) for path, value in flatten_params(nnx.to_pure_dict(state)).items()}
     sources = {path: src for path, src in eagle3_param_sources(layer_prefix(names)).items() if path in shapes}
     unmapped = sorted(set(shapes) - set(sources))
@@ -75,13 +77,18 @@ def load_eagle3_head(directory: str | Path, dtype: str = "float32", *, attention
     for path, src in sources.items():
         shape = shapes[path]
         np_dtype = np.int32 if path == ("d2t",) else NP_DTYPES[dtype]
+        if abstract:
+            arrays[path] = jax.ShapeDtypeStruct(shape, np_dtype, sharding=place(path, shape))
+            continue
         arrays[path] = jax.make_array_from_callback(
             shape, place(path, shape),
             lambda index, src=src, shape=shape, np_dtype=np_dtype: src.read(checkpoint, index, shape, np_dtype))
     if ("d2t",) in arrays:
         _check_d2t(checkpoint, spec)
     else:
-        arrays[("d2t",)] = jax.device_put(np.zeros(spec.draft_vocab_size, np.int32), place(("d2t",), shapes[("d2t",)]))
+        zeros, where = np.zeros(spec.draft_vocab_size, np.int32), place(("d2t",), shapes[("d2t",)])
+        arrays[("d2t",)] = (jax.ShapeDtypeStruct(zeros.shape, zeros.dtype, sharding=where) if abstract
+                            else jax.device_put(zeros, where))
     nnx.replace_by_pure_dict(state, unflatten_params(arrays))
     return nnx.merge(graphdef, state)
 

@@ -15,6 +15,7 @@ from flax import nnx
 
 from vllm_jax.model.quantization import GGUF, KeptFormats, OnlineQuantization, scheme_name
 from vllm_jax.model.registry import ModelEntry
+from vllm_jax.model_loader.abstract_weights import AbstractWeights
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader, kept_formats
 from vllm_jax.model_loader.mxfp4_checkpoint import Mxfp4Checkpoint, is_mxfp4_checkpoint
@@ -34,7 +35,7 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
                 seed: int = 0, sharding_for: ShardingFor | None = None,
                 model_kwargs: dict | None = None,
                 quantization: str | KeptFormats | OnlineQuantization | None = None,
-                quantization_group_size: int | None = None) -> nnx.Module:
+                quantization_group_size: int | None = None, abstract: bool = False) -> nnx.Module:
     """The model with weights from `source` (or random weights when None: research scripts, tests), each param
     placed on `sharding_for(path, shape)` (default: the first device). `attention_backend`, `platform` and `mesh`
     are the model's (DecoderLM.__init__): what its attention calls and the chip the program is built for.
@@ -42,7 +43,8 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
     or read quantized from a pre-quantized checkpoint; `quantization_group_size`: its grouped scales' input rows.
     An `OnlineQuantization` (--quantization int8 / fp8 of a float checkpoint) quantizes the embedding and an untied
     LM head as they load too. A `KeptFormats` (--quantization gguf) places the GGUF's blocks it names as they are
-    (gguf_file/kept.py)."""
+    (gguf_file/kept.py). `abstract`: every param a ShapeDtypeStruct on its sharding instead, `source` unread
+    (abstract_weights.py: ahead-of-time compiles)."""
     jdtype = jnp.dtype(NP_DTYPES[dtype])
     extra = dict(model_kwargs or {})
     if quantization is not None:
@@ -59,7 +61,8 @@ def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | 
     kept = quantization if isinstance(quantization, KeptFormats) else None
     request = LoadRequest(spec, shapes, dtype, sharding_for or _first_device, init_model,
                           None if kept else scheme_name(quantization))
-    nnx.replace_by_pure_dict(state, unflatten_params(weight_loader_for(source, seed, kept).load(request)))
+    loader = AbstractWeights() if abstract else weight_loader_for(source, seed, kept)
+    nnx.replace_by_pure_dict(state, unflatten_params(loader.load(request)))
     return nnx.merge(graphdef, state)
 
 

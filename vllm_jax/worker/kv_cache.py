@@ -13,6 +13,7 @@ never a silent huge allocation.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -68,11 +69,13 @@ def device_memory(device: jax.Device) -> tuple[int, int]:
 
 
 def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp_bytes: int = 0,
-                  device: jax.Device | None = None, extra_bytes_per_block: int = 0) -> KVCacheShape:
+                  device: jax.Device | None = None, extra_bytes_per_block: int = 0,
+                  read_memory: Callable[[jax.Device], tuple[int, int]] | None = None) -> KVCacheShape:
     """The cache's shape from the memory budget (`temp_bytes`: the programs' largest temporaries, when
-    measures_device_memory; `device`: the first of the runner's mesh, default jax's first), checked (one
-    max_model_len request fits) and logged. `extra_bytes_per_block`: what a second cache indexed by the same
-    blocks (a draft model's) holds per block on one device.
+    measures_device_memory; `device`: the first of the runner's mesh, default jax's first; `read_memory`: how
+    its memory is read, default `device_memory`), checked (one max_model_len request fits) and logged.
+    `extra_bytes_per_block`: what a second cache indexed by the same blocks (a draft model's) holds per block on
+    one device.
 
     The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
     each device."""
@@ -80,7 +83,8 @@ def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp
     per_block = (spec_bytes_per_block(spec, block_size, mc.kv_cache_dtype, lane_dense_cache(config, spec)) // num_shards
                  + extra_bytes_per_block)
     device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
-    device_bytes, weight_bytes = device_memory(device) if measures_device_memory(config) else (0, 0)
+    read_memory = read_memory or device_memory
+    device_bytes, weight_bytes = read_memory(device) if measures_device_memory(config) else (0, 0)
     num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks
     log_capacity(config, num_blocks, per_block)
     return cache_shape(config, spec, num_blocks)

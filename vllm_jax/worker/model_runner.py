@@ -22,7 +22,6 @@ broadcasts each step's payload and the others run `serve_worker()`, executing th
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,38 +29,22 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.lora.cache import AdapterCache
-from vllm_jax.model.layers import unstack_layers
-from vllm_jax.model.quantization import KeptFormats
-from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model_loader.loader import build_model, model_quantization
-from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
 from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.sharding import multihost
 from vllm_jax.spec_decode.ngram import NgramProposer
-from vllm_jax.worker.buckets import geometric_buckets, pick_bucket, seq_bucket_for
-from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
+from vllm_jax.worker.buckets import pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation_cache import use_compilation_cache
-from vllm_jax.worker.device_step import DeviceStep, StepResult
-from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.draft_step import DraftStep
-from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
+from vllm_jax.worker.device_step import StepResult
+from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
-from vllm_jax.worker.kv_budget import probe_temp_bytes
-from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
-from vllm_jax.worker.kv_cache import (allocate_kv_cache, blocks_per_sequence, cache_shape, lane_dense_cache,
-                                      measures_device_memory, min_kv_blocks, size_kv_cache)
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
-from vllm_jax.worker.speculators import load_draft_model, load_eagle3
 from vllm_jax.worker.step_payload import StepPayload
 
 logger = logging.getLogger(__name__)
@@ -93,129 +76,50 @@ class InFlightStep:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, *, random_weights: bool = False, devices: list | None = None):
+    def __init__(self, config: EngineConfig, *, random_weights: bool = False, devices: list | None = None,
+                 memory: MemoryProbe | None = None):
+        """The engine's pieces come from worker/engine_builder.py (the construction compile-check shares);
+        `memory`: how the KV budget reads the device (default: jax's statistics and a probe compile)."""
         self.config = config
-        mc, cc, sc, pc = config.model_config, config.cache_config, config.scheduler_config, config.parallel_config
-        tp = pc.tensor_parallel_size
+        mc, sc = config.model_config, config.scheduler_config
         self.compilation_cache_dir = use_compilation_cache(config.compilation_cache_dir)
-        model_entry, self.spec = resolve_architecture(mc.hf_config, mc.max_model_len)
-        self.mesh = make_mesh(tp, 1, devices=devices)
-        # Resolved once, for the platform the programs are built for (docs/architecture.md, "Sharding").
-        self.attention_backend = config.resolved_attention_backend
-        check_tensor_parallel_layout(self.spec, tp, self.attention_backend)
-        speculative = config.speculative_config
-        method = speculative.method if speculative is not None else None
-        # EAGLE-3: the head, and the target layers whose states it reads (the target's forward returns them)
-        head = load_eagle3(config, self.spec, self.mesh, self.attention_backend) if method == "eagle3" else None
-        aux_layers = eagle3_aux_layers(speculative.model, self.spec.num_layers) if head is not None else ()
-        graphdef, params = self._load_model(model_entry, self.spec, None if random_weights else mc.source,
-                                            aux_layers, quantization=model_quantization(mc))
+        parts = build_engine(config, devices, random_weights=random_weights)
+        self.spec, self.mesh, self.attention_backend = parts.spec, parts.mesh, parts.attention_backend
         self.vocab_size = self.spec.vocab_size
-        self.block_size = cc.block_size
-        self.max_blocks_per_seq = self.attention_backend.block_table_width(
-            blocks_per_sequence(mc.max_model_len, cc.block_size))
+        self.block_size = config.cache_config.block_size
+        self.max_blocks_per_seq = parts.max_blocks_per_seq
         self.max_logprobs = mc.max_logprobs
-
-        self.token_buckets = geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth)
-        self.seq_buckets = geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs,
-                                             sc.bucket_growth)
+        self.token_buckets, self.seq_buckets = parts.token_buckets, parts.seq_buckets
         # Async scheduling: the device records every step's samples per slot and feeds them to the next step.
         self.feeds_tokens = config.async_scheduling
         # Speculative decoding: every step's sampler verifies proposals (docs/architecture.md, "Speculative
         # decoding"); the n-gram proposer reads the input batch's tokens after each step.
+        speculative = config.speculative_config
         self.speculates = speculative is not None
         self.proposer = (NgramProposer(speculative.num_speculative_tokens, speculative.prompt_lookup_max,
                                        speculative.prompt_lookup_min)
                          if self.speculates and speculative.method == "ngram" else None)
         self.spec_disable_batch_size = speculative.disable_by_batch_size if self.speculates else None
-        speculator = head or (load_draft_model(config, self.attention_backend, self._load_model, random_weights)
-                              if method == "draft_model" else None)
         # A draft model or head writes its proposals' KV past each step's tokens: the scheduler allocates those
         # slots too.
-        self.num_lookahead_tokens = speculative.num_speculative_tokens if speculator else 0
-        lora_config = config.lora_config
-        if lora_config is not None:
-            self._check_lora_supported()
-        shapes = StepShapes([(t, self.seq_bucket(t)) for t in self.token_buckets], self.block_size,
-                            self.max_blocks_per_seq, self.vocab_size, self.max_logprobs, self.feeds_tokens,
-                            self.speculates, lora=lora_config is not None)
-
-        kv_spec = kv_cache_partition_spec(self.spec, tp, lane_dense_cache(config, self.spec))
-        kv_sharding = NamedSharding(self.mesh, kv_spec)
-        num_shards = tp if kv_spec != PartitionSpec() else 1
-        temp_bytes, probe = 0, None
-        if measures_device_memory(config):  # an accelerator: the programs' temporaries, from a probe compile
-            probe_cache = cache_shape(config, self.spec, min_kv_blocks(config)).abstract(kv_sharding)
-            probe = DeviceStep(graphdef, params, probe_cache, self.mesh, self.max_logprobs)
-            temp_bytes = probe_temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
-        second = speculator.cache_layout(config, self.mesh).bytes_per_block if speculator else 0
-        kv_shape = size_kv_cache(config, self.spec, num_shards, temp_bytes, device=self.mesh.devices.flat[0],
-                                 extra_bytes_per_block=second)
-        self.num_blocks = kv_shape.num_blocks
-        kv_cache = allocate_kv_cache(kv_shape, kv_sharding)
-        counter = TraceCounter()
-        # LoRA: the stacked adapter slots on the device, and the host cache of loaded adapters (--max-cpu-loras)
-        lora = None
-        self.lora_cache: AdapterCache | None = None
-        if lora_config is not None:
-            lora = LoRASlotArrays(lora_config, target_shapes(self.spec), mc.dtype, self.mesh, params, counter)
-            self.lora_cache = AdapterCache(lora_config.max_cpu_loras, lora.shapes, lora_config.max_lora_rank)
-        state = ((params, kv_cache) + ((speculator.params,) if speculator else ())
-                 + ((lora.arrays,) if lora is not None else ()))
-        store = program_store(config, self.compilation_cache_dir, list(self.mesh.devices.flat), state)
-        self.device = DeviceStep(graphdef, params, kv_cache, self.mesh, self.max_logprobs, store=store,
-                                 on_trace=counter, num_slots=sc.max_num_seqs, returns_aux=bool(aux_layers))
-        self.device.lora = lora
-        if probe is not None:
-            self.device.adopt_samplers(probe)  # compiled once: warm-up skips them
-        built = (speculator.build(config, self.mesh, self.num_blocks, params, self.device.load_or_compile, counter)
-                 if speculator else None)
+        self.num_lookahead_tokens = speculative.num_speculative_tokens if parts.speculator else 0
+        sizing = parts.size_kv_cache(memory or MemoryProbe())
+        self.num_blocks = sizing.num_blocks
+        self.compilation = parts.compilation(self.num_blocks, cache_dir=self.compilation_cache_dir,
+                                             samplers_from=sizing.probe)
+        self.device = self.compilation.device
         # draft_model / eagle3 speculation: the draft's or the head's programs and KV cache
-        self.drafter = built if isinstance(built, DraftStep) else None
-        self.eagle = built if isinstance(built, EagleStep) else None
+        self.drafter, self.eagle = self.compilation.drafter, self.compilation.eagle
         self.chain_shapes = ChainShapes(self.token_buckets, self.seq_bucket, self.block_size, mc.max_model_len)
-        self.compilation = CompilationManager(self.device, counter, shapes, self.compilation_cache_dir,
-                                              drafter=self.drafter, chain_buckets=chain_buckets(
-                                                  self.token_buckets, self.seq_bucket, sc.max_num_seqs)
-                                              if self.drafter is not None else None, eagle=self.eagle)
+        # LoRA: the host cache of loaded adapters (--max-cpu-loras) for the device's slots
+        lora, lora_config = self.device.lora, config.lora_config
+        self.lora_cache = (AdapterCache(lora_config.max_cpu_loras, lora.shapes, lora_config.max_lora_rank)
+                           if lora is not None else None)
         self.requests: dict[str, CachedRequestState] = {}
         # The same requests as numpy rows, from which each step's arrays are gathered.
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size,
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
-
-    def _load_model(self, model_entry: object, spec: DecoderSpec, source: ModelSource | None,
-                    aux_layers: tuple[int, ...] = (), *,
-                    quantization: str | KeptFormats | None = None) -> tuple[nnx.GraphDef, nnx.State]:
-        """A model's graph and its sharded params (random ones without a source), laid out for the layer loop
-        this platform runs; `aux_layers`: the layers whose input states its forward also returns (EAGLE-3);
-        `quantization`: --quantization (for gguf the file's KeptFormats), the target's only (a draft model stays in
-        the model dtype)."""
-        config, mc = self.config, self.config.model_config
-        # GSPMD partitions the xla attention; the Pallas kernels run inside shard_map over this mesh.
-        sharded_kernels = config.parallel_config.tensor_parallel_size > 1 and self.attention_backend.shard_mapped
-        model = build_model(model_entry, spec, mc.dtype, source,
-                            attention_backend=self.attention_backend.name, platform=config.platform,
-                            mesh=self.mesh if sharded_kernels else None, seed=mc.seed,
-                            sharding_for=functools.partial(self._param_sharding, spec),
-                            model_kwargs=self._expert_parallel_kwargs(spec), quantization=quantization,
-                            quantization_group_size=mc.quantization_group_size if quantization else None)
-        # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
-        switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
-        model.scan_layers = config.scan_layers
-        model.aux_hidden_layers = aux_layers
-        graphdef, params = nnx.split(model)
-        if not config.scan_layers or switched_scan:
-            unstack_layers(params)
-        return graphdef, params
-
-    def _check_lora_supported(self) -> None:
-        """LoRA runs on the dense decoders, in one process (docs/architecture.md, "LoRA adapters")."""
-        if getattr(self.spec, "num_experts", None) is not None:
-            raise ValueError(f"enable_lora: {self.spec.architecture} is a mixture-of-experts model, which LoRA "
-                             "does not support yet")
-        if jax.process_count() > 1:
-            raise ValueError("enable_lora is not supported in a multi-host run yet")
 
     def load_lora_slots(self, loads: dict) -> None:
         """Write the adapters the scheduler made resident (slot -> LoRARequest) into their device slots."""
@@ -233,25 +137,6 @@ class ModelRunner:
     @property
     def kv_cache(self) -> jax.Array:
         return self.device.kv_cache
-
-    def _expert_parallel_kwargs(self, spec: DecoderSpec) -> dict:
-        """With --enable-expert-parallel, MoE models dispatch tokens to experts sharded over the "model" axis."""
-        pc = self.config.parallel_config
-        num_experts = getattr(spec, "num_experts", None)
-        if not pc.enable_expert_parallel:
-            return {}
-        if num_experts is None:
-            logger.warning("enable_expert_parallel has no effect: %s has no experts", spec.architecture)
-            return {}
-        if num_experts % pc.tensor_parallel_size:
-            raise ValueError(f"expert parallelism over {pc.tensor_parallel_size} devices needs num_experts "
-                             f"({num_experts}) to be a multiple of it")
-        return {"expert_mesh": self.mesh}
-
-    def _param_sharding(self, model_spec: DecoderSpec, path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
-        pc = self.config.parallel_config
-        spec = param_partition_spec(path, shape, model_spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
-        return NamedSharding(self.mesh, spec)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)

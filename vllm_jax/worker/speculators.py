@@ -4,7 +4,6 @@ target, its KV cache's layout (sharing the target's block ids), and the device h
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +22,6 @@ from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.sharding import check_tensor_parallel_layout
 from vllm_jax.worker.draft_step import DraftCacheLayout, DraftStep, LoadOrCompile, draft_cache_layout
 from vllm_jax.worker.eagle_step import EagleStep, eagle_cache_layout
-from vllm_jax.worker.kv_cache import allocate_kv_cache
 
 # (registry entry, spec, source or None for random weights) -> (graphdef, sharded params): the runner's loader
 LoadModel = Callable[[object, DecoderSpec, ModelSource | None], tuple[nnx.GraphDef, nnx.State]]
@@ -40,13 +38,6 @@ class SpeculatorModel:
         if isinstance(self.spec, Eagle3Spec):
             return eagle_cache_layout(config, self.spec, mesh)
         return draft_cache_layout(config, self.spec, mesh)
-
-    def build(self, config: EngineConfig, mesh: Mesh, num_blocks: int, target_params: nnx.State,
-              load_or_compile: LoadOrCompile, on_trace: Callable[[], None]) -> DraftStep | EagleStep:
-        """Its KV cache (the target's block count) and programs."""
-        layout = self.cache_layout(config, mesh)
-        kv_cache = allocate_kv_cache(dataclasses.replace(layout.shape, num_blocks=num_blocks), layout.sharding)
-        return self.programs(config, kv_cache, target_params, load_or_compile, on_trace)
 
     def programs(self, config: EngineConfig, kv_cache: jax.Array | jax.ShapeDtypeStruct, target_params: nnx.State,
                  load_or_compile: LoadOrCompile, on_trace: Callable[[], None]) -> DraftStep | EagleStep:
@@ -92,10 +83,10 @@ def load_draft_model(config: EngineConfig, attention_backend: AttentionBackend, 
     return SpeculatorModel(graphdef, params, spec)
 
 
-def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh,
-                attention_backend: AttentionBackend) -> SpeculatorModel:
+def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention_backend: AttentionBackend, *,
+                abstract: bool = False) -> SpeculatorModel:
     """method eagle3: the head, whole on the (one-device) mesh, its vocabulary and input width checked against
-    the target's."""
+    the target's (`abstract`: the same checks, its params ShapeDtypeStructs)."""
     sc = config.speculative_config
     if config.parallel_config.tensor_parallel_size > 1 or jax.process_count() > 1:
         raise ValueError("speculative_config method 'eagle3' runs on one device in one process so far (its head "
@@ -103,7 +94,8 @@ def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh,
     try:
         head = load_eagle3_head(sc.model, config.model_config.dtype, attention_backend=attention_backend.name,
                                 platform=config.platform,
-                                sharding_for=lambda path, shape: NamedSharding(mesh, PartitionSpec()))
+                                sharding_for=lambda path, shape: NamedSharding(mesh, PartitionSpec()),
+                                abstract=abstract)
     except ValueError as exc:
         raise ValueError(f"speculative_config.model {sc.model!r}: {exc}") from None
     for what, got, want in (("vocab_size", head.spec.vocab_size, target.vocab_size),

@@ -1,0 +1,337 @@
+"""One construction of the engine's pieces from an EngineConfig: real for the runner, abstract for compile-check.
+
+`build_engine(config, devices)` gives what `ModelRunner` runs on: the model's graph and its params placed on the
+partition rules' shardings (laid out for the platform's layer loop), the mesh, the speculator (a draft model or
+an EAGLE-3 head), the block-table width and the buckets; `EngineParts.size_kv_cache` sizes the cache from the
+memory budget and `EngineParts.compilation(num_blocks)` makes the KV cache and the DeviceStep and returns warm-up's
+CompilationManager. `build_engine(config, devices, abstract=True)` is the same code with every param, cache and
+LoRA slot a ShapeDtypeStruct on its NamedSharding and nothing allocated or read: what `vllm-jax compile-check`
+(vllm_jax.aot) compiles for devices this host does not have. The two modes differ only where arrays are made
+(the weight loader, `EngineParts.make_cache`, the LoRA slots), so compile-check compiles the runner's own plan
+and refuses what the runner refuses (docs/architecture.md, "Compilation and warm-up").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vllm_jax.attention import AttentionBackend
+from vllm_jax.config import EngineConfig
+from vllm_jax.model.quantization import KeptFormats
+from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model_loader.loader import build_model, model_quantization
+from vllm_jax.model_loader.source import ModelSource
+from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
+from vllm_jax.worker import kv_cache as kv_cache_module
+from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
+from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
+from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.draft_chain import chain_buckets
+from vllm_jax.worker.draft_step import DraftStep
+from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
+from vllm_jax.worker.kv_budget import probe_temp_bytes
+from vllm_jax.worker.kv_cache import (KVCacheShape, allocate_kv_cache, blocks_per_sequence, cache_shape,
+                                      lane_dense_cache, measures_device_memory, min_kv_blocks, size_kv_cache,
+                                      spec_bytes_per_block)
+from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
+from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
+
+logger = logging.getLogger(__name__)
+
+DeviceStepFactory = Callable[..., DeviceStep]
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """What the KV budget reads of an accelerator (worker/kv_budget.py): the device's memory (the bytes its
+    allocator may hold, the bytes in use: the weights) and the largest temporaries of the programs a DeviceStep
+    compiles for some StepShapes. The engine reads jax's; a test passes its own figures."""
+
+    device_memory: Callable[[jax.Device], tuple[int, int]] = kv_cache_module.device_memory
+    temp_bytes: Callable[[DeviceStep, StepShapes], int] = probe_temp_bytes
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """Every decision of construction that depends on the attention backend, made by `kernel_choices` alone."""
+
+    backend: AttentionBackend  # resolved for the platform the programs are built for (docs/architecture.md, "Sharding")
+    kernel_mesh: Mesh | None  # the Pallas kernels run inside shard_map over it; None: GSPMD partitions xla's
+    max_blocks_per_seq: int  # the block table's width (a kernel may pad it)
+    lane_dense_cache: bool  # pallas_tpu's K/V cache layout (kv_cache.lane_dense_cache)
+
+
+def kernel_choices(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> KernelChoices:
+    """The backend's choices for the target model, its tensor-parallel layout checked against the kernels."""
+    mc, cc, tp = config.model_config, config.cache_config, config.parallel_config.tensor_parallel_size
+    backend = config.resolved_attention_backend
+    check_tensor_parallel_layout(spec, tp, backend)
+    width = backend.block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size))
+    return KernelChoices(backend, mesh if tp > 1 and backend.shard_mapped else None, width,
+                         lane_dense_cache(config, spec))
+
+
+@dataclass
+class KVCacheSizing:
+    num_blocks: int
+    probe: DeviceStep | None  # the probe compile's step (accelerators): its samplers serve the engine's
+
+
+@dataclass
+class EngineParts:
+    """What the engine's programs are made of (see the module docstring); `abstract`: every array abstract."""
+
+    config: EngineConfig
+    spec: DecoderSpec
+    mesh: Mesh
+    kernels: KernelChoices
+    graphdef: nnx.GraphDef
+    params: nnx.State  # placed arrays, or ShapeDtypeStructs with NamedShardings over `mesh`
+    aux_layers: tuple[int, ...]  # EAGLE-3: the target layers whose input states the forward also returns
+    speculator: SpeculatorModel | None  # method draft_model / eagle3: the draft model or the head
+    token_buckets: list[int]
+    seq_buckets: list[int]
+    abstract: bool
+
+    @property
+    def attention_backend(self) -> AttentionBackend:
+        return self.kernels.backend
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return self.kernels.max_blocks_per_seq
+
+    def seq_bucket(self, num_tokens_padded: int) -> int:
+        return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
+
+    def buckets(self) -> list[tuple[int, int]]:
+        """(tokens, sequences) of every forward program, as the runner pairs them."""
+        return [(t, self.seq_bucket(t)) for t in self.token_buckets]
+
+    def step_shapes(self, buckets: list[tuple[int, int]] | None = None) -> StepShapes:
+        config = self.config
+        return StepShapes(buckets or self.buckets(), config.cache_config.block_size, self.max_blocks_per_seq,
+                          self.spec.vocab_size, config.model_config.max_logprobs, config.async_scheduling,
+                          config.speculative_config is not None, lora=config.lora_config is not None)
+
+    # --- the KV cache ---
+    @property
+    def kv_sharding(self) -> NamedSharding:
+        tp = self.config.parallel_config.tensor_parallel_size
+        return NamedSharding(self.mesh, kv_cache_partition_spec(self.spec, tp, self.kernels.lane_dense_cache))
+
+    @property
+    def kv_shards(self) -> int:
+        """How many ways each block is split over the devices (1: every device holds whole blocks)."""
+        split = self.kv_sharding.spec != PartitionSpec()
+        return self.config.parallel_config.tensor_parallel_size if split else 1
+
+    @property
+    def target_kv_bytes_per_block(self) -> int:
+        """The target's own cache's share of a block on one device (a draft model's cache holds the rest)."""
+        mc = self.config.model_config
+        return spec_bytes_per_block(self.spec, self.config.cache_config.block_size, mc.kv_cache_dtype,
+                                    self.kernels.lane_dense_cache) // self.kv_shards
+
+    @property
+    def speculator_kv_bytes_per_block(self) -> int:
+        speculator = self.speculator
+        return speculator.cache_layout(self.config, self.mesh).bytes_per_block if speculator else 0
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """One block's bytes on one device (the engine's budget is per device: kv_cache.size_kv_cache)."""
+        return self.target_kv_bytes_per_block + self.speculator_kv_bytes_per_block
+
+    @property
+    def weight_bytes(self) -> int:
+        """The params' bytes on one device (the first; the rules split evenly or replicate)."""
+        return sum(shard_bytes(leaf) for leaf in jax.tree.leaves(self.params))
+
+    def min_blocks(self) -> int:
+        """The smallest cache the engine starts with: one max_model_len request and the null block."""
+        return min_kv_blocks(self.config)
+
+    def kv_cache(self, num_blocks: int) -> jax.ShapeDtypeStruct:
+        """The target's cache of `num_blocks`, abstract (in either mode: the probe compiles over it)."""
+        return cache_shape(self.config, self.spec, num_blocks).abstract(self.kv_sharding)
+
+    def make_cache(self, shape: KVCacheShape, sharding: NamedSharding) -> jax.Array | jax.ShapeDtypeStruct:
+        """A cache of `shape`: allocated (zeroed on its devices), or abstract."""
+        return shape.abstract(sharding) if self.abstract else allocate_kv_cache(shape, sharding)
+
+    def size_kv_cache(self, memory: MemoryProbe) -> KVCacheSizing:
+        """The cache's blocks from the memory budget (worker/kv_budget.py); on an accelerator the programs'
+        temporaries come from a probe compile of the largest bucket over the smallest abstract cache."""
+        config, temp_bytes, probe = self.config, 0, None
+        if measures_device_memory(config):
+            probe = DeviceStep(self.graphdef, self.params, self.kv_cache(self.min_blocks()), self.mesh,
+                               config.model_config.max_logprobs)
+            shapes = self.step_shapes()
+            temp_bytes = memory.temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
+        shape = size_kv_cache(config, self.spec, self.kv_shards, temp_bytes, device=self.mesh.devices.flat[0],
+                              extra_bytes_per_block=self.speculator_kv_bytes_per_block,
+                              read_memory=memory.device_memory)
+        return KVCacheSizing(shape.num_blocks, probe)
+
+    # --- the programs ---
+    def compilation(self, num_blocks: int, buckets: list[tuple[int, int]] | None = None, *,
+                    device_step: DeviceStepFactory = DeviceStep, cache_dir: str | None = None,
+                    samplers_from: DeviceStep | None = None) -> CompilationManager:
+        """Warm-up's plan over a DeviceStep (`device_step` builds it, with DeviceStep's arguments) holding the
+        params and a `num_blocks` cache (with the LoRA slots and the speculator's programs and cache):
+        CompilationManager.device is the engine's step. `buckets` (default: all) narrows the forward programs;
+        `cache_dir`: the compilation cache's (None: off); `samplers_from`: a probe whose samplers it adopts."""
+        config, mc, sc = self.config, self.config.model_config, self.config.scheduler_config
+        counter = TraceCounter()
+        kv_cache = self.make_cache(cache_shape(config, self.spec, num_blocks), self.kv_sharding)
+        lora = None
+        if config.lora_config is not None:  # the stacked adapter slots, sharded like their base layers
+            lora = LoRASlotArrays(config.lora_config, target_shapes(self.spec), mc.dtype, self.mesh, self.params,
+                                  counter, abstract=self.abstract)
+        speculator = self.speculator
+        state = ((self.params, kv_cache) + ((speculator.params,) if speculator else ())
+                 + ((lora.arrays,) if lora is not None else ()))
+        store = program_store(config, cache_dir, list(self.mesh.devices.flat), state)
+        step = device_step(self.graphdef, self.params, kv_cache, self.mesh, mc.max_logprobs, store=store,
+                           on_trace=counter, num_slots=sc.max_num_seqs, returns_aux=bool(self.aux_layers))
+        step.lora = lora
+        if samplers_from is not None:
+            step.adopt_samplers(samplers_from)  # compiled once: warm-up skips them
+        programs = None
+        if speculator is not None:  # its cache shares the target's block ids
+            layout = speculator.cache_layout(config, self.mesh)
+            draft_cache = self.make_cache(dataclasses.replace(layout.shape, num_blocks=num_blocks), layout.sharding)
+            programs = speculator.programs(config, draft_cache, self.params, step.load_or_compile, counter)
+        drafter = programs if isinstance(programs, DraftStep) else None
+        eagle = programs if isinstance(programs, EagleStep) else None
+        chains = None
+        if drafter is not None:
+            chains = chain_buckets(self.token_buckets, self.seq_bucket, sc.max_num_seqs)
+            if buckets is not None:  # narrowed: the chains of those token buckets only
+                chains = [pair for pair in chains if pair in buckets]
+        return CompilationManager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter,
+                                  chain_buckets=chains, eagle=eagle)
+
+
+def build_engine(config: EngineConfig, devices: Sequence | None = None, *, abstract: bool = False,
+                 random_weights: bool = False) -> EngineParts:
+    """The engine's pieces for `config` on `devices` (default: jax's), every refusal of a config the engine
+    cannot run raised here (see the module docstring); `random_weights`: seeded random params, no checkpoint."""
+    mc, sc, tp = config.model_config, config.scheduler_config, config.parallel_config.tensor_parallel_size
+    entry, spec = resolve_architecture(mc.hf_config, mc.max_model_len)
+    mesh = make_mesh(tp, 1, devices=None if devices is None else list(devices))
+    kernels = kernel_choices(config, spec, mesh)
+    if config.lora_config is not None:
+        check_lora_supported(spec)
+    load = ModelLoader(config, mesh, kernels, abstract)
+    method = config.speculative_config.method if config.speculative_config is not None else None
+    # EAGLE-3: the head, and the target layers whose states it reads (the target's forward returns them)
+    head = load_eagle3(config, spec, mesh, kernels.backend, abstract=abstract) if method == "eagle3" else None
+    aux_layers = eagle3_aux_layers(config.speculative_config.model, spec.num_layers) if head is not None else ()
+    graphdef, params = load(entry, spec, None if random_weights else mc.source, aux_layers,
+                            quantization=model_quantization(mc))
+    speculator = head or (load_draft_model(config, kernels.backend, load, random_weights)
+                          if method == "draft_model" else None)
+    return EngineParts(config, spec, mesh, kernels, graphdef, params, aux_layers, speculator,
+                       geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
+                       geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth),
+                       abstract)
+
+
+@dataclass(frozen=True)
+class ModelLoader:
+    """Loads a model (the target, or a draft) for the engine: its graph and its params on the partition rules'
+    shardings (abstract ones in abstract mode), laid out for the layer loop the platform runs."""
+
+    config: EngineConfig
+    mesh: Mesh
+    kernels: KernelChoices
+    abstract: bool
+
+    def __call__(self, entry: object, spec: DecoderSpec, source: ModelSource | None,
+                 aux_layers: tuple[int, ...] = (), *,
+                 quantization: str | KeptFormats | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+        """Random params without a source; `aux_layers`: the layers whose input states its forward also
+        returns (EAGLE-3); `quantization`: --quantization (for gguf the file's KeptFormats), the target's only
+        (a draft model stays in the model dtype)."""
+        config, mc = self.config, self.config.model_config
+        model = build_model(entry, spec, mc.dtype, source, attention_backend=self.kernels.backend.name,
+                            platform=config.platform, mesh=self.kernels.kernel_mesh, seed=mc.seed,
+                            sharding_for=self._sharding_for(spec), model_kwargs=self._expert_parallel_kwargs(spec),
+                            quantization=quantization,
+                            quantization_group_size=mc.quantization_group_size if quantization else None,
+                            abstract=self.abstract)
+        # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
+        switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
+        model.scan_layers = config.scan_layers
+        model.aux_hidden_layers = aux_layers
+        graphdef, params = nnx.split(model)
+        if not config.scan_layers or switched_scan:
+            unstack_layers(params)
+        return graphdef, params
+
+    def _sharding_for(self, spec: DecoderSpec) -> Callable[[tuple[str, ...], tuple[int, ...]], NamedSharding]:
+        pc = self.config.parallel_config
+
+        def sharding_for(path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
+            rule = param_partition_spec(path, shape, spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
+            return NamedSharding(self.mesh, rule)
+
+        return sharding_for
+
+    def _expert_parallel_kwargs(self, spec: DecoderSpec) -> dict:
+        """With --enable-expert-parallel, MoE models dispatch tokens to experts sharded over the "model" axis."""
+        pc = self.config.parallel_config
+        num_experts = getattr(spec, "num_experts", None)
+        if not pc.enable_expert_parallel:
+            return {}
+        if num_experts is None:
+            logger.warning("enable_expert_parallel has no effect: %s has no experts", spec.architecture)
+            return {}
+        if num_experts % pc.tensor_parallel_size:
+            raise ValueError(f"expert parallelism over {pc.tensor_parallel_size} devices needs num_experts "
+                             f"({num_experts}) to be a multiple of it")
+        return {"expert_mesh": self.mesh}
+
+
+def unstack_layers(state: nnx.State) -> None:
+    """Replace each stacked layer param [L, ...] in `state` by a tuple of L per-layer ones, in place, for placed
+    arrays and abstract ones alike (model.layers.unstack_layers says why the CPU wants them)."""
+    for variable in state["layers"].values():
+        value = variable.get_value()
+        variable.set_value(tuple(_layer_of(value, i) for i in range(value.shape[0])))
+
+
+def _layer_of(value: jax.Array | jax.ShapeDtypeStruct, i: int) -> jax.Array | jax.ShapeDtypeStruct:
+    if not isinstance(value, jax.ShapeDtypeStruct):
+        return value[i]
+    sharding = NamedSharding(value.sharding.mesh, PartitionSpec(*tuple(value.sharding.spec)[1:]))
+    return jax.ShapeDtypeStruct(value.shape[1:], value.dtype, sharding=sharding)
+
+
+def check_lora_supported(spec: DecoderSpec) -> None:
+    """LoRA runs on the dense decoders, in one process (docs/architecture.md, "LoRA adapters")."""
+    if getattr(spec, "num_experts", None) is not None:
+        raise ValueError(f"enable_lora: {spec.architecture} is a mixture-of-experts model, which LoRA "
+                         "does not support yet")
+    if jax.process_count() > 1:
+        raise ValueError("enable_lora is not supported in a multi-host run yet")
+
+
+def shard_bytes(leaf: jax.Array | jax.ShapeDtypeStruct) -> int:
+    """The bytes of one device's shard of an array (all of it without a sharding)."""
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    size = 1
+    for d in shape:
+        size *= d
+    return size * jnp.dtype(leaf.dtype).itemsize
