@@ -35,12 +35,12 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
-from vllm_jax import EngineArgs  # noqa: E402
-from vllm_jax.aot.engine_programs import compile_plan  # noqa: E402
-from vllm_jax.aot.model_configs import write_config  # noqa: E402
-from vllm_jax.aot.targets import get_target  # noqa: E402
-from vllm_jax.utils import cdiv  # noqa: E402
-from vllm_jax.worker.engine_builder import build_engine, shard_bytes  # noqa: E402
+from vllm_jax import EngineArgs
+from vllm_jax.aot.engine_programs import compile_plan
+from vllm_jax.aot.model_configs import write_config
+from vllm_jax.aot.targets import get_target
+from vllm_jax.utils import cdiv
+from vllm_jax.worker.engine_builder import build_engine, shard_bytes
 
 BLOCK_SIZE = 16
 # libtpu's switches of memory-space assignment into VMEM (both generations' names; each chip reads its own).

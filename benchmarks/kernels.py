@@ -135,7 +135,7 @@ def write_rows(backends: list[str], block_size: int, dtype, iters: int, smoke: b
             fn = jax.jit(attention_backend_for(backend).write_kv_cache, donate_argnums=0)
             state = {"cache": jnp.zeros((1, num_blocks, block_size, 2 * heads, HEAD_DIM), dtype)}
 
-            def step(fn=fn, state=state):
+            def step(fn=fn, state=state, k=k, slots=slots):
                 state["cache"] = fn(state["cache"], k, k, slots, layer_index=jnp.int32(0))
                 return state["cache"]
             cells.append((backend, _measure(step, nbytes, iters)))
@@ -145,7 +145,7 @@ def write_rows(backends: list[str], block_size: int, dtype, iters: int, smoke: b
 def _measure(fn, nbytes: int, iters: int) -> tuple[float, float] | str:
     try:
         us = time_us(fn, iters=iters)
-    except Exception as e:  # one failing column must not hide the others
+    except Exception as e:  # noqa: BLE001 - one failing column must not hide the others
         return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
     return us, nbytes / us / 1e3
 

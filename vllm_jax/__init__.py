@@ -33,14 +33,14 @@ _LAZY = {
 
 __all__ = [*_LAZY, "__version__"]
 
-if TYPE_CHECKING:
-    from vllm_jax.config import EngineArgs
-    from vllm_jax.engine.async_llm import AsyncLLM
-    from vllm_jax.engine.llm_engine import LLMEngine
-    from vllm_jax.llm import LLM
-    from vllm_jax.lora.request import LoRARequest
-    from vllm_jax.outputs import CompletionOutput, Logprob, RequestOutput
-    from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (ruff cannot see __all__ built from _LAZY)
+    from vllm_jax.config import EngineArgs  # noqa: F401
+    from vllm_jax.engine.async_llm import AsyncLLM  # noqa: F401
+    from vllm_jax.engine.llm_engine import LLMEngine  # noqa: F401
+    from vllm_jax.llm import LLM  # noqa: F401
+    from vllm_jax.lora.request import LoRARequest  # noqa: F401
+    from vllm_jax.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: F401
+    from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.extend.core
@@ -137,7 +138,7 @@ def compile_jitted(jitted: Any, args: tuple, target: Target, mesh: jax.sharding.
         with jax.set_mesh(mesh or target.mesh()):
             traced = jitted.trace(*args)
             compiled = traced.lower().compile(compiler_options)
-    except Exception as exc:  # the compiler's (or the kernel plan's) own message is the point
+    except Exception as exc:  # noqa: BLE001 - the compiler's (or the kernel plan's) own message is the point
         report.compile_seconds = time.perf_counter() - start
         report.error = f"{type(exc).__name__}: {exc}"
         return report, None

@@ -110,7 +110,7 @@ class _Recorder:
                 make_ready()
             except _ProgramFailed:
                 pass
-            except Exception as exc:  # e.g. a kernel plan's refusal while tracing, or a sampler without logits
+            except Exception as exc:  # noqa: BLE001 - e.g. a kernel plan's refusal while tracing, or a sampler without logits
                 failed = CompileReport(target=self.target.name, ok=False, error=f"{type(exc).__name__}: {exc}")
                 self.results[label] = _result(label, failed, False)
         return [self.results[label] for label in labels]

@@ -20,6 +20,6 @@ def generic_cost(compiled: Any) -> tuple[float, float] | None:
 
         module = compiled.runtime_executable().hlo_modules()[0]
         cost = _jax.hlo_module_cost_analysis(xla_bridge.get_backend("cpu"), module)
-    except Exception:  # a private jaxlib entry point: absent or changed in another version
+    except Exception:  # noqa: BLE001 - a private jaxlib entry point: absent or changed in another version
         return None
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))

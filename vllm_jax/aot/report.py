@@ -1,7 +1,8 @@
 """`vllm-jax compile-check`: every warm-up program compiled for each named target, printed and as JSON.
 
 `run(model, targets, args)` resolves the model (a directory holding config.json, the file itself, or a GGUF file,
-whose metadata gives the config and whose tensor types give `--quantization gguf`'s params: no weight is read), checks each target with aot.engine_programs.check_target, prints one table per target (compile
+whose metadata gives the config and whose tensor types give `--quantization gguf`'s params: no weight is read),
+checks each target with aot.engine_programs.check_target, prints one table per target (compile
 seconds, kernels found, XLA's memory analysis, flops and bytes, roofline) and what failed, optionally writes
 the whole result as JSON, and returns the exit code: 0 only when every target compiled every program and passed
 aot.checks.
@@ -35,7 +36,8 @@ def model_directory(path: str, scratch: str) -> str:
     if os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".gguf")):
         return path
     if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file or directory (give a config.json, the folder holding it, or a GGUF file)")
+        raise ValueError(f"{path}: no such file or directory (give a config.json, the folder holding it, or a "
+                         "GGUF file)")
     if os.path.basename(path) == "config.json":
         return os.path.dirname(os.path.abspath(path))
     shutil.copy(path, os.path.join(scratch, "config.json"))

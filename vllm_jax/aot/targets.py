@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import os
 
-from vllm_jax.pallas_kernels.chips import CHIPS, KiB, ChipSpec, current_chip, spec_for_device_kind  # noqa: F401
+from vllm_jax.pallas_kernels.chips import CHIPS, ChipSpec, KiB, current_chip, spec_for_device_kind  # noqa: F401
 
 TARGETS = ("v5e:1x1", "v5e:2x2", "v5e:2x4", "v6e:1x1", "v6e:2x2", "v6e:2x4", "h100", "a100", "h200")  # and "h100:8"...
 # "cpu" / "cpu:N": this host's own CPU devices, so the compile checks' plumbing is tested without any plugin. Its

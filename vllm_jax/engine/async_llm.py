@@ -27,7 +27,6 @@ from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.engine_loop import EngineLoop
 from vllm_jax.engine.errors import EngineShutdownError
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
-from vllm_jax.structured_output import GrammarCompiler
 from vllm_jax.engine.output_processor import child_request_ids
 from vllm_jax.engine.request_registry import RequestRegistry
 from vllm_jax.engine.request_stream import RequestStream
@@ -36,6 +35,7 @@ from vllm_jax.metrics.stat_logger import StatLogger
 from vllm_jax.metrics.stats import EngineStats, RequestTimer
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.structured_output import GrammarCompiler
 
 
 class AsyncLLM:

@@ -27,7 +27,8 @@ receive it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 try:  # the tokenizers library ships with transformers; keep the module importable without it
     from tokenizers import Tokenizer as _RustTokenizer

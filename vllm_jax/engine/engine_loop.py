@@ -63,7 +63,7 @@ class EngineLoop:
         engine, counters = started
         try:
             self._loop(engine, counters)
-        except BaseException as exc:  # noqa: BLE001 - a failed step leaves the device state unknown
+        except BaseException as exc:
             logger.exception("engine loop died")
             self._die(exc)
             return
@@ -77,7 +77,7 @@ class EngineLoop:
             self.tokenizer = load_tokenizer(self._config.model_config)
             engine = self._engine_factory(self._config)
             counters = EngineCounters(engine)
-        except BaseException as exc:  # noqa: BLE001 - whatever broke start-up must reach wait_until_ready
+        except BaseException as exc:
             logger.exception("engine start-up failed")
             self._die(exc)
             return None
@@ -123,7 +123,7 @@ class EngineLoop:
             engine.add_request(rid, stream.prompt, stream.params, arrival_time=stream.arrival_wall,
                                priority=stream.priority, cache_salt=stream.cache_salt,
                                lora_request=stream.lora_request)
-        except BaseException as exc:  # noqa: BLE001 - narrowed right below
+        except BaseException as exc:
             if not _fails_only_this_request(exc):
                 raise
             result.deliveries.append((stream, _rejection(rid, exc)))  # add_request left nothing behind

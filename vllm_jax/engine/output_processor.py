@@ -28,8 +28,9 @@ Decisions an engine integrator relies on:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from vllm_jax.engine.detokenizer import IncrementalDetokenizer
 from vllm_jax.outputs import CompletionOutput, Logprob, RequestOutput

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vllm_jax.engine.llm_engine import PromptType
-from vllm_jax.metrics.stats import RequestTimer
 from vllm_jax.lora.request import LoRARequest
+from vllm_jax.metrics.stats import RequestTimer
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
 

@@ -23,8 +23,17 @@ from vllm_jax.attention import attention_backend_for
 from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.embedding_head import EmbeddingHead
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, attention_params, decoder_block, gated_mlp,
-                                   layer_param_values, linear_params, rms_norm, rotary_tables)
+from vllm_jax.model.layers import (
+    AttentionKernels,
+    LayerContext,
+    attention_params,
+    decoder_block,
+    gated_mlp,
+    layer_param_values,
+    linear_params,
+    rms_norm,
+    rotary_tables,
+)
 from vllm_jax.model.lora_layers import LoRAMask
 from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, Quantization
 from vllm_jax.model.spec import DecoderSpec

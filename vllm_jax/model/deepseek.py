@@ -32,7 +32,6 @@ from vllm_jax.model.mla_spec import MlaSpec
 from vllm_jax.model.moe import _MLP_PARAMS, EXPERT_PARAMS, MoeLM, expert_parallel_ffn, grouped_expert_ffn
 from vllm_jax.model.quantization import Quantization
 
-
 SHARED_PARAMS = ("shared_gate", "shared_up", "shared_down")
 
 

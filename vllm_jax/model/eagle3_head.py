@@ -26,8 +26,16 @@ from jax.sharding import Mesh
 
 from vllm_jax.attention import attention_backend_for
 from vllm_jax.model.eagle3_spec import Eagle3Spec
-from vllm_jax.model.layers import (AttentionKernels, LayerContext, attention, gated_mlp, init_param, linear,
-                                   rms_norm, rotary_tables)
+from vllm_jax.model.layers import (
+    AttentionKernels,
+    LayerContext,
+    attention,
+    gated_mlp,
+    init_param,
+    linear,
+    rms_norm,
+    rotary_tables,
+)
 from vllm_jax.model.step_inputs import StepInputs
 
 

@@ -21,8 +21,8 @@ from flax import nnx
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import QuantizedWeight, grouped_params, init_param, linear_params, matmul_f32
-from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot_rows
 from vllm_jax.model.quantization import quantize_table, scale_name
+from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot_rows
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole

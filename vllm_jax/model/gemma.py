@@ -20,8 +20,7 @@ from flax import nnx
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.gemma_spec import GemmaSpec
-from vllm_jax.model.layers import (LayerContext, apply_rotary, attention_params, linear, linear_params,
-                                   project_qkv)
+from vllm_jax.model.layers import LayerContext, apply_rotary, attention_params, linear, linear_params, project_qkv
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.step_inputs import StepInputs
 

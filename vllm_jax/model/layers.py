@@ -388,6 +388,6 @@ def unstack_layers(state: nnx.State) -> None:
     XLA on CPU copies a layer's weights out of the stack at every iteration of a scan (its dot cannot read a
     slice in place); separate arrays let an unrolled loop (--no-scan-layers) or a scan's switched matmuls
     (`LayerSwitch`, the CPU default) read them directly."""
-    for name, variable in state["layers"].items():
+    for variable in state["layers"].values():
         value = variable.get_value()
         variable.set_value(tuple(value[i] for i in range(value.shape[0])))

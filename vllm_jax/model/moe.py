@@ -47,9 +47,19 @@ from jax.sharding import PartitionSpec as P
 from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.layers import (LayerContext, Mlp, QuantizedWeight, attention_params, bundle_quantized,
-                                   decoder_block, gated_mlp, init_param, is_unstacked, layer_param_values,
-                                   linear_params)
+from vllm_jax.model.layers import (
+    LayerContext,
+    Mlp,
+    QuantizedWeight,
+    attention_params,
+    bundle_quantized,
+    decoder_block,
+    gated_mlp,
+    init_param,
+    is_unstacked,
+    layer_param_values,
+    linear_params,
+)
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import Quantization, scale_name
 
@@ -104,7 +114,7 @@ class ExpertGroups:
     held: jax.Array  # [T*k] the assignment's expert is held here
 
     @staticmethod
-    def of(expert_ids: jax.Array, num_here: int, expert_offset: jax.Array | int = 0) -> "ExpertGroups":
+    def of(expert_ids: jax.Array, num_here: int, expert_offset: jax.Array | int = 0) -> ExpertGroups:
         local = expert_ids.reshape(-1) - expert_offset
         held = (local >= 0) & (local < num_here)
         group = jnp.where(held, local, num_here)  # assignments for other experts sort last, outside every group

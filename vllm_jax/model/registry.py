@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.deepseek import DeepseekLM
 from vllm_jax.model.gemma import GemmaLM
 from vllm_jax.model.gemma4 import Gemma4LM
 from vllm_jax.model.gemma4_spec import GEMMA4_ARCHITECTURES, gemma4_spec_from_hf_config
 from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES, GEMMA_NOT_BUILT, gemma_spec_from_hf_config
-from vllm_jax.model.granite import GRANITE_ARCHITECTURES, GraniteLM, granite_spec_from_hf_config
 from vllm_jax.model.gpt_oss import GptOssLM
 from vllm_jax.model.gpt_oss_spec import GPT_OSS_ARCHITECTURES, gpt_oss_spec_from_hf_config
-from vllm_jax.model.deepseek import DeepseekLM
+from vllm_jax.model.granite import GRANITE_ARCHITECTURES, GraniteLM, granite_spec_from_hf_config
 from vllm_jax.model.mla_spec import MLA_ARCHITECTURES, mla_spec_from_hf_config
 from vllm_jax.model.moe import MoeLM
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES, moe_spec_from_hf_config

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_jax.model_loader.param_source import ParamSource, per_layer, single
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model_loader.param_source import ParamSource, per_layer, single
 
 # our stacked layer param -> (HF suffix under model.layers.{layer}., transpose)
 LAYER_TENSORS: dict[str, tuple[str, bool]] = {

@@ -26,8 +26,14 @@ from vllm_jax.model_loader.random_weights import RandomWeights
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.model_loader.tensor_loader import TensorLoader
-from vllm_jax.model_loader.weight_loader import (NP_DTYPES, LoadRequest, ShardingFor, WeightLoader,
-                                                 flatten_params, unflatten_params)
+from vllm_jax.model_loader.weight_loader import (
+    NP_DTYPES,
+    LoadRequest,
+    ShardingFor,
+    WeightLoader,
+    flatten_params,
+    unflatten_params,
+)
 
 
 def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,

@@ -16,8 +16,8 @@ The attention half, embeddings, final norm and LM head are the dense decoder's.
 
 from __future__ import annotations
 
-from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model.moe_spec import MoeSpec
+from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model_loader.param_source import ParamSource, per_layer, per_layer_expert
 
 # architecture -> (MoE block prefix under model.layers.{layer}., expert gate / up / down names)

@@ -7,19 +7,19 @@ from collections.abc import Callable
 
 from vllm_jax.model.gemma4_spec import GEMMA4_ARCHITECTURES
 from vllm_jax.model.gemma_spec import GEMMA_ARCHITECTURES
-from vllm_jax.model.granite import GRANITE_ARCHITECTURES
 from vllm_jax.model.gpt_oss_spec import GPT_OSS_ARCHITECTURES
+from vllm_jax.model.granite import GRANITE_ARCHITECTURES
 from vllm_jax.model.mla_spec import MLA_ARCHITECTURES
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES
 from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES
 from vllm_jax.model.phi3 import PHI3_ARCHITECTURES
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec
 from vllm_jax.model_loader.decoder_weights import decoder_param_sources
+from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
+from vllm_jax.model_loader.family_weights import olmo2_param_sources, phi3_param_sources
 from vllm_jax.model_loader.gemma4_weights import gemma4_param_sources
 from vllm_jax.model_loader.gemma_weights import gemma_param_sources
-from vllm_jax.model_loader.family_weights import olmo2_param_sources, phi3_param_sources
 from vllm_jax.model_loader.gpt_oss_weights import gpt_oss_param_sources
-from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
 from vllm_jax.model_loader.moe_weights import moe_param_sources
 from vllm_jax.model_loader.param_source import ParamSource
 

@@ -38,10 +38,10 @@ MASKED = -1e30
 
 try:  # Triton compiler options; the class was renamed across jax versions.
     from jax.experimental.pallas import triton as _plgpu
-    _CompilerParams = getattr(_plgpu, "CompilerParams", None) or getattr(_plgpu, "TritonCompilerParams")
+    _CompilerParams = getattr(_plgpu, "CompilerParams", None) or _plgpu.TritonCompilerParams
 except ImportError:  # pragma: no cover - very old jax
     from jax.experimental.pallas import gpu as _plgpu
-    _CompilerParams = getattr(_plgpu, "TritonCompilerParams")
+    _CompilerParams = _plgpu.TritonCompilerParams
 
 
 def _next_pow2(x: int) -> int:
@@ -227,7 +227,7 @@ def gpu_plan(*, num_tokens: int, num_seqs: int, group: int, num_kv_heads: int, t
 def _compute_capability(device) -> tuple[int, int]:
     """A CUDA device's compute capability ("8.9" in jax's device attribute); (0, 0) when unreadable."""
     try:
-        major, minor = str(getattr(device, "compute_capability")).split(".")[:2]
+        major, minor = str(device.compute_capability).split(".")[:2]
         return int(major), int(minor)
     except (AttributeError, ValueError):
         return (0, 0)

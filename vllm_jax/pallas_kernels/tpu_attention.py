@@ -43,13 +43,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from vllm_jax.pallas_kernels.costs import attention_cost
-from vllm_jax.pallas_kernels.kv_layout import cache_kv_heads as kv_cache_heads_of, pair_lanes
+from vllm_jax.pallas_kernels.kv_layout import cache_kv_heads as kv_cache_heads_of
+from vllm_jax.pallas_kernels.kv_layout import pair_lanes
 from vllm_jax.pallas_kernels.kv_quant import is_fp8
 from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up, sublane_packing, table_window, tpu_plan
 
 MASKED = -1e30  # finite: rows that see nothing stay finite (exp(MASKED - MASKED) is never taken unmasked)
 _ANY = getattr(pl, "ANY", None) or getattr(pltpu, "ANY", None) or pltpu.TPUMemorySpace.ANY
-_CompilerParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
+_CompilerParams = getattr(pltpu, "CompilerParams", None) or pltpu.TPUCompilerParams
 
 
 def _div(x: jax.Array, d: int) -> jax.Array:
@@ -126,7 +127,7 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
             idx = first_page + j * pages_per_block + i
 
             @pl.when(idx <= last_page)
-            def _():
+            def _(idx=idx, i=i):  # pl.when calls it at once, with this iteration's page
                 page = table_buf[slot, idx - start] if action == "start" else 0
                 copy = pltpu.make_async_copy(kv_hbm.at[layer, page],
                                              kv_buf.at[slot, i], sems.at[slot])

@@ -151,7 +151,7 @@ def _kernel(first_ref, last_ref, qsl_ref, lens_ref, params_ref,  # scalar prefet
             idx = j * pages_per_block + i
 
             @pl.when(idx <= last_page)
-            def _():
+            def _(idx=idx, i=i):  # pl.when calls it at once, with this iteration's page
                 page = table_buf[slot, idx - start] if action == "start" else 0
                 copy = pltpu.make_async_copy(kv_hbm.at[layer, page],
                                              kv_buf.at[slot, pl.ds(i * block_size, block_size)], sems.at[slot])

@@ -88,7 +88,7 @@ def _unlisted_tpu():
         info = tpu_info.get_tpu_info()
         return dataclasses.replace(CHIPS["v5e"], name=str(info.chip_version), vmem_bytes=info.vmem_capacity_bytes,
                                    smem_bytes=info.smem_capacity_bytes)
-    except Exception:  # pragma: no cover - private API moved: the smallest VMEM of any TPU generation
+    except Exception:  # noqa: BLE001 pragma: no cover - private API moved: the smallest VMEM of any TPU generation
         return dataclasses.replace(CHIPS["v5e"], name="unknown TPU", vmem_bytes=16 * 2**20, smem_bytes=16 * 1024)
 
 

@@ -16,8 +16,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.pallas_kernels.xla_common import (MASKED, RowLayout, cap, fold_sinks, in_step_attention, in_step_keys,
-                                               in_window, row_layout, window_value)
+from vllm_jax.pallas_kernels.xla_common import (
+    MASKED,
+    RowLayout,
+    cap,
+    fold_sinks,
+    in_step_attention,
+    in_step_keys,
+    in_window,
+    row_layout,
+    window_value,
+)
 
 _CHUNK_BLOCKS = 8  # pages per iteration of a context loop
 _QUERY_TILE = 64  # query rows per tile of a multi-row sequence

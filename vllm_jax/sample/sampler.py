@@ -1,7 +1,8 @@
 """The device-side sampler: batched, float32, pure functions that trace once per (S, V, variant, K).
 
 Order follows vLLM v1: the structured-output bitmask first (masked tokens get -inf, and logprobs see that, as in
-vLLM where the runner masks the logits before the sampler); logprobs from those raw logits; logit_bias (which already carries the -inf masks for
+vLLM where the runner masks the logits before the sampler); logprobs from those raw logits; logit_bias (which
+already carries the -inf masks for
 allowed_token_ids, bad words and min_tokens stop ids); repetition -> frequency -> presence penalties; greedy rows
 take the argmax; other rows divide by temperature, apply min_p, then top-k and top-p, then Gumbel-max.
 

@@ -39,8 +39,14 @@ from collections.abc import Iterable
 from vllm_jax.config import SchedulerConfig
 from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
-from vllm_jax.scheduler.output import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
-                                       SchedulerOutput, SpecDecodeCounts)
+from vllm_jax.scheduler.output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    SpecDecodeCounts,
+)
 from vllm_jax.scheduler.request import Request, RequestStatus, check_context_length, check_stop
 from vllm_jax.scheduler.request_outputs import grammar_bitmasks, grammar_stops, new_prompt_logprobs, step_starts
 from vllm_jax.scheduler.step_plan import StepPlan

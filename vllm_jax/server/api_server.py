@@ -20,13 +20,21 @@ from fastapi.responses import Response
 import vllm_jax
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.reasoning import get_reasoning_parser
+from vllm_jax.server.chat_messages import chat_conversation
 from vllm_jax.server.errors import APIError, error_response, install_error_handlers
 from vllm_jax.server.lora_routes import add_lora_routes
 from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKeyMiddleware, BodyLimitMiddleware
-from vllm_jax.server.chat_messages import chat_conversation
 from vllm_jax.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from vllm_jax.server.responses import (ChatCompletionResponse, CompletionResponse, DetokenizeResponse, ErrorResponse,
-                                       ModelCard, ModelList, TokenizeResponse, json_or_sse)
+from vllm_jax.server.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+    json_or_sse,
+)
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion

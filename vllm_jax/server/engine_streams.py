@@ -67,7 +67,7 @@ async def await_or_disconnect(aw: Awaitable[T], request: Request) -> T:
                 await asyncio.gather(task, return_exceptions=True)
 
 
-async def start_or_abort(streams: "RequestStreams", request: Request) -> None:
+async def start_or_abort(streams: RequestStreams, request: Request) -> None:
     """Start a streaming response's engine requests; if that fails (bad input, disconnect), abort them all."""
     try:
         await await_or_disconnect(streams.start(), request)
@@ -157,13 +157,13 @@ class RequestStreams:
             for gen in self._gens:
                 try:
                     await gen.aclose()
-                except Exception:  # noqa: BLE001 - closing must not hide the original outcome
+                except Exception:
                     logger.debug("closing an engine stream failed", exc_info=True)
             for rid, done in zip(self.request_ids, self._finished):
                 if not done:
                     try:
                         await self.engine.abort(rid)
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         logger.warning("aborting request %s failed", rid, exc_info=True)
 
 

@@ -20,8 +20,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -97,7 +98,7 @@ class HttpServer:
         finally:
             try:
                 await self.server.drain_engine()
-            except Exception:  # noqa: BLE001 - shutting down: report, do not mask the exit
+            except Exception:
                 logger.exception("engine shutdown failed")
         return 1 if self.start_failed else 0
 

@@ -141,7 +141,7 @@ class ServingContext:
             if len(text) <= THREADED_TOKENIZE_CHARS:
                 return encode()
             return await anyio.to_thread.run_sync(encode)
-        except Exception as exc:  # noqa: BLE001 - whatever the tokenizer cannot encode is the input's fault
+        except Exception as exc:
             raise bad_request(f"{param} cannot be tokenized: {exc}", param=param) from exc
 
     def check_token_ids(self, ids: list[int], param: str) -> list[int]:
@@ -156,7 +156,7 @@ class ServingContext:
         self.check_token_ids(ids, "tokens")
         try:
             return self.engine.tokenizer.decode(ids)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise bad_request(f"tokens cannot be decoded: {exc}", param="tokens") from exc
 
     def render_chat(self, conversation: list[dict[str, Any]], *, add_generation_prompt: bool,
@@ -181,7 +181,7 @@ class ServingContext:
             text = tokenizer.apply_chat_template(
                 conversation, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tools=tools, **extra)
-        except Exception as exc:  # noqa: BLE001 - template errors (e.g. roles out of order) are the input's
+        except Exception as exc:
             raise bad_request(f"The chat template cannot render these messages: {exc}", param="messages") from exc
         if not isinstance(text, str):
             raise APIError(500, "The chat template did not produce text.", code="internal_error")

@@ -17,15 +17,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from vllm_jax.outputs import CompletionOutput, RequestOutput
+from vllm_jax.server.chat_messages import chat_conversation
 from vllm_jax.server.chat_output import ChatOutputRules, ChoiceStreamer
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.logprobs import chat_logprobs, prompt_logprobs
-from vllm_jax.server.chat_messages import chat_conversation
 from vllm_jax.server.protocol import ChatCompletionRequest
-from vllm_jax.server.responses import (ChatChoiceLogprobs, ChatCompletionChoice,
-                                       ChatCompletionChunk, ChatCompletionResponse, ChatStreamChoice, DeltaMessage,
-                                       UsageInfo)
+from vllm_jax.server.responses import (
+    ChatChoiceLogprobs,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    DeltaMessage,
+    UsageInfo,
+)
 from vllm_jax.server.serving import ServingContext
 from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_event
 from vllm_jax.server.tool_choice import AUTO_NEEDS_FLAGS

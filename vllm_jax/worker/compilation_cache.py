@@ -103,7 +103,8 @@ def _source_digest() -> str:
 class ProgramStore:
     """Warm-up's compiled executables on disk, so a restart loads them without tracing, lowering or compiling.
 
-    jax's persistent cache still traces and lowers every program before it can look it up; this store skips that. An executable is filed under a namespace that digests
+    jax's persistent cache still traces and lowers every program before it can look it up; this store skips that.
+    An executable is filed under a namespace that digests
     everything that shapes it: vllm_jax's source, the jax and jaxlib versions, the devices it runs on, XLA's flags,
     and the caller's fingerprint (model config, dtypes, KV-cache and param shapes and shardings), then under its
     program name and input signature. A change to any of them is a miss, never a stale program. The store is as

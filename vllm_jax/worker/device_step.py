@@ -250,7 +250,8 @@ def _replicator(sharding: NamedSharding):
     if jax.process_count() == 1:
         return lambda tree: tree
     return lambda tree: jax.tree.map(
-        lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda idx, x=np.asarray(x): x[idx]), tree)
+        lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda idx, x=np.asarray(x): x[idx]),  # noqa: B008
+        tree)  # (the default binds this leaf's host copy, once)
 
 
 def _fetch(tree):

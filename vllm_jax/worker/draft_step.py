@@ -29,8 +29,8 @@ from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sharding import kv_cache_partition_spec
-from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.device_step import input_signature
+from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, lane_dense_cache, spec_bytes_per_block
 
 # (key, jitted, args, dynamic args, outputs-shaped pytree) -> executable: DeviceStep.load_or_compile

@@ -30,9 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
-from vllm_jax.model.eagle3_spec import Eagle3Spec
-
 from vllm_jax.model.eagle3_head import draft_to_target_ids
+from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.worker.device_step import input_signature
 from vllm_jax.worker.draft_chain import ChainInputs

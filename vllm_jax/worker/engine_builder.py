@@ -39,9 +39,17 @@ from vllm_jax.worker.draft_chain import chain_buckets
 from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.kv_budget import probe_temp_bytes
-from vllm_jax.worker.kv_cache import (KVCacheShape, allocate_kv_cache, blocks_per_sequence, cache_shape,
-                                      lane_dense_cache, measures_device_memory, min_kv_blocks, size_kv_cache,
-                                      spec_bytes_per_block)
+from vllm_jax.worker.kv_cache import (
+    KVCacheShape,
+    allocate_kv_cache,
+    blocks_per_sequence,
+    cache_shape,
+    lane_dense_cache,
+    measures_device_memory,
+    min_kv_blocks,
+    size_kv_cache,
+    spec_bytes_per_block,
+)
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
 from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
 

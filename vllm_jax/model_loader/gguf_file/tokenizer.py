@@ -11,8 +11,7 @@ from vllm_jax.model_loader.source import ModelSourceError
 def load_gguf_tokenizer(path: str) -> Any:
     """The tokenizer llama.cpp would use for this file, built with transformers' own GGUF conversion."""
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (GGUF_TOKENIZER_MAPPING,
-                                                                       convert_gguf_tokenizer)
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
     reader = open_gguf(path)
     tokens = field(reader, "tokenizer.ggml.tokens")
