@@ -36,8 +36,8 @@ from vllm_jax.pallas_kernels import resolve_backend
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
-# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md,
-# "Quantized weights")
+# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100;
+# docs/architecture/06-model.md, "Quantized weights")
 HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
 
 
@@ -194,7 +194,7 @@ class DecoderLM(nnx.Module):
         """Whether the embedding table (and so a tied LM head) is quantized online, which it is except on TPU:
         there XLA's program for Llama-3-8B read ~1.1 GB more per decode step with an int8 table than the gathered
         rows need (the whole table, converted; v6e batch 1: 9.27 GB for 8.17 needed, roofline 5.01 -> 5.65 ms), so
-        TPU keeps it in the model dtype (docs/architecture.md, "Quantized weights")."""
+        TPU keeps it in the model dtype (docs/architecture/06-model.md, "Quantized weights")."""
         return self._untied_head_quantized() and self.kernels.platform != "tpu"
 
     def _kept_format(self, name: str) -> str | None:

@@ -278,8 +278,8 @@ class AttentionKernels:
     graphdef): a resolved backend, the platform the program is built for (so a CPU host building a TPU program
     emits the Mosaic kernel, not interpret mode) and, under tensor parallelism, the mesh. With a mesh, the Pallas
     backends run inside shard_map over the KV heads (sharding/kernel_sharding.py); the xla backend stays plain
-    XLA ops, which GSPMD partitions (docs/architecture.md, "Sharding"). `k_scale` / `v_scale`: the KV cache's
-    per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as in vLLM."""
+    XLA ops, which GSPMD partitions (docs/architecture/09-sharding.md, "Sharding"). `k_scale` / `v_scale`: the KV
+    cache's per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as in vLLM."""
 
     backend: str  # xla, pallas_tpu or pallas_gpu (pallas_kernels.resolve_backend's answer)
     platform: str  # cpu, tpu or gpu

@@ -69,9 +69,9 @@ def ragged_paged_attention(q: jax.Array, kv_cache_layer: jax.Array, block_tables
                            v_scale: float = 1.0, sinks: jax.Array | None = None) -> jax.Array:
     """Causal ragged attention over a paged KV cache -> [T, num_q_heads, head_dim].
 
-    Beyond the one-layer signature (docs/architecture.md, "KV cache layout"): with `layer_index`, `kv_cache_layer`
-    may be the whole [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer out of the
-    donated cache. pallas_tpu's cache is lane-dense ([.., block_size, num_kv_heads * P], kv_layout.py), the
+    Beyond the one-layer signature (docs/architecture/04-kv-cache.md, "KV cache layout"): with `layer_index`,
+    `kv_cache_layer` may be the whole [num_layers, ...] stack, so a layer-scanned model never slices (copies) a layer
+    out of the donated cache. pallas_tpu's cache is lane-dense ([.., block_size, num_kv_heads * P], kv_layout.py), the
     other backends' [.., block_size, 2 * num_kv_heads, head_dim] (kv_layout.uses_lane_dense).
     `interpret`: force Pallas interpret mode (True, or a pltpu.InterpretParams for pallas_tpu).
     `platform`: the target chip's platform when it is not jax's backend (ahead-of-time compilation).

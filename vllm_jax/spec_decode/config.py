@@ -3,7 +3,7 @@
 Keys as vLLM spells them: `method` ("ngram", "draft_model", "eagle3"), `num_speculative_tokens` (k),
 `prompt_lookup_max` / `prompt_lookup_min` (n-gram), `model` (the draft or EAGLE-3 head), `disable_by_batch_size`
 (no proposals while more requests than this are running). Every bad value is a ValueError naming its key
-(docs/architecture.md, "Speculative decoding"). Pure Python, no jax.
+(docs/architecture/08-sampling.md, "Speculative decoding"). Pure Python, no jax.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ config's platform and attention backend, the params as ShapeDtypeStructs carryin
 NamedShardings, the block-table width, the buckets) and allocates nothing, so every program of warm-up's plan
 (worker/compilation.py) can be lowered and compiled for devices this host does not have: vllm_jax.aot's
 compile-only TPU and GPU targets. `compilation(num_blocks)` gives the CompilationManager over a DeviceStep with
-an abstract KV cache of that many blocks; its plan is the runner's own (docs/architecture.md, "Compilation and
+an abstract KV cache of that many blocks; its plan is the runner's own (docs/architecture/05-worker.md, "Compilation and
 warm-up").
 """
 

@@ -16,7 +16,7 @@ The step is a pure function of (params, kv_cache, inputs); the cache is donated 
 Every token bucket's forward and every sampler variant is compiled by `warmup()` (worker/compilation.py);
 `num_compilations` counts traces and must not move afterwards. With several processes (multi-host), process 0
 broadcasts each step's payload and the others run `serve_worker()`, executing the same device step
-(docs/architecture.md, "Data flow of one step").
+(docs/architecture/01-overview.md, "Data flow of one step").
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class ModelRunner:
         self.compilation_cache_dir = use_compilation_cache(config.compilation_cache_dir)
         model_entry, self.spec = resolve_architecture(mc.hf_config, mc.max_model_len)
         self.mesh = make_mesh(tp, 1, devices=devices)
-        # Resolved once, for the platform the programs are built for (docs/architecture.md, "Sharding").
+        # Resolved once, for the platform the programs are built for (docs/architecture/09-sharding.md, "Sharding").
         self.attention_backend = config.resolved_attention_backend
         check_tensor_parallel_layout(self.spec, tp, self.attention_backend)
         speculative = config.speculative_config
@@ -122,7 +122,7 @@ class ModelRunner:
                                              sc.bucket_growth)
         # Async scheduling: the device records every step's samples per slot and feeds them to the next step.
         self.feeds_tokens = config.async_scheduling
-        # Speculative decoding: every step's sampler verifies proposals (docs/architecture.md, "Speculative
+        # Speculative decoding: every step's sampler verifies proposals (docs/architecture/08-sampling.md, "Speculative
         # decoding"); the n-gram proposer reads the input batch's tokens after each step.
         self.speculates = speculative is not None
         self.proposer = (NgramProposer(speculative.num_speculative_tokens, speculative.prompt_lookup_max,
@@ -211,7 +211,7 @@ class ModelRunner:
         return graphdef, params
 
     def _check_lora_supported(self) -> None:
-        """LoRA runs on the dense decoders, in one process (docs/architecture.md, "LoRA adapters")."""
+        """LoRA runs on the dense decoders, in one process (docs/architecture/11-lora.md, "LoRA adapters")."""
         if getattr(self.spec, "num_experts", None) is not None:
             raise ValueError(f"enable_lora: {self.spec.architecture} is a mixture-of-experts model, which LoRA "
                              "does not support yet")
