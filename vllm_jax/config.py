@@ -42,10 +42,11 @@ _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _CPU_MIN_BUCKET = 2
 _CPU_BUCKET_GROWTH = 4
 _ACCEL_MIN_TOKEN_BUCKET, _ACCEL_MIN_SEQ_BUCKET = 16, 8
-# Async scheduling per platform when --async-scheduling is not given (README, "Host overhead per step").
+# Async scheduling per platform when --async-scheduling is not given (docs/performance.md, "Host overhead per step").
 ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
 # Speculative decoding's disable_by_batch_size when not given: on CPU verifying k more tokens per request costs
-# compute it does not have spare beyond a few requests (README, "Speculative decoding"); TPU/GPU: vLLM's (none).
+# compute it does not have spare beyond a few requests (docs/speculative-decoding.md, "Measurements"); TPU/GPU: vLLM's
+# (none).
 SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = {"cpu": 4, "tpu": None, "gpu": None}
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
