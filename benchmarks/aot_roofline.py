@@ -20,7 +20,7 @@ tensor parallelism over all its chips; every figure is per chip.
   without the prefetch every byte counted is an HBM access, and that figure is the roofline's;
 - roofline: max(HBM bytes / HBM bandwidth, flops / peak bf16) per step, and B / that in tok/s.
 With --quantization int8 / fp8 the layers' linear weights are the engine's quantized params (values plus per
-channel scales, docs/architecture.md "Quantized weights"), so "must read" counts their bytes, not bfloat16's.
+channel scales, docs/architecture/06-model.md "Quantized weights"), so "must read" counts their bytes, not bfloat16's.
 A cell whose weights and KV exceed --gpu-memory-utilization of the chip is not compiled (XLA:TPU refuses such a
 program): it shows the memory it would need.
 """

@@ -2,7 +2,7 @@
 numpy oracle, and a tiny Gemma 4 engine giving the xla backend's greedy tokens and logprobs.
 
 Gemma 4's layers write K/V repeated to the cache's KV heads and zero-padded to the widest head_dim, and attend
-with q zero-padded alike, an explicit sm_scale of 1.0 and per-layer sliding windows (docs/architecture.md,
+with q zero-padded alike, an explicit sm_scale of 1.0 and per-layer sliding windows (docs/architecture/12-families.md,
 "Gemma 4"). The tiny checkpoint (tests/helpers/gemma4_models.py) has sliding layers of head_dim 16 with 2 KV heads
 and k_eq_v full layers of 32 with one KV head (repeated to 2), two of its five layers KV-shared: so padded q,
 repeated heads, windowed and full layers and cache layers read by two layers all go through each kernel. pallas_tpu

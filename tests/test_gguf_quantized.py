@@ -1,5 +1,5 @@
 """--quantization gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept on the device (model/grouped_quant.py,
-model_loader/gguf_file/kept.py; docs/architecture.md, "Quantized weights").
+model_loader/gguf_file/kept.py; docs/architecture/06-model.md, "Quantized weights").
 
 Bounds. The kept blocks dequantize to the dequantizing loader's float32 arrays bit for bit (checked), and the
 matmul is weight-only on every platform: the float weight is rebuilt inside the dot. So the logits differ from

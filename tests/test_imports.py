@@ -1,4 +1,4 @@
-"""Imports run one way (docs/architecture.md, "Layout"): every module of the package is parsed, lazy imports
+"""Imports run one way (docs/architecture/01-overview.md, "Layout"): every module of the package is parsed, lazy imports
 inside functions included, and a wrong-way import fails here with the module and line that made it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-LoRA serving (docs/architecture.md, "LoRA adapters").
+"""Multi-LoRA serving (docs/architecture/11-lora.md, "LoRA adapters").
 
 The oracle is transformers + peft: tiny random Llama and Qwen3 checkpoints, random PEFT adapters built here
 (init_lora_weights=False, so lora_B is not zero and every adapter changes the output), each request's greedy tokens

@@ -1,4 +1,4 @@
-"""LoRA over HTTP (docs/architecture.md, "LoRA adapters"): `model` names an adapter, /v1/models lists adapters
+"""LoRA over HTTP (docs/architecture/11-lora.md, "LoRA adapters"): `model` names an adapter, /v1/models lists adapters
 with their base as `parent`, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True adapters load and unload at run time
 (400 for a bad one, 404 for an unknown name). The reference is transformers + peft with the adapter alone."""
 

@@ -1,4 +1,4 @@
-"""LoRA slots under tensor parallelism (docs/architecture.md, "LoRA adapters"): TP 2 gives TP 1's greedy tokens
+"""LoRA slots under tensor parallelism (docs/architecture/11-lora.md, "LoRA adapters"): TP 2 gives TP 1's greedy tokens
 (and peft's) for a batch mixing the base model and two adapters, with the slots split like their base layers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pre-quantized HF checkpoints (model_loader/prequantized*.py; docs/architecture.md, "Quantized weights").
+"""Pre-quantized HF checkpoints (model_loader/prequantized*.py; docs/architecture/06-model.md, "Quantized weights").
 
 A tiny float Llama (transformers' save_pretrained) is rewritten as each format stores it: compressed-tensors fp8
 per channel and per tensor, compressed-tensors int8 per channel, and block fp8 ([128, 128], `weight_scale_inv`).

@@ -1,4 +1,4 @@
-"""--quantization int8 / fp8 (model/quantization.py; docs/architecture.md, "Quantized weights").
+"""--quantization int8 / fp8 (model/quantization.py; docs/architecture/06-model.md, "Quantized weights").
 
 Bounds. Per output channel j, a weight's values are round(w / s_j) with s_j = absmax_j / 127 (int8), so each
 element is off by at most s_j / 2; W8A8 (int8 on CPU) also rounds each activation row to s_x = absmax_x / 127, off

@@ -43,10 +43,11 @@ _ACCEL_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _CPU_MIN_BUCKET = 2
 _CPU_BUCKET_GROWTH = 4
 _ACCEL_MIN_TOKEN_BUCKET, _ACCEL_MIN_SEQ_BUCKET = 16, 8
-# Async scheduling per platform when --async-scheduling is not given (README, "Host overhead per step").
+# Async scheduling per platform when --async-scheduling is not given (docs/performance.md, "Host overhead per step").
 ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
 # Speculative decoding's disable_by_batch_size when not given: on CPU verifying k more tokens per request costs
-# compute it does not have spare beyond a few requests (README, "Speculative decoding"); TPU/GPU: vLLM's (none).
+# compute it does not have spare beyond a few requests (docs/speculative-decoding.md, "Measurements"); TPU/GPU: vLLM's
+# (none).
 SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = {"cpu": 4, "tpu": None, "gpu": None}
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
@@ -143,7 +144,7 @@ class EngineConfig:
     # `--reasoning-parser` (vllm_jax.reasoning): the server splits the reasoning from the answer with it, and a
     # request's structured outputs are meant to start after its end token.
     reasoning_parser: str | None = None
-    # Schedule step n + 1 while step n runs on the device (docs/architecture.md, "Async scheduling").
+    # Schedule step n + 1 while step n runs on the device (docs/architecture/02-engine.md, "Async scheduling").
     async_scheduling: bool = False
     # vLLM's speculative_config (spec_decode/config.py); None: no speculation.
     speculative_config: SpeculativeConfig | None = None
@@ -217,7 +218,7 @@ class EngineArgs:
     async_scheduling: bool | None = None
     # JSON text (the CLI) or a dict: vLLM's speculative_config keys (spec_decode/config.py).
     speculative_config: str | dict | None = None
-    # vLLM's multi-LoRA flags (docs/architecture.md, "LoRA adapters"): adapters resident on the device at once,
+    # vLLM's multi-LoRA flags (docs/architecture/11-lora.md, "LoRA adapters"): adapters resident on the device at once,
     # the slots' rank, adapters kept loaded in host memory (default: max_loras), adapters known by name at start.
     enable_lora: bool = False
     max_loras: int = 1
@@ -411,7 +412,7 @@ class EngineArgs:
 def initialize_distributed(args: EngineArgs) -> None:
     """Join the multi-host process group when `args` ask for one (a coordinator, or several processes); a no-op
     otherwise or once joined. Entry points call it before `create_config`, which must not start jax's backend
-    first (docs/architecture.md, "Sharding")."""
+    first (docs/architecture/09-sharding.md, "Sharding")."""
     if not (args.distributed_coordinator or (args.num_processes or 1) > 1):
         return
     import jax

@@ -32,8 +32,8 @@ class StructuredOutputsParams:
     """vLLM's structured-output constraint: exactly one of json (a JSON schema, as a dict or its text), regex,
     choice (a list of strings), grammar (EBNF / GBNF or Lark), json_object (any JSON object).
 
-    The engine compiles it with llguidance (docs/architecture.md, "Structured outputs"); the compiled grammar is
-    kept in `_grammar` so that a request cloned for n > 1 or retried compiles nothing again.
+    The engine compiles it with llguidance (docs/architecture/08-sampling.md, "Structured outputs"); the compiled
+    grammar is kept in `_grammar` so that a request cloned for n > 1 or retried compiles nothing again.
     """
 
     json: str | dict | None = None
@@ -217,7 +217,7 @@ class SamplingParams:
     def reads_output_tokens(self) -> bool:
         """Whether sampling the next token depends on the tokens generated so far (penalties, bad words,
         min_tokens; a grammar too, see `structured_outputs`): async scheduling keeps such a request's newest token
-        on the host before its next step (docs/architecture.md, "Async scheduling")."""
+        on the host before its next step (docs/architecture/02-engine.md, "Async scheduling")."""
         return bool(self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
                     or self.bad_words or self.bad_words_token_ids or self.min_tokens > 0
                     or self.structured_outputs is not None)

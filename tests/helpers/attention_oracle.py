@@ -2,7 +2,7 @@
 query rows, heads and key positions, in float64 numpy. It shares no code with the backends it checks (nothing
 from vllm_jax is imported), so a bug in their masking or layout helpers cannot hide in the oracle too.
 
-The contract it spells out (docs/architecture.md, "KV cache layout"):
+The contract it spells out (docs/architecture/04-kv-cache.md, "KV cache layout"):
 * sequence s owns query rows query_start_loc[s] .. query_start_loc[s+1] - 1, the last of its seq_lens[s]
   positions; rows from query_start_loc[num_seqs] on are padding and have no expected value;
 * a row at position p attends the keys of its own sequence at positions 0..p, or p-w+1..p with a sliding

@@ -10,7 +10,7 @@ Threads and ownership:
 Failure model: a request-level error (bad prompt or params, too long) fails that request only, with a ValueError
 on its first iteration. Any exception inside a step leaves the device state unknown: the engine is marked dead,
 every in-flight request gets EngineDeadError, and so does every later generate(). Nothing ever waits forever on
-a dead engine (docs/architecture.md, "Fault policy").
+a dead engine (docs/architecture/10-faults.md, "Fault policy").
 
 Statistics go to the `stat_loggers` the engine is given (metrics/stat_logger.py); it exports nothing itself.
 """

@@ -4,8 +4,8 @@ It is the only thread that touches the engine, so the engine needs no locks. Wit
 the registry's condition variable. Each loop iteration takes the inbox (adds and aborts), applies it, runs at most
 one step, and publishes what happened at its end, all at once: ids released and counts, stats, then the outputs.
 
-Failure model (docs/architecture.md, "Fault policy"): a request-level error (bad prompt or params, too long) fails
-that request only, with a ValueError on its first iteration. Any exception inside a step (or the test hook
+Failure model (docs/architecture/10-faults.md, "Fault policy"): a request-level error (bad prompt or params, too long)
+fails that request only, with a ValueError on its first iteration. Any exception inside a step (or the test hook
 `fault_hook`) leaves the device state unknown: the engine is marked dead and every request in flight fails.
 """
 

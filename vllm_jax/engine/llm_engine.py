@@ -2,7 +2,7 @@
 
 With async scheduling (`EngineConfig.async_scheduling`, vLLM's `--async-scheduling`) each step() schedules and
 dispatches step n + 1 before it waits for step n, so the host's scheduling, input preparation, stop checks and
-detokenization overlap the device's work (docs/architecture.md, "Async scheduling").
+detokenization overlap the device's work (docs/architecture/02-engine.md, "Async scheduling").
 
 It owns the tokenizer, the scheduler with its KV-cache manager, the model runner and the output processor.
 Prompt handling (text, token ids, chat), sampling-param checks that need the model (vocab, max_logprobs),
@@ -281,7 +281,7 @@ class LLMEngine:
 
 
 def reasoning_tokens(tokenizer: Any, parser_name: str | None) -> ReasoningTokens | None:
-    """The reasoning parser's tags as token ids, for the structured-output gate (docs/architecture.md,
+    """The reasoning parser's tags as token ids, for the structured-output gate (docs/architecture/08-sampling.md,
     "Structured outputs"). A tokenizer without a single-token end tag cannot gate: the constraint then starts at
     the first token (the server still reads the reasoning only up to the end tag), and the log says so."""
     if parser_name is None:

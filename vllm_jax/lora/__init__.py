@@ -1,4 +1,4 @@
-"""Multi-LoRA serving, host side (docs/architecture.md, "LoRA adapters"): the request type, PEFT adapter loading
+"""Multi-LoRA serving, host side (docs/architecture/11-lora.md, "LoRA adapters"): the request type, PEFT adapter loading
 into host arrays, the host cache of loaded adapters and the device-slot manager. Pure Python and numpy, no jax: the
 scheduler manages the slots, the worker writes them (worker/lora_slots.py)."""
 

@@ -1,8 +1,8 @@
 """The stat-logger protocol: how an engine hands its statistics to whoever watches them.
 
 An engine is given its loggers when it is built, as vLLM's `AsyncLLM` takes `stat_loggers`, and knows nothing
-of what they do with the numbers (docs/architecture.md, "Layout"). The Prometheus exporter (prometheus.py) is one,
-vLLM's periodic log line (logging_stats.py) another; whoever starts the engine (the server's launcher) creates
+of what they do with the numbers (docs/architecture/01-overview.md, "Layout"). The Prometheus exporter (prometheus.py)
+is one, vLLM's periodic log line (logging_stats.py) another; whoever starts the engine (the server's launcher) creates
 them and decides where the Prometheus registry is served.
 """
 

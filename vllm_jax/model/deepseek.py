@@ -12,7 +12,7 @@ Params (stacked; the MLA attention half on every layer, model/mla.py):
     layers/{gate,up,down}_proj                               (the dense first layers, as MoeLM's)
 
 The layer loop is MoeLM's (one scan per run of same-kind layers) with the MLA block (`_block`). Attention runs
-the backend's MLA kernel: the XLA path, or the Pallas TPU / GPU MLA kernels (docs/architecture.md, "DeepSeek
+the backend's MLA kernel: the XLA path, or the Pallas TPU / GPU MLA kernels (docs/architecture/12-families.md, "DeepSeek
 MLA"). Weight quantization, LoRA and EAGLE-3 are not supported for these models yet.
 """
 

@@ -135,7 +135,7 @@ def eagle3_forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array
 
 
 def eagle3_kv_cache_shape(spec: Eagle3Spec, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    """The head's KV cache: the target's layout (docs/architecture.md, "KV cache layout") with one layer."""
+    """The head's KV cache: the target's layout (docs/architecture/04-kv-cache.md, "KV cache layout") with one layer."""
     return (1, num_blocks, block_size, 2 * spec.layer.num_kv_heads, spec.layer.head_dim)
 
 

@@ -3,7 +3,7 @@
 Three stored forms, fixed when the model is built (model/quantization.py):
 - the model dtype (no --quantization, a pre-quantized checkpoint, or the table on TPU);
 - GGUF blocks kept as the file holds them (--quantization gguf): `embed_tokens` / `lm_head` values with their
-  `_scale` (and `_min`) siblings, grouped along hidden (docs/architecture.md, "Quantized weights");
+  `_scale` (and `_min`) siblings, grouped along hidden (docs/architecture/06-model.md, "Quantized weights");
 - online int8 / fp8 (--quantization int8 | fp8 of a float checkpoint): the table with one float32 scale per vocab
   row (`embed_tokens_scale` [V, 1]), an untied head per output channel (`lm_head_scale` [V]).
 
@@ -26,8 +26,8 @@ from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
-# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100; docs/architecture.md,
-# "Quantized weights")
+# table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100;
+# docs/architecture/06-model.md, "Quantized weights")
 HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
 
 
@@ -103,7 +103,7 @@ class EmbeddingHead:
         """Whether the embedding table (and so a tied LM head) is quantized online, which it is except on TPU:
         there XLA's program for Llama-3-8B read ~1.1 GB more per decode step with an int8 table than the gathered
         rows need (the whole table, converted; v6e batch 1: 9.27 GB for 8.17 needed, roofline 5.01 -> 5.65 ms), so
-        TPU keeps it in the model dtype (docs/architecture.md, "Quantized weights")."""
+        TPU keeps it in the model dtype (docs/architecture/06-model.md, "Quantized weights")."""
         return self._untied_head_quantized() and self.kernels.platform != "tpu"
 
     def _kept_format(self, name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The Gemma 2 / Gemma 3 (text) decoder: DecoderLM with Gemma's layer (docs/architecture.md, "Gemma 2 and
+"""The Gemma 2 / Gemma 3 (text) decoder: DecoderLM with Gemma's layer (docs/architecture/12-families.md, "Gemma 2 and
 Gemma 3"; the differences are listed in model/gemma_spec.py).
 
 It reuses DecoderLM's scan over stacked (or switched per-layer) params, LoRA and quantized linears, and overrides

@@ -1,4 +1,5 @@
-"""The Gemma 4 text decoder (docs/architecture.md, "Gemma 4"; what differs from Gemma 3: model/gemma4_spec.py).
+"""The Gemma 4 text decoder (docs/architecture/12-families.md, "Gemma 4"; what differs from Gemma 3:
+model/gemma4_spec.py).
 
 Layers differ in shape (sliding layers' head_dim vs the full layers' global_head_dim, KV-shared layers without
 k/v projections and with a double-wide MLP), so the params are stacked per group of same-shaped layers

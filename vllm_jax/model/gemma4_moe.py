@@ -1,6 +1,7 @@
 """Gemma 4's MoE block (`enable_moe_block`, gemma-4-26B-A4B): routed experts beside every layer's dense MLP.
 
-As transformers' Gemma4TextDecoderLayer does it, on the pre-MLP residual r (docs/architecture.md, "Gemma 4"):
+As transformers' Gemma4TextDecoderLayer does it, on the pre-MLP residual r
+(docs/architecture/12-families.md, "Gemma 4"):
 
     mlp   = post_feedforward_norm_1(GeGLU(pre_feedforward_norm(r)))
     moe   = post_feedforward_norm_2(experts(pre_feedforward_norm_2(r)))

@@ -1,5 +1,5 @@
 """Gemma4Spec: the facts the Gemma 4 text decoder needs beyond DecoderSpec, read from a transformers
-Gemma4TextConfig (docs/architecture.md, "Gemma 4").
+Gemma4TextConfig (docs/architecture/12-families.md, "Gemma 4").
 
 What differs from Gemma 3, as transformers' Gemma4Text* modeling code does it:
 
@@ -82,8 +82,8 @@ class Gemma4Spec(DecoderSpec):
 
     @property
     def kv_cache_width(self) -> int:
-        """The widest producing head_dim: a narrower layer's K/V are zero-padded to it (docs/architecture.md,
-        "Gemma 4")."""
+        """The widest producing head_dim: a narrower layer's K/V are zero-padded to it
+        (docs/architecture/12-families.md, "Gemma 4")."""
         return max(self.layer_head_dims[i] for i in self.producers)
 
     @property
@@ -212,4 +212,5 @@ def _check_cache_views(spec: Gemma4Spec) -> None:
         h = spec.layer_kv_heads[i]
         if heads % h or spec.num_heads % heads:
             raise ValueError(f"{spec.architecture}: layer {i}'s {h} KV heads do not fit the KV cache's {heads} "
-                             f"KV heads per token ({spec.num_heads} query heads; docs/architecture.md, \"Gemma 4\")")
+                             f"KV heads per token ({spec.num_heads} query heads; "
+                             'docs/architecture/12-families.md, "Gemma 4")')

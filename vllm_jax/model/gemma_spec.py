@@ -1,5 +1,5 @@
 """GemmaSpec: the facts the Gemma 2 / Gemma 3 (text) decoder needs beyond DecoderSpec, read from a transformers
-config (docs/architecture.md, "Gemma 2 and Gemma 3").
+config (docs/architecture/12-families.md, "Gemma 2 and Gemma 3").
 
 What differs from the Llama family, as transformers' Gemma2 / Gemma3 modeling code does it:
 

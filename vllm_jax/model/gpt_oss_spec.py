@@ -1,7 +1,7 @@
 """GptOssSpec: the facts gpt-oss (`GptOssForCausalLM`) adds to an MoE decoder, read once from a transformers config.
 
-What differs from Mixtral / Qwen3-MoE (docs/architecture.md, "gpt-oss"): attention with biases on q/k/v/o and a
-learned sink logit per query head; sliding-window and full attention alternating by `layer_types`; YaRN rope; a
+What differs from Mixtral / Qwen3-MoE (docs/architecture/12-families.md, "gpt-oss"): attention with biases on q/k/v/o
+and a learned sink logit per query head; sliding-window and full attention alternating by `layer_types`; YaRN rope; a
 router with a bias whose top-k logits (not probabilities) are softmaxed; experts with biases and a clamped
 SwiGLU `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`, g = min(gate, limit), gate and up interleaved in
 one fused projection. Published checkpoints store the experts in MXFP4: they are dequantized to the model dtype

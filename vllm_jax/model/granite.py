@@ -1,4 +1,4 @@
-"""Granite (GraniteForCausalLM): the Llama decoder with four multipliers (docs/architecture.md, "Granite").
+"""Granite (GraniteForCausalLM): the Llama decoder with four multipliers (docs/architecture/12-families.md, "Granite").
 
 - `embedding_multiplier`: the embedding output times it (DecoderLM.hidden_states, `spec.embedding_multiplier`);
 - `attention_multiplier`: the softmax scale of q.k, instead of head_dim ** -0.5 (`spec.attention_scale`);

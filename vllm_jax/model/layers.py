@@ -275,9 +275,9 @@ class AttentionKernels:
     """The attention a model's program calls, fixed when the model is built (static: part of the graphdef): the
     resolved backend (vllm_jax.attention: its kernels, KV layout and shard_map wrapping, for the platform the
     program is built for, so a CPU host building a TPU program emits the Mosaic kernel, not interpret mode) and,
-    under tensor parallelism, the mesh it runs over (docs/architecture.md, "Sharding"). `k_scale` / `v_scale`:
-    the KV cache's per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as in
-    vLLM."""
+    under tensor parallelism, the mesh it runs over (docs/architecture/09-sharding.md, "Sharding"). `k_scale` /
+    `v_scale`: the KV cache's per-tensor scales (it holds K / k_scale, V / v_scale: pallas_kernels/kv_quant.py), 1.0 as
+    in vLLM."""
 
     backend: AttentionBackend
     mesh: Mesh | None = None

@@ -1,6 +1,6 @@
 """LoRA inside the forward: each token's adapter slot (`LoRAMask`), a base linear weight wrapped with every layer's
 adapter stacks (`LoRAWeight`, whose delta `layers.linear` adds), and `bundle_lora` wrapping one layer's targets
-(docs/architecture.md, "LoRA adapters")."""
+(docs/architecture/11-lora.md, "LoRA adapters")."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class LoRAWeight:
     dense dots of (N - 1) * R columns, no [T, in, R] gather of per-token adapters; slot 0 is left out (it is
     zeros). A step in which no token has an adapter skips it all (a cond), the layer's slice of the stacks
     included (it is taken inside the branch, not by the layer scan), so base-only batches cost nothing extra
-    (docs/architecture.md, "LoRA adapters")."""
+    (docs/architecture/11-lora.md, "LoRA adapters")."""
 
     base: Any  # jax.Array | layers.LayerSwitch | layers.QuantizedWeight
     a: jax.Array

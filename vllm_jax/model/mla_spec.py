@@ -5,7 +5,7 @@ It extends MoeSpec, so the runner and the MoE layer loop read the same fields: `
 expert's FFN size (`moe_intermediate_size`), `dense_intermediate_size` the first `first_k_dense_replace` layers'
 MLP. For the shared fields `num_kv_heads` is 1 (the latent is one row shared by every head) and `head_dim` the
 rope part (`qk_rope_head_dim`, what the rotary tables cover); the KV cache row is kv_lora_rank + qk_rope_head_dim
-wide, padded to a multiple of 128 (docs/architecture.md, "KV cache layout").
+wide, padded to a multiple of 128 (docs/architecture/04-kv-cache.md, "KV cache layout").
 
 Routing, as transformers computes it:
 - V3 (`noaux_tc`): sigmoid scores; experts chosen by scores + `e_score_correction_bias` among the `topk_group`
@@ -53,7 +53,8 @@ class MlaSpec(MoeSpec):
     @property
     def kv_cache_width(self) -> int:
         """The latent row, padded to a multiple of 128 lanes: XLA:TPU relayouts (copies) the whole cache at every
-        gather or scatter of a row that is not lane-aligned (DeepSeek's 576 -> 640; docs/architecture.md)."""
+        gather or scatter of a row that is not lane-aligned (DeepSeek's 576 -> 640;
+        docs/architecture/04-kv-cache.md, "KV cache layout")."""
         return -(-(self.kv_lora_rank + self.qk_rope_head_dim) // KV_ROW_ALIGN) * KV_ROW_ALIGN
 
     @property

@@ -27,7 +27,7 @@ computes its experts' share, one psum combines). The model uses it when `expert_
 On CPU, XLA lowers `ragged_dot` to a masked dense product over the groups (a jax fallback). TPU gets a real
 grouped matmul. XLA:GPU (jaxlib 0.10.2) lowers it like CPU: a select over [experts here, rows, hidden] and a
 dense product, so a GPU step costs the local experts' count times the flops, and the 8192-token bucket of
-Qwen3-30B-A3B needs 17 GB of temporaries at EP 2 (seen by `vllm-jax compile-check`; README, "Ahead-of-time
+Qwen3-30B-A3B needs 17 GB of temporaries at EP 2 (seen by `vllm-jax compile-check`; docs/accelerators.md, "Ahead-of-time
 compile checks"). A grouped-matmul kernel for GPU is the fix, not yet written.
 """
 

@@ -1,4 +1,4 @@
-"""OLMo 2 (Olmo2ForCausalLM): a post-norm variant of the Llama decoder (docs/architecture.md, "OLMo 2").
+"""OLMo 2 (Olmo2ForCausalLM): a post-norm variant of the Llama decoder (docs/architecture/12-families.md, "OLMo 2").
 
 What differs from `layers.decoder_block`:
 
@@ -76,7 +76,7 @@ class Olmo2Layers(DecoderLayers):
 class Olmo2LM(DecoderLM):
     """Olmo2ForCausalLM: DecoderLM with `Olmo2Layers` and `olmo2_block`. The final norm stays the shared
     `layers.rms_norm`: identical to OLMo 2's in float32; in bfloat16 it rounds before the weight multiply, not
-    after (a known difference of one rounding: docs/architecture.md, "OLMo 2")."""
+    after (a known difference of one rounding: docs/architecture/12-families.md, "OLMo 2")."""
 
     layers_class = Olmo2Layers
     block = staticmethod(olmo2_block)

@@ -1,5 +1,5 @@
 """Phi-3 (Phi3ForCausalLM): the Llama decoder with fused checkpoint tensors and LongRoPE
-(docs/architecture.md, "Phi-3").
+(docs/architecture/12-families.md, "Phi-3").
 
 - `self_attn.qkv_proj` ([q | k | v] rows) and `mlp.gate_up_proj` ([gate | up]) are split at load into Llama's
   q/k/v and gate/up params (model_loader/family_weights.py), so the model, the partition rules and the quantized

@@ -1,4 +1,4 @@
-"""Quantized linear weights: `--quantization int8 | fp8` (docs/architecture.md, "Quantized weights").
+"""Quantized linear weights: `--quantization int8 | fp8` (docs/architecture/06-model.md, "Quantized weights").
 
 A quantized weight is two sibling params: the values, `layers/q_proj` [L, in, out] in int8 or float8_e4m3fn, and
 `layers/q_proj_scale` [L, out] float32, one symmetric scale per output channel (absmax of the channel over the
@@ -8,14 +8,15 @@ How the matmul runs is fixed when the model is built (`Quantization`, static lik
 - int8 on CPU: W8A8. Each row of the activation is quantized to int8 on the fly (its absmax / 127), the dot
   accumulates int8 x int8 in int32, and the result is scaled by (row scale x channel scale). XLA:CPU materializes
   a converted weight before a float dot, so weight-only int8 is slower there than float32; the int8 dot is
-  2-5x faster than float32 at 2..512 rows (measured, docs/architecture.md).
+  2-5x faster than float32 at 2..512 rows (measured, docs/decisions.md, "Departures from the first design").
 - int8 on TPU / GPU, fp8 everywhere: weight-only. The weight is converted to the activation dtype inside the
   dot (XLA fuses the convert into the dot on TPU / GPU) and the output is scaled per channel. On CPU fp8 is
   correct but not fast.
 
 `--quantization gguf` keeps a GGUF file's own Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks instead (model/grouped_quant.py:
 values plus scales per group of 32 or 16 input rows): `Quantization.formats` names the params kept and their format,
-read from the file; those weights are dequantized inside the dot on every platform (docs/architecture.md).
+read from the file; those weights are dequantized inside the dot on every platform
+(docs/architecture/06-model.md, "Quantized weights").
 
 Online quantization of a float checkpoint (`OnlineQuantization`, not a pre-quantized checkpoint's scheme) also
 quantizes the embedding [V, H], one scale per vocab row (`embed_tokens_scale` [V, 1]: `quantize_table`), and an

@@ -1,6 +1,6 @@
 """Matmuls against quantized weights that are not plain x @ W: kept GGUF blocks (rebuilt inside the dot), the
 weight-only / W8A8 dot of int8 / fp8 values, grouped scales' per-group partial sums, and a quantized table's rows
-(the tied LM head) in vocab-row chunks. `layers.linear` picks among them (docs/architecture.md, "Quantized
+(the tied LM head) in vocab-row chunks. `layers.linear` picks among them (docs/architecture/06-model.md, "Quantized
 weights")."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from vllm_jax.model.grouped_quant import dequantize_grouped
 def gguf_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
              fmt: str) -> jax.Array:
     """x @ W for W kept in GGUF blocks: dequantized to float32 (exactly the dequantizing loader's weight), cast
-    to x's dtype and dotted in one fusion; weight-only on every platform (docs/architecture.md: on CPU faster
-    than W8A8 over groups, whose int8 dot is batched over 32-wide groups)."""
+    to x's dtype and dotted in one fusion; weight-only on every platform
+    (docs/architecture/06-model.md, "Quantized weights": on CPU faster than W8A8 over groups, whose int8 dot is batched
+    over 32-wide groups)."""
     w = dequantize_grouped(values, scale, minimum, fmt, axis=-2).astype(x.dtype)
     return jnp.dot(x, w, preferred_element_type=jnp.float32)
 
@@ -73,8 +74,9 @@ def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
 def quantized_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, chunk_rows: int | None) -> jax.Array:
     """float32 x @ E^T for a table E [V, H] quantized per row (int8 / fp8 values, float32 scales [V, 1]: online
     quantization's tied LM head), weight-only: the values converted to x's dtype inside the dot, each logit
-    scaled by its row's scale; in row chunks on CPU (`_over_row_chunks`; docs/architecture.md: the default
-    model's int8 head 6.5 ms at 2 rows chunked, 54 ms whole, W8A8 70 ms; float32 8.7 ms)."""
+    scaled by its row's scale; in row chunks on CPU (`_over_row_chunks`;
+    docs/architecture/06-model.md, "Quantized weights": the default model's int8 head 6.5 ms at 2 rows chunked, 54 ms
+    whole, W8A8 70 ms; float32 8.7 ms)."""
     def dot_rows(v: jax.Array, s: jax.Array) -> jax.Array:
         return jnp.dot(x, v.astype(x.dtype).T, preferred_element_type=jnp.float32) * s[:, 0]
 

@@ -1,5 +1,5 @@
 """LongRoPE (Phi-3 `rope_type` "longrope"): per-frequency rescaling by `short_factor` or `long_factor`, and a
-cos/sin multiplier (docs/architecture.md, "LongRoPE: short or long factors").
+cos/sin multiplier (docs/architecture/12-families.md, "LongRoPE: short or long factors").
 
 inv_freq_i = 1 / (factor_i * theta ** (2i / dim)), as transformers computes it (float32). The attention factor
 multiplies cos and sin: `attention_factor` when given, else sqrt(1 + ln(s) / ln(original)) for s =

@@ -2,7 +2,7 @@
 `_compute_yarn_parameters` computes it: a per-frequency blend of the original (extrapolated) and the
 `factor`-interpolated inverse frequencies over a linear ramp between the correction dims of `beta_fast` and
 `beta_slow` rotations, and an attention factor that multiplies cos and sin. Float32 like transformers, so the
-tables match it bit for bit up to pow's rounding (docs/architecture.md, "gpt-oss").
+tables match it bit for bit up to pow's rounding (docs/architecture/12-families.md, "gpt-oss").
 """
 
 from __future__ import annotations

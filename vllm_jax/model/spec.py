@@ -68,7 +68,7 @@ class DecoderSpec:
 
     @property
     def kv_cache_width(self) -> int:
-        """Width of one KV-cache row (docs/architecture.md, "KV cache layout")."""
+        """Width of one KV-cache row (docs/architecture/04-kv-cache.md, "KV cache layout")."""
         return self.head_dim
 
     @property

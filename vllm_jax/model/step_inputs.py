@@ -1,4 +1,4 @@
-"""StepInputs: one step's ragged batch, padded to a (T tokens, S sequences) bucket (docs/architecture.md, "The
+"""StepInputs: one step's ragged batch, padded to a (T tokens, S sequences) bucket (docs/architecture/05-worker.md, "The
 step's arrays"). The contract between the host side that packs it (worker/batch.py) and the model that reads it."""
 
 from __future__ import annotations
@@ -21,6 +21,6 @@ class StepInputs:
     query_start_loc: jax.Array  # [S + 1] int32
     num_seqs: jax.Array  # [1] int32
     logits_indices: jax.Array  # [S] int32
-    # LoRA (docs/architecture.md, "LoRA adapters"): [T] int32, each token's adapter slot (0: none; padding 0).
+    # LoRA (docs/architecture/11-lora.md, "LoRA adapters"): [T] int32, each token's adapter slot (0: none; padding 0).
     # None when the engine has no LoRA: the programs then carry nothing of it.
     lora_slots: jax.Array | None = None

@@ -1,5 +1,5 @@
 """gpt-oss's published MXFP4 experts (`quant_method: mxfp4`), dequantized to float as they are read
-(docs/architecture.md, "gpt-oss").
+(docs/architecture/12-families.md, "gpt-oss").
 
 The layout, as transformers' integrations/mxfp4.py reads it: each fused expert weight `X` (`gate_up_proj`,
 `down_proj`) is stored as

@@ -1,6 +1,6 @@
 """Pre-quantized HF checkpoints: what config.json's `quantization_config` says, checked once, before any read.
 
-Two formats are read (docs/architecture.md, "Quantized weights"):
+Two formats are read (docs/architecture/06-model.md, "Quantized weights"):
 - compressed-tensors (`quant_method: compressed-tensors`; llm-compressor's output): weights in 8 bits, int or
   float (e4m3), symmetric, one scale per output channel (`weight_scale` [out, 1]), per tensor ([1] or []) or per
   [128 x 128] block (strategy `block`); activations unquantized or dynamic (no stored input scales). Modules on its

@@ -7,7 +7,7 @@ scales through `StoredQuantizedReads` instead: a channel scale [out, 1] is taken
 broadcast over out, a [b_out x b_in] block scale becomes a grouped scale [in // g, out] (repeated over its output
 rows: model/quantization.py), all exact, and the int8 / fp8 bits are placed untouched. MoE experts keep
 per-channel scales, so a block-scaled expert has no exact form: the tensor loader requantizes its dequantized
-values per channel (`QuantizedReads`; docs/architecture.md says so).
+values per channel (`QuantizedReads`; docs/architecture/06-model.md, "Quantized weights").
 
 `check` runs before any read: every scale matches its weight, every quantized linear has a scale, every stored
 int8 / fp8 tensor has one: one ModelSourceError naming the tensor otherwise.

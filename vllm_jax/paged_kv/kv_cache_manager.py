@@ -5,7 +5,7 @@ The scheduler asks two things: which leading blocks of a waiting request are alr
 all-or-nothing). Full blocks are registered in the prefix cache as soon as they are scheduled, so
 another request in the same step can hit them. That relies on the runner writing each layer's KV for the
 whole batch before that layer's attention reads the cache (vLLM makes the same assumption).
-(docs/architecture.md, "Scheduling")
+(docs/architecture/03-scheduler.md, "Scheduling")
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""DeepSeek MLA (absorbed form) as a Triton-lowered Pallas GPU kernel (docs/architecture.md, "DeepSeek MLA").
+"""DeepSeek MLA (absorbed form) as a Triton-lowered Pallas GPU kernel
+(docs/architecture/12-families.md, "DeepSeek MLA").
 
 The contract is mla_attention.mla_ragged_paged_attention's: q = [q_latent | q_rope | zeros] ([T, H, width]) scored
 against the one cached row per token [c (kv_lora_rank) | k_rope | zeros], whose first kv_lora_rank entries are the

@@ -1,6 +1,6 @@
 """The pallas_tpu backend's lane-dense KV cache: one row of `num_kv_heads * pair_lanes(head_dim)` lanes per token.
 
-Why (docs/architecture.md, "KV cache layout"): the other backends' cache is [.., block_size, 2 * kv_heads,
+Why (docs/architecture/04-kv-cache.md, "KV cache layout"): the other backends' cache is [.., block_size, 2 * kv_heads,
 head_dim]. When head_dim is not a multiple of 128, XLA:TPU gives that array a compact tiled layout with the blocks
 dim minor (row-major would pad each [2H, head_dim] page row to (8, 128) tiles), while a Mosaic kernel reads its
 operands row-major, so every forward copied the whole cache. Here each token's row is lane-dense: KV head h owns

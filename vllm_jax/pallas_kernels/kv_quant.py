@@ -1,5 +1,5 @@
-"""What the KV cache stores: K / k_scale and V / v_scale in the cache's dtype (docs/architecture.md, "KV cache
-layout").
+"""What the KV cache stores: K / k_scale and V / v_scale in the cache's dtype (docs/architecture/04-kv-cache.md, "KV
+cache layout").
 
 A float cache stores K and V as they are (the scales are 1.0). An fp8 cache (`--kv-cache-dtype fp8`) is
 float8_e4m3fn: a write divides by the per-tensor scale, saturates to e4m3's finite range (+-448; e4m3fn has no

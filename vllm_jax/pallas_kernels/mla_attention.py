@@ -2,9 +2,9 @@
 
 The cache holds one row per token and layer: [c_kv (kv_lora_rank), k_rope (qk_rope_head_dim)], the normed latent
 and the rotated shared key part, then zeros up to a multiple of 128 lanes ([num_layers, num_blocks, block_size, 1,
-width]; docs/architecture.md, "KV cache layout"). With W_UK / W_UV the key / value halves of kv_b_proj, head h's score
-against token s is q_nope_h . (W_UK_h c_s) + q_rope_h . k_rope_s = (W_UK_h^T q_nope_h) . c_s + q_rope_h . k_rope_s,
-so the caller absorbs q_nope into latent space (q_latent) and the attention is MQA with one shared key row
+width]; docs/architecture/04-kv-cache.md, "KV cache layout"). With W_UK / W_UV the key / value halves of kv_b_proj, head
+h's score against token s is q_nope_h . (W_UK_h c_s) + q_rope_h . k_rope_s = (W_UK_h^T q_nope_h) . c_s + q_rope_h .
+k_rope_s, so the caller absorbs q_nope into latent space (q_latent) and the attention is MQA with one shared key row
 [c_s, k_rope_s] of width kv_lora_rank + qk_rope_head_dim whose value is c_s: the output stays in latent space
 and the caller applies W_UV. That is xla_attention.ragged_paged_attention with `shared_kv` (the row is key and
 value; its rope tail is dropped from the output), so ragged batches, chunked prefill reading earlier pages and

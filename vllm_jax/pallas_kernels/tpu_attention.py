@@ -30,7 +30,7 @@ the page axis ([2, pages, block_size, lanes]) so each DMA lands on whole sublane
 head's window is an aligned lane slice: for head_dim a multiple of 128 K and V are its two halves; otherwise q is
 placed in the K lanes of a zero row of P lanes (outside the kernel), so q . window = q . k and p @ window carries
 p @ v in the V lanes, sliced out after the call (2x the MXU work of the exact product for head_dim 64, on a
-memory-bound kernel; docs/architecture.md, "KV cache layout").
+memory-bound kernel; docs/architecture/04-kv-cache.md, "KV cache layout").
 """
 
 from __future__ import annotations

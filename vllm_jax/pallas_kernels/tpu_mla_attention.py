@@ -1,5 +1,5 @@
 """DeepSeek MLA (absorbed form) as a Mosaic TPU kernel: every query head of a token against the one shared latent
-row per cached token (docs/architecture.md, "DeepSeek MLA").
+row per cached token (docs/architecture/12-families.md, "DeepSeek MLA").
 
 The contract is mla_attention.mla_ragged_paged_attention's: q is [q_latent | q_rope | zeros] ([T, H, width]), the
 cache row [c (kv_lora_rank) | k_rope | zeros] is the key, its first kv_lora_rank entries the value, and the

@@ -1,7 +1,7 @@
 """How the Mosaic attention kernel cuts its work for one chip: query-tile and page-block sizes from the shapes,
 shrunk until the VMEM estimate fits the chip's budget, the SMEM its scalars take, and the limit Mosaic is given.
 A configuration that cannot fit is a ValueError naming the flag to change, raised while tracing, i.e. at warm-up,
-never at the first request (docs/architecture.md, "Fault policy").
+never at the first request (docs/architecture/10-faults.md, "Fault policy").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The `xla` attention backend: ragged paged attention in plain XLA ops, shaped for CPU (and GSPMD under TP).
 
-Attention is split in two parts merged with a log-sum-exp (docs/architecture.md, "Departures from the first
+Attention is split in two parts merged with a log-sum-exp (docs/decisions.md, "Departures from the first
 design"). The in-step part (the keys written this step, xla_common.in_step_attention) runs by tiles of query
 rows, each meeting only the key tiles of its own sequences up to itself, instead of a dense [T, T] product. The
 context part (the KV each sequence had before this step) reads each sequence's pages once, not once per query row:

@@ -8,7 +8,7 @@ from the cache at the batch's own slots) and the KV each sequence had before the
 
 `kv_cache` is either one layer, [num_blocks, block_size, 2 * num_kv_heads, head_dim], or the whole stack
 [num_layers, num_blocks, block_size, 2 * num_kv_heads, head_dim] together with `layer_index`; passing the stack
-avoids slicing a layer out of the donated cache (docs/architecture.md, "KV cache layout"). K and V are
+avoids slicing a layer out of the donated cache (docs/architecture/04-kv-cache.md, "KV cache layout"). K and V are
 interleaved on the head axis: k0, v0, k1, v1, ... The kernels are tested against a numpy oracle that shares none
 of this (tests/helpers/attention_oracle.py).
 """

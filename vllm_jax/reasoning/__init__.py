@@ -2,8 +2,8 @@
 
 Pure Python, so that the config, the engine and the server can all use them. Each parser exposes `start_token`
 and `end_token` (the engine starts structured outputs once the end token is out), `split(text)` for a finished
-output and `streamer()` for deltas; the two always agree (docs/architecture.md, "Tool calling and reasoning").
-"""
+output and `streamer()` for deltas; the two always agree
+(docs/architecture/01-overview.md, "Tool calling and reasoning"). """
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ samples the same token whatever batch it shares, wherever in the batch it sits a
 
 Jitting: `num_logprobs` is static (the device step jits `sample` with `static_argnums=(2,)`). The pytree structure
 of `SamplingTensors` (basic: full fields None; full: all set) is part of the trace, so the basic and full variants
-compile separately (docs/architecture.md, "Sampling").
+compile separately (docs/architecture/08-sampling.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def verify_proposals(processed: jax.Array, t: SamplingTensors, greedy: jax.Array
     argmax (their token is the argmax either way). Sampled rows accept x with probability min(1, p(x) / q(x)),
     and the proposers so far propose deterministically (q(x) = 1), so with probability p(x); the residual
     (p - q)+ normalized is then p with x removed, which Gumbel-max samples by masking x. Either way the token has
-    exactly the target's distribution p (docs/architecture.md, "Speculative decoding"). The uniform draw and the
-    Gumbel noise come from the row's (seed, position) counter like any sample, on separate streams.
+    exactly the target's distribution p (docs/architecture/08-sampling.md, "Speculative decoding"). The uniform draw and
+    the Gumbel noise come from the row's (seed, position) counter like any sample, on separate streams.
     """
     draft = t.draft_token_ids
     has_draft = draft >= 0

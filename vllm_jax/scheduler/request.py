@@ -82,10 +82,10 @@ class Request:
     # and only the ones past this count are new.
     num_prompt_logprobs_reported: int = field(default=0, init=False)
     # Tokens being sampled by a step in flight (async scheduling: 0 or 1), not in output_token_ids yet; the next
-    # step already computes them (docs/architecture.md, "Async scheduling").
+    # step already computes them (docs/architecture/02-engine.md, "Async scheduling").
     num_output_placeholders: int = field(default=0, init=False)
     # Speculative decoding: the tokens proposed for its next step (the runner's last proposal), verified there
-    # together with its next token (docs/architecture.md, "Speculative decoding").
+    # together with its next token (docs/architecture/08-sampling.md, "Speculative decoding").
     spec_token_ids: list[int] = field(default_factory=list, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
@@ -96,7 +96,7 @@ class Request:
 
     @property
     def lora_int_id(self) -> int:
-        """The adapter's id, 0 without one (a prefix-cache key: docs/architecture.md, "LoRA adapters")."""
+        """The adapter's id, 0 without one (a prefix-cache key: docs/architecture/11-lora.md, "LoRA adapters")."""
         return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property

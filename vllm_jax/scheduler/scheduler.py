@@ -11,24 +11,24 @@ output token (`Request.awaiting_progress`): the victim is the policy's choice (f
 priority: the lowest priority, then the latest arrival) among the running requests that do not await progress.
 Only when every running request awaits progress does the policy choose among all of them, so a step can always
 make room or give up its own request; such a forced choice is counted in `num_preemptions_without_progress`.
-(docs/architecture.md, "Scheduling")
+(docs/architecture/03-scheduler.md, "Scheduling")
 
 Async scheduling (vLLM's): the engine may call schedule() for step n + 1 before update_from_output() of step n.
 A request sampling in step n then holds a placeholder (`Request.num_output_placeholders`) that step n + 1
 computes as its next input token; one that step n ends by length, or whose inputs need that token on the host, sits
 step n + 1 out. update_from_output() drops the rows of requests that ended meanwhile, so a token sampled past a
-stop is never emitted (docs/architecture.md, "Async scheduling").
+stop is never emitted (docs/architecture/02-engine.md, "Async scheduling").
 
 Speculative decoding (vLLM's): a decoding request with proposals (`Request.spec_token_ids`) schedules them after
 its next token; they count against the token budget, and each verified position is a logits row, so the step's
 rows (requests plus proposals) stay within max_num_seqs. Proposals are dropped before anybody is preempted for
-them, and update_from_output rolls `num_computed_tokens` back past the rejected ones (docs/architecture.md,
+them, and update_from_output rolls `num_computed_tokens` back past the rejected ones (docs/architecture/08-sampling.md,
 "Speculative decoding").
 
 LoRA (vLLM's): admitting a request with an adapter pins the adapter's device slot (`LoRASlots`, LRU over the
 unpinned slots); a request whose adapter is not resident while every slot is pinned by running requests of other
 adapters stays waiting, and admission goes on with the requests behind it. Slots are released when a request
-finishes or is preempted (docs/architecture.md, "LoRA adapters").
+finishes or is preempted (docs/architecture/11-lora.md, "LoRA adapters").
 """
 
 from __future__ import annotations
@@ -167,8 +167,8 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Decide this step's batch (docs/architecture.md, "Scheduling"): running requests first, then, only in a
-        step that preempted nobody, waiting ones."""
+        """Decide this step's batch (docs/architecture/03-scheduler.md, "Scheduling"): running requests first, then,
+        only in a step that preempted nobody, waiting ones."""
         plan = StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.preempted:

@@ -1,5 +1,5 @@
 """Chat request pieces: messages (text content, earlier tool calls and results, reasoning) and tool definitions,
-and the plain dicts a chat template reads (docs/architecture.md, "Tool calling and reasoning")."""
+and the plain dicts a chat template reads (docs/architecture/01-overview.md, "Tool calling and reasoning")."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 The pipeline is the same both ways: --reasoning-parser takes the reasoning off the front, then the tool choice
 reads the rest: "auto" with --tool-call-parser, "required" as a JSON list of calls, a named function as its
-arguments, "none" not at all. A stream's deltas add up to the whole answer (docs/architecture.md, "Tool calling
-and reasoning"). The finish reason becomes "tool_calls" when calls were made under "auto" or "required" and
+arguments, "none" not at all. A stream's deltas add up to the whole answer (docs/architecture/01-overview.md, "Tool
+calling and reasoning"). The finish reason becomes "tool_calls" when calls were made under "auto" or "required" and
 the model stopped by itself, as vLLM does for "required" (vLLM's "auto" says "tool_calls" even when max_tokens
 cut the output; here "length" stays, which tells the client the output is incomplete); a named function keeps
 "stop", as in OpenAI's API.

@@ -1,7 +1,7 @@
 """vLLM's runtime LoRA routes: `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`, served only when the
 environment sets VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (as in vLLM: anyone who can reach the API can then make the
 server read a directory). A loaded adapter is read and checked before it is named (a bad one is a 400, nothing
-registered); then a request's `model` may name it (docs/architecture.md, "LoRA adapters")."""
+registered); then a request's `model` may name it (docs/architecture/11-lora.md, "LoRA adapters")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The request fields that constrain the output: vLLM's `structured_outputs` and OpenAI's `response_format`, each
-turned into the engine's StructuredOutputsParams (docs/architecture.md, "Structured outputs")."""
+turned into the engine's StructuredOutputsParams (docs/architecture/08-sampling.md, "Structured outputs")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ We use Auto axis types: params and the KV cache carry NamedShardings and GSPMD p
 step, so the model code has no collectives and no explicit resharding. (Explicit axes would make every
 reshape of a sharded head axis spell out its sharding; the gain is nil for a forward pass whose layout is fixed
 by the params.) Expert parallelism reuses the "model" axis for the expert dimension of MoE weights
-(docs/architecture.md, "Sharding").
+(docs/architecture/09-sharding.md, "Sharding").
 """
 
 from __future__ import annotations

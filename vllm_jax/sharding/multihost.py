@@ -2,9 +2,9 @@
 
 Every process holds the same params shards and KV shards for its devices and must run the same jitted step on the
 same inputs. Process 0 runs the scheduler and broadcasts each step's message (bytes: the worker's payload
-serializes itself) through a jax collective; the others receive it and run the same step (docs/architecture.md,
-"Sharding"). Message sizes are rounded up to powers of two so the broadcast compiles for few shapes.
-"""
+serializes itself) through a jax collective; the others receive it and run the same step
+(docs/architecture/09-sharding.md, "Sharding"). Message sizes are rounded up to powers of two so the broadcast compiles
+for few shapes. """
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Keys as vLLM spells them: `method` ("ngram", "draft_model", "eagle3"), `num_speculative_tokens` (k),
 `prompt_lookup_max` / `prompt_lookup_min` (n-gram), `model` (the draft or EAGLE-3 head), `disable_by_batch_size`
 (no proposals while more requests than this are running). Every bad value is a ValueError naming its key
-(docs/architecture.md, "Speculative decoding"). Pure Python, no jax.
+(docs/architecture/08-sampling.md, "Speculative decoding"). Pure Python, no jax.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
     model: str | None = None
     # Proposals stop while more than this many requests run (None: never). Not given: the platform's default
-    # (config.SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT; README, "Speculative decoding").
+    # (config.SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT; docs/speculative-decoding.md, "Measurements").
     disable_by_batch_size: int | None = None
 
     @classmethod
@@ -75,7 +75,7 @@ class SpeculativeConfig:
                                  f"more than {name} ({limit})")
         if self.method not in IMPLEMENTED_METHODS:
             raise ValueError(f"speculative_config.method {self.method!r} is not available in this build yet (only "
-                             f"{', '.join(IMPLEMENTED_METHODS)}); see the README's 'Speculative decoding'")
+                             f"{', '.join(IMPLEMENTED_METHODS)}); see docs/speculative-decoding.md")
 
 
 def _positive_int(value: dict, key: str, required: bool = False) -> int | None:

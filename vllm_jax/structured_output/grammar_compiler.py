@@ -1,9 +1,9 @@
 """StructuredOutputsParams -> a validated llguidance grammar, compiled once per distinct constraint.
 
 llguidance is vLLM's `guidance` backend. We use it rather than xgrammar (vLLM's default) because xgrammar requires
-torch and triton at run time, which a JAX engine would otherwise never install (docs/architecture.md, "Structured
-outputs"). Compilation and validation run on the caller's thread (the server's worker threads, not the engine
-thread), and results are cached by the constraint's text, so a repeated schema costs a dictionary lookup.
+torch and triton at run time, which a JAX engine would otherwise never install (docs/architecture/08-sampling.md,
+"Structured outputs"). Compilation and validation run on the caller's thread (the server's worker threads, not the
+engine thread), and results are cached by the constraint's text, so a repeated schema costs a dictionary lookup.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ With a reasoning parser the constraint starts after the reasoning ends: tokens u
 token (e.g. `</think>`) are free and not fed to the matcher, as vLLM does.
 
 Speculative decoding verifies a request's proposals in one step, so the scheduler asks for one bitmask per
-verified position: the matcher walks the proposals tentatively and is rolled back (docs/architecture.md,
+verified position: the matcher walks the proposals tentatively and is rolled back (docs/architecture/08-sampling.md,
 "Speculative decoding").
 """
 

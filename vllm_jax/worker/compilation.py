@@ -1,7 +1,7 @@
 """The compilation manager: warm-up's plan of programs, its progress report, and the trace counter.
 
 Before the engine reports ready, every program a workload can need is made ready: loaded from the compilation
-cache, or compiled and stored (docs/architecture.md, "Compilation and warm-up"). Every trace after that is
+cache, or compiled and stored (docs/architecture/05-worker.md, "Compilation and warm-up"). Every trace after that is
 counted, so tests can assert that no workload compiles once warm-up is done.
 """
 

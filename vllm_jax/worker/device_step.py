@@ -2,13 +2,13 @@
 
 Everything a step needs crosses in one `StepPayload` of numpy arrays, so a multi-host deployment can broadcast it
 from process 0 and every process launches the same programs on identical inputs (jax's multi-controller model).
-Results come back replicated, so each process can read them from its own devices (docs/architecture.md, "Data
-flow of one step").
+Results come back replicated, so each process can read them from its own devices (docs/architecture/01-overview.md,
+"Data flow of one step").
 
 `launch` only dispatches: jax runs the programs asynchronously and the result stays on the device until `fetch`,
 so the host can prepare the next step meanwhile (async scheduling). For that the device keeps the latest sampled
 token of every input-batch slot (`token_feedback`): a step records its samples there, and the next step's decode
-tokens that the host does not know yet are read from it (docs/architecture.md, "Async scheduling").
+tokens that the host does not know yet are read from it (docs/architecture/02-engine.md, "Async scheduling").
 """
 
 from __future__ import annotations

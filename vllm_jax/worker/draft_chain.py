@@ -4,7 +4,7 @@ After the target's step the host knows each request's tokens (L of them). The dr
 token per request: step i feeds the token at position L - 1 + i (step 0 the target's newest token, later steps the
 draft's own previous proposal) and proposes the next. Everything but the fed tokens is known before the chain
 starts, so the host packs all k steps' positions, slots and lengths at once and the device runs the chain as one
-program (docs/architecture.md, "Speculative decoding").
+program (docs/architecture/08-sampling.md, "Speculative decoding").
 
 Slots come from the request's block table; the scheduler allocated k lookahead slots beyond each step's tokens
 for this. A position past the request's slots (the end of the context) repeats the last one it has: the proposals

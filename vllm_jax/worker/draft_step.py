@@ -1,7 +1,7 @@
 """The draft model on the device: its params, its own KV cache, and its two programs.
 
-`draft_model` speculation (docs/architecture.md, "Speculative decoding"): the draft's cache has the draft's layer
-shapes but the target's block count, and every request uses the same block ids in both, so the block manager
+`draft_model` speculation (docs/architecture/08-sampling.md, "Speculative decoding"): the draft's cache has the draft's
+layer shapes but the target's block count, and every request uses the same block ids in both, so the block manager
 allocates and frees the draft's KV with the target's and nothing else tracks it.
 
 - catch-up: the draft runs the target's own step inputs (same tokens, positions and slots), writing its KV for

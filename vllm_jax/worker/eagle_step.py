@@ -1,6 +1,6 @@
 """The EAGLE-3 head on the device: its params, its own one-layer KV cache, and its one program.
 
-`eagle3` speculation (docs/architecture.md, "Speculative decoding"). The target's forward also returns three
+`eagle3` speculation (docs/architecture/08-sampling.md, "Speculative decoding"). The target's forward also returns three
 layers' hidden states for every token (`DecoderLM.aux_hidden_layers`). After the target's step the head runs,
 in one program:
 

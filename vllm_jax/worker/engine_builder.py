@@ -8,7 +8,7 @@ CompilationManager. `build_engine(config, devices, abstract=True)` is the same c
 LoRA slot a ShapeDtypeStruct on its NamedSharding and nothing allocated or read: what `vllm-jax compile-check`
 (vllm_jax.aot) compiles for devices this host does not have. The two modes differ only where arrays are made
 (the weight loader, `EngineParts.make_cache`, the LoRA slots), so compile-check compiles the runner's own plan
-and refuses what the runner refuses (docs/architecture.md, "Compilation and warm-up").
+and refuses what the runner refuses (docs/architecture/05-worker.md, "Compilation and warm-up").
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class MemoryProbe:
 class KernelChoices:
     """Every decision of construction that depends on the attention backend, made by `kernel_choices` alone."""
 
-    backend: AttentionBackend  # resolved for the platform the programs are built for (docs/architecture.md, "Sharding")
+    backend: AttentionBackend  # resolved for the platform the programs are built for (docs/architecture/09-sharding.md, "Sharding")
     kernel_mesh: Mesh | None  # the Pallas kernels run inside shard_map over it; None: GSPMD partitions xla's
     max_blocks_per_seq: int  # the block table's width (a kernel may pad it)
     lane_dense_cache: bool  # pallas_tpu's K/V cache layout (kv_cache.lane_dense_cache)
@@ -328,7 +328,7 @@ def _layer_of(value: jax.Array | jax.ShapeDtypeStruct, i: int) -> jax.Array | ja
 
 
 def check_lora_supported(spec: DecoderSpec) -> None:
-    """LoRA runs on the dense decoders, in one process (docs/architecture.md, "LoRA adapters")."""
+    """LoRA runs on the dense decoders, in one process (docs/architecture/11-lora.md, "LoRA adapters")."""
     if getattr(spec, "num_experts", None) is not None:
         raise ValueError(f"enable_lora: {spec.architecture} is a mixture-of-experts model, which LoRA "
                          "does not support yet")

@@ -1,7 +1,7 @@
 """The persistent input batch: every request the runner holds, as a row of preallocated numpy arrays.
 
-vLLM's InputBatch idea (docs/architecture.md, "Data flow of one step"): a step changes little (a new token per
-decoding request, now and then a new block, a request arriving or leaving), so the rows are updated by what the
+vLLM's InputBatch idea (docs/architecture/01-overview.md, "Data flow of one step"): a step changes little (a new token
+per decoding request, now and then a new block, a request arriving or leaving), so the rows are updated by what the
 SchedulerOutput says changed, and a step's padded arrays are gathered from them with a few vectorized numpy
 operations instead of a Python loop over the batch. Rows are slots taken from a free list and given back when a
 request leaves; nothing is condensed, because the step's row order is the scheduler's (its
@@ -138,11 +138,12 @@ class InputBatch:
     # --- one step ---
     def pack(self, slots: np.ndarray, counts: np.ndarray, *, block_size: int, num_tokens_padded: int,
              num_seqs_padded: int, num_drafts: np.ndarray | None = None) -> StepInputs:
-        """The step's padded arrays (docs/architecture.md, "The step's arrays") for `counts[i]` tokens of the
+        """The step's padded arrays (docs/architecture/05-worker.md, "The step's arrays") for `counts[i]` tokens of the
         request in `slots[i]`, after those already computed; the same arrays `batch.pack_step_inputs` builds.
 
         `num_drafts[i]` of a row's tokens are proposals to verify: that row's last 1 + num_drafts[i] positions
-        each get a logits row (`logits_indices`), in row order (docs/architecture.md, "Speculative decoding")."""
+        each get a logits row (`logits_indices`), in row order
+        (docs/architecture/08-sampling.md, "Speculative decoding")."""
         num_seqs, total = len(slots), int(counts.sum())
         if total > num_tokens_padded or num_seqs > num_seqs_padded:
             raise ValueError(f"batch of {total} tokens / {num_seqs} rows exceeds bucket "
@@ -212,8 +213,8 @@ class InputBatch:
         """[T]: for each token of `inputs` the host does not know yet, its row's slot, else -1; None if none.
 
         Under async scheduling a decoding row's input token is the one its previous step is still sampling on the
-        device (docs/architecture.md, "Async scheduling"). Only a row's last token can be that one, and only one
-        step is ever in flight, so a row lacks at most one token."""
+        device (docs/architecture/02-engine.md, "Async scheduling"). Only a row's last token can be that one, and only
+        one step is ever in flight, so a row lacks at most one token."""
         last = self.num_computed[slots] + counts - 1  # each row's last position this step, proposals aside
         if num_drafts is not None:
             last = last - num_drafts

@@ -1,8 +1,8 @@
 """Sizing and allocating the device KV cache (paged_kv/ does the block accounting, in pure Python).
 
-Layout (docs/architecture.md, "KV cache layout"): one array [num_layers, num_blocks, block_size, 2 * num_kv_heads,
-head_dim], K and V interleaved on the head axis (pallas_tpu: [num_layers, num_blocks, block_size, num_kv_heads * P],
-lane-dense, pallas_kernels/kv_layout.py); an MLA model (DeepSeek) holds one row of kv_lora_rank +
+Layout (docs/architecture/04-kv-cache.md, "KV cache layout"): one array [num_layers, num_blocks, block_size, 2 *
+num_kv_heads, head_dim], K and V interleaved on the head axis (pallas_tpu: [num_layers, num_blocks, block_size,
+num_kv_heads * P], lane-dense, pallas_kernels/kv_layout.py); an MLA model (DeepSeek) holds one row of kv_lora_rank +
 qk_rope_head_dim per token instead ([..., 1, width]: `DecoderSpec.kv_cache_heads` / `kv_cache_width`). The block
 count comes from a memory budget
 (worker/kv_budget.py): `--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU

@@ -7,7 +7,7 @@ donated (a dynamic-update-slice at a traced slot index), compiled once by warm-u
 never compiles anything. Under tensor parallelism the slots split like their base layer: a column-parallel target
 (its out features on "model") splits b on out and replicates a; a row-parallel one (in features on "model")
 splits a on in and replicates b, so x @ a and the product with b need no other collective than the base layer's
-(docs/architecture.md, "LoRA adapters").
+(docs/architecture/11-lora.md, "LoRA adapters").
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The step is a pure function of (params, kv_cache, inputs); the cache is donated 
 Every token bucket's forward and every sampler variant is compiled by `warmup()` (worker/compilation.py);
 `num_compilations` counts traces and must not move afterwards. With several processes (multi-host), process 0
 broadcasts each step's payload and the others run `serve_worker()`, executing the same device step
-(docs/architecture.md, "Data flow of one step").
+(docs/architecture/01-overview.md, "Data flow of one step").
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ModelRunner:
         self.token_buckets, self.seq_buckets = parts.token_buckets, parts.seq_buckets
         # Async scheduling: the device records every step's samples per slot and feeds them to the next step.
         self.feeds_tokens = config.async_scheduling
-        # Speculative decoding: every step's sampler verifies proposals (docs/architecture.md, "Speculative
+        # Speculative decoding: every step's sampler verifies proposals (docs/architecture/08-sampling.md, "Speculative
         # decoding"); the n-gram proposer reads the input batch's tokens after each step.
         speculative = config.speculative_config
         self.speculates = speculative is not None

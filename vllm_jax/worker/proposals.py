@@ -1,8 +1,8 @@
 """Each step's proposals from a model on the device: the draft model's chain, the EAGLE-3 head's catch-up and chain.
 
 The host side of worker/draft_step.py and worker/eagle_step.py: which input-batch rows propose, their packed
-inputs, and how many of each row's k proposals count (docs/architecture.md, "Speculative decoding"). The n-gram
-proposer needs none of this (spec_decode/ngram.py reads the input batch directly).
+inputs, and how many of each row's k proposals count (docs/architecture/08-sampling.md, "Speculative decoding"). The
+n-gram proposer needs none of this (spec_decode/ngram.py reads the input batch directly).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The model a `draft_model` or `eagle3` speculative_config adds to the runner: loaded and checked against the
 target, its KV cache's layout (sharing the target's block ids), and the device holder of its programs
-(docs/architecture.md, "Speculative decoding")."""
+(docs/architecture/08-sampling.md, "Speculative decoding")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """StepPayload: everything one device step needs, as numpy arrays, and its own wire format.
 
-A multi-host run sends each step's payload from process 0 to the others (docs/architecture.md, "Sharding"), so the
-payload turns itself into bytes and back: `np.savez` of flat names (`inputs.input_ids`, `sampling.top_p`, ...), no
-pickle. Nested dataclasses are walked field by field, so a new field of StepInputs or SamplingTensors travels with
+A multi-host run sends each step's payload from process 0 to the others (docs/architecture/09-sharding.md, "Sharding"),
+so the payload turns itself into bytes and back: `np.savez` of flat names (`inputs.input_ids`, `sampling.top_p`, ...),
+no pickle. Nested dataclasses are walked field by field, so a new field of StepInputs or SamplingTensors travels with
 no edit here; a new payload field is edited in this class only.
 """
 
@@ -25,8 +25,8 @@ class StepPayload:
     sampling: SamplingTensors  # numpy, [S] rows (+ [S, V] in the full variant)
     num_logprobs: int  # static: -1 none, else the engine's max_logprobs
     prompt_targets: np.ndarray | None = None  # [T]: score these tokens (prompt logprobs); LM head on every row
-    # Async scheduling (docs/architecture.md, "Async scheduling"): [T] the input-batch slot whose latest sample
-    # is this token (the host has not seen it yet), -1 where `inputs.input_ids` holds it; None: no such token.
+    # Async scheduling (docs/architecture/02-engine.md, "Async scheduling"): [T] the input-batch slot whose latest
+    # sample is this token (the host has not seen it yet), -1 where `inputs.input_ids` holds it; None: no such token.
     input_token_slots: np.ndarray | None = None
     # [S] each row's input-batch slot, where the device records its sample for the next step (padding rows: the
     # spare last slot); None when nothing is recorded (async scheduling off).

@@ -1,5 +1,5 @@
 """What llama.cpp's converter does differently for Gemma 2 / Gemma 3 / Phi-3 / Granite / OLMo 2, undone here
-(docs/architecture.md, "GGUF files of the newer families").
+(docs/architecture/13-gguf.md, "GGUF files of the newer families").
 
 - Tensor names: GGUF reuses `ffn_norm`, `post_attention_norm` and `ffn_up` with per-architecture meanings
   (Gemma's `ffn_norm` is the pre-feedforward norm, Phi-3's `attn_qkv` / `ffn_up` hold the fused projections):

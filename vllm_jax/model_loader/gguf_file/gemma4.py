@@ -1,5 +1,5 @@
 """GGUF files of Gemma 4 (llama.cpp's `gemma4` architecture, text decoder): tensor names and config, undone to
-what an HF Gemma4ForCausalLM checkpoint holds (docs/architecture.md, "GGUF files of Gemma 4").
+what an HF Gemma4ForCausalLM checkpoint holds (docs/architecture/13-gguf.md, "GGUF files of Gemma 4").
 
 What llama.cpp's converter (`Gemma4Model`, a `Gemma3Model`) writes, and how it maps back:
 

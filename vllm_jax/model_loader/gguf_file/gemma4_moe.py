@@ -1,5 +1,5 @@
 """The MoE block of a `gemma4` GGUF (gemma-4-26B-A4B): its tensor names and config keys, undone to what an HF
-Gemma4ForCausalLM checkpoint with `enable_moe_block` holds (docs/architecture.md, "GGUF files of Gemma 4").
+Gemma4ForCausalLM checkpoint with `enable_moe_block` holds (docs/architecture/13-gguf.md, "GGUF files of Gemma 4").
 
 What llama.cpp's converter (`Gemma4Model`) writes, and how it maps back. Every tensor is stored as HF has it (HF's
 [out, in] / [E, out, in] already is ggml's layout), so the mapping is by name only:

@@ -1,5 +1,5 @@
 """GGUF files of gpt-oss (`gpt-oss`) and DeepSeek-V2 / V3 (`deepseek2`): what llama.cpp's converter changed,
-undone (docs/architecture.md, "GGUF files of the MoE families").
+undone (docs/architecture/13-gguf.md, "GGUF files of the MoE families").
 
 Tensors. llama.cpp stacks and splits what HF keeps otherwise, so here one GGUF tensor may give several HF
 tensors and several GGUF tensors one (`MoeTensors` buffers the parts until a whole HF tensor can be built):
