@@ -72,7 +72,9 @@ class MemoryProbe:
 class KernelChoices:
     """Every decision of construction that depends on the attention backend, made by `kernel_choices` alone."""
 
-    backend: AttentionBackend  # resolved for the platform the programs are built for (docs/architecture/09-sharding.md, "Sharding")
+    # resolved once, for the platform the programs are built for (docs/architecture/07-attention.md,
+    # "Backend selection")
+    backend: AttentionBackend
     kernel_mesh: Mesh | None  # the Pallas kernels run inside shard_map over it; None: GSPMD partitions xla's
     max_blocks_per_seq: int  # the block table's width (a kernel may pad it)
     lane_dense_cache: bool  # pallas_tpu's K/V cache layout (kv_cache.lane_dense_cache)
