@@ -1,4 +1,5 @@
-"""Tensor parallelism on 8 fake CPU devices (run in a subprocess: XLA_FLAGS must precede the jax import)."""
+"""Tensor, expert and data parallelism on the session's 8 fake CPU devices (tests/conftest.py), in-process; the
+two-process test keeps its subprocesses: jax.distributed across processes is what it tests."""
 
 from __future__ import annotations
 
@@ -9,16 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.multidevice_checks import run_check
 from vllm_jax.sharding.rules import param_partition_spec
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def run_check(name: str, workdir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", name, str(workdir)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
