@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers.parity import (assert_greedy_matches_transformers, assert_logits_match_over_two_chunked_steps,
-                                  load_forward, ragged_sequences)
+from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
 

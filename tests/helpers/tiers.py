@@ -1,7 +1,8 @@
 """Which tier each test belongs to (tests/conftest.py marks every collected test with one; registered in
 pyproject.toml). `python -m pytest -m unit` runs the fast tier; the README's command runs them all.
 
-- unit: no engine, no model forward through jax beyond a kernel or a layer on small inputs: seconds a module.
+- unit: no engine, no model forward: seconds a module (the kernel-vs-oracle and the statistical sampling tests,
+  tens of seconds each, are `engine`).
 - engine: builds models, runners or engines in-process on one device (transformers parity, the engine's features).
 - multidevice: tensor / expert / data parallelism on the session's 8 fake CPU devices, or two jax processes.
 - served: a live server (in-process or a subprocess), the CLI, the package's install, the benchmarks' scripts.
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 UNIT_MODULES = frozenset({
     "test_block_pool", "test_config", "test_detokenizer", "test_docs", "test_imports", "test_input_batch",
-    "test_kv_cache_manager", "test_mla_attention", "test_model_layers", "test_ngram_proposer",
-    "test_output_processor", "test_reasoning", "test_rejection_sampling", "test_rope_yarn", "test_sampler",
+    "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
+    "test_reasoning", "test_rope_yarn", "test_sampler",
     "test_sampling_params", "test_scheduler", "test_spec_decode_metrics", "test_step_payload", "test_tool_choice",
     "test_tool_parsers", "test_tiers",
 })
