@@ -18,7 +18,22 @@ if "VLLM_JAX_CACHE_ROOT" not in os.environ:
 
 import gc  # noqa: E402
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
+
+# Every test process sees 8 fake CPU devices, so the tensor / expert / data parallel checks run in-process
+# (tests/helpers/multidevice_checks.py) instead of each paying a fresh Python, a jax import and cold compiles in a
+# subprocess. jax's own setting, not XLA_FLAGS: it stays in this process, so the subprocesses the tests start
+# (the CLI, the server, the two jax.distributed processes) see the one device they always saw. Engines with
+# tensor_parallel_size 1 take the first device (sharding/mesh.py: make_mesh uses devices[:dp * tp]), as do
+# arrays placed without a sharding, and the KV budget on CPU is sized from the engine's flags, not device memory.
+FAKE_CPU_DEVICES = 8
+try:
+    jax.config.update("jax_num_cpu_devices", FAKE_CPU_DEVICES)
+except RuntimeError:  # a plugin started jax's backend first: fine as long as it has the devices
+    if jax.device_count() < FAKE_CPU_DEVICES:
+        raise pytest.UsageError(f"the tests need {FAKE_CPU_DEVICES} CPU devices; jax started with "
+                                f"{jax.device_count()} before tests/conftest.py could ask for them")
 
 # XLA:CPU maps every compiled kernel's code and data as separate memory regions (about 170 per program), and
 # Linux caps a process at vm.max_map_count regions (65530 by default). An engine is freed only when the garbage
@@ -40,3 +55,14 @@ def _free_dead_engines():
     yield
     if _mapped_regions() > _MAPPED_REGIONS_BEFORE_COLLECTING:
         gc.collect()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One tier marker per test (unit / engine / multidevice / served) from tests/helpers/tiers.py, so
+    `python -m pytest -m unit` runs the fast tier."""
+    from tests.helpers.tiers import tier_of
+
+    for item in items:
+        module = item.path.stem
+        function = getattr(item, "originalname", item.name)
+        item.add_marker(getattr(pytest.mark, tier_of(module, function)))

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.processes import run_python
+
 # benchmarks/device_decode.py's "tiny" shape, in float32 on CPU
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 128, 2, 4, 2, 512
 HEAD_DIM = HIDDEN // HEADS
@@ -25,10 +23,8 @@ def _tiny_llama_bytes() -> int:
 
 def test_device_mode_reports_the_batches_context_and_model_it_ran_and_compiles_nothing_while_timed(tmp_path):
     out = tmp_path / "device.json"
-    proc = subprocess.run([sys.executable, "benchmarks/compare.py", "--device-mode", "--device-shape", "tiny",
-                           "--batches", "1", "3", "--context", "40", "--repeats", "2", "--output-json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_python("benchmarks/compare.py", "--device-mode", "--device-shape", "tiny", "--batches", "1", "3",
+                      "--context", "40", "--repeats", "2", "--output-json", str(out))
     rows = json.loads(out.read_text())
     assert [(r["batch"], r["context"]) for r in rows] == [(1, 40), (3, 40)]
     for r in rows:
@@ -47,10 +43,8 @@ def test_the_aot_roofline_counts_what_a_decode_step_must_read(tmp_path):
     the batch touches; the compiled program's count is at least that (XLA:CPU's cost analysis charges the
     embedding gather its whole table, so on CPU the ratio says nothing), and the roofline follows from it."""
     out = tmp_path / "roofline.json"
-    proc = subprocess.run([sys.executable, "benchmarks/aot_roofline.py", "--targets", "cpu", "--batches", "2",
-                           "--contexts", "256", "--layers", "1", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_python("benchmarks/aot_roofline.py", "--targets", "cpu", "--batches", "2", "--contexts", "256",
+                      "--layers", "1", "--json", str(out))
     [row] = json.loads(out.read_text())
     hidden, inter, kv, vocab, f32 = 4096, 14336, 8 * 128, 128256, 4
     layer = hidden * hidden * 2 + hidden * kv * 2 + 3 * hidden * inter + 2 * hidden
@@ -67,10 +61,8 @@ def test_host_overhead_reports_each_stage_of_a_decode_step_and_profiles_one_size
     """benchmarks/host_overhead.py at a tiny size: one table row per request count and mode, the stages add up
     to the step (medians, so within rounding of the other column), a tok/s table, and the cProfile run prints
     the engine's step."""
-    proc = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--num-requests", "2", "3",
-                           "--input-len", "2", "--output-len", "4", "--profile", "2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_python("benchmarks/host_overhead.py", "--num-requests", "2", "3", "--input-len", "2",
+                      "--output-len", "4", "--profile", "2")
     rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()
             if line.startswith("| ") and "ms" not in line and "tok/s" not in line]
     stage_rows = [r for r in rows if len(r) == 12]

@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import last_json, run_python
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.config import EngineArgs, resolve_cache_dir
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import json, sys
 from vllm_jax import LLM, SamplingParams
@@ -36,11 +34,9 @@ print(json.dumps(warm))
 
 
 def _start(model: Path, env: dict[str, str], **kwargs) -> dict:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model), json.dumps(kwargs)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600,
-                          env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"stderr": proc.stderr}
+    proc = run_python("-c", SCRIPT, str(model), json.dumps(kwargs),
+                      env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **env})
+    return last_json(proc.stdout) | {"stderr": proc.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +131,9 @@ def test_programs_jax_read_from_its_cache_are_not_stored_again(model, tmp_path):
     """The second engine gets its smallest buckets' programs from jax's cache (the first compiled them); storing
     those would store executables without their kernels on CPU, so only its fresh compiles are stored, and the
     third engine, loading them, runs."""
-    proc = subprocess.run([sys.executable, "-c", SHARED_PROGRAMS, str(model)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-                                                      "PATH": "/usr/bin:/bin",
-                                                      "VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_python("-c", SHARED_PROGRAMS, str(model), env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
+                                                              "PATH": "/usr/bin:/bin",
+                                                              "VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")})
+    result = last_json(proc.stdout)
     assert result["tokens"][0] == result["tokens"][1] == result["tokens"][2]
     assert result["loaded_last"] > 0

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers.parity import (assert_greedy_matches_transformers, assert_logits_match_over_two_chunked_steps,
-                                  load_forward, ragged_sequences)
+from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
 
@@ -68,7 +67,7 @@ def test_engine_greedy_prefix_caching_preemption_and_kv_layout(v3):
 def test_tp2_with_expert_parallel_equals_tp1_with_replicated_latent_cache(tmp_path):
     """On fake CPU devices: MLA's heads split over TP 2 (q_b / kv_b by heads, o_proj by rows), the one latent
     KV row per token replicated on every device, the experts split (EP); greedy tokens equal TP 1's."""
-    from tests.test_sharding import run_check
+    from tests.helpers.multidevice_checks import run_check
 
     result = run_check("mla_tensor_parallel", tmp_path)
     assert result["tp1"] == result["tp2_ep"]

@@ -4,21 +4,16 @@ preemption), TP 2 logits = TP 1 on fake CPU devices. Phi-3 past its original con
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from tests.helpers.family_checks import assert_engine_greedy_matches
 from tests.helpers.family_models import FAMILIES as FAMILY_CONFIGS
 from tests.helpers.family_models import make_family_checkpoint
+from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from vllm_jax.model.registry import resolve_architecture
 
-REPO = Path(__file__).resolve().parent.parent
 FAMILIES = ["granite", "olmo2", "phi3"]
 
 
@@ -40,10 +35,7 @@ def test_greedy_tokens_equal_transformers_with_prefix_caching_and_preemption(fam
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tp2_logits_equal_tp1(name, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", f"{name}_tensor_parallel",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_check(f"{name}_tensor_parallel", tmp_path)
     np.testing.assert_allclose(np.array(result["tp2"]), np.array(result["tp1"]), atol=1e-4, rtol=0)
     column, row = [None, None, "model"], [None, "model"]
     assert result["specs"] == {"q_proj": column, "k_proj": column, "v_proj": column, "gate_proj": column,

@@ -4,20 +4,15 @@ config options refused."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from tests.helpers.family_checks import engine_greedy
+from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax.model.gemma_spec import gemma_spec_from_hf_config
 
-REPO = Path(__file__).resolve().parent.parent
 MAX_TOKENS = 32
 
 
@@ -92,10 +87,7 @@ def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(tmp_path):
     from tests.helpers.parallel_workload import prompts
 
     hf = {arch: make_tiny_checkpoint(arch, tmp_path / arch, seed=4) for arch in ("gemma2", "gemma3")}
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", "gemma_tensor_parallel",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_check("gemma_tensor_parallel", tmp_path)
     for arch, model in hf.items():
         assert result[f"{arch}_tp2"] == [hf_greedy(model, p, 10) for p in prompts()]
         assert result[f"{arch}_specs"]["q_proj"] == [None, None, "model"]

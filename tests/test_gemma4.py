@@ -5,21 +5,15 @@ block: tests/test_gemma4_moe.py)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_greedy, engine_prompts
 from tests.helpers.gemma4_models import LAYER_TYPES, gemma4_config, make_tiny_gemma4
+from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.worker.kv_cache import spec_bytes_per_block
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +78,7 @@ def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(checkpoint, tmp_pa
 
     path, hf = checkpoint
     shutil.copytree(path, tmp_path / "gemma4")
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", "gemma4_tensor_parallel",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_check("gemma4_tensor_parallel", tmp_path)
     assert result["tp2"] == [hf_greedy(hf, p, 10) for p in prompts()]
     assert result["cache_spec"] == [None, None, None, "model"]
     assert result["specs"] == {"sliding_q_proj": [None, None, "model"], "full_down_proj": [None, "model"],

@@ -6,23 +6,18 @@ CPU devices, and the sizes the spec reads / refuses."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_greedy, engine_prompts
 from tests.helpers.gemma4_models import LAYER_TYPES, MOE, gemma4_config, make_tiny_gemma4
+from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.sharding.rules import param_partition_spec
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +81,7 @@ def test_tp2_and_expert_parallel_greedy_tokens_equal_transformers_on_fake_device
 
     path, hf = checkpoint
     shutil.copytree(path, tmp_path / "gemma4_moe")
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", "gemma4_moe_parallel",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_check("gemma4_moe_parallel", tmp_path)
     expected = [hf_greedy(hf, p, 10) for p in prompts()]
     assert result["tp2"] == expected and result["tp2_ep"] == expected
     assert result["tp2_specs"] == {"sliding_experts_gate": [None, None, None, "model"],

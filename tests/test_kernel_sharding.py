@@ -1,6 +1,6 @@
 """The Pallas kernels under tensor parallelism (attention/tensor_parallel.py): attention and the KV write inside
-shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (run in a subprocess: XLA_FLAGS must
-precede the jax import). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
+shard_map on 8 fake CPU devices, in interpret mode, TP 2 and 4 against TP 1 (in-process: the session has 8 fake CPU
+devices, tests/conftest.py). Cases: 4 KV heads (the cache split at tp 2 and 4) and 2 KV heads with a sliding window
 and attention sinks (split at tp 2, replicated at tp 4, where each device's query heads read one KV head of the
 replicated pages); DeepSeek's MLA kernels with their heads split over the replicated latent cache. Then the
 engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at TP 2 gives the tokens of TP 1."""
@@ -8,31 +8,22 @@ engine: greedy generation through the TPU kernel at TP 4 and the GPU kernel at T
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import kernel_sharding_checks
+from tests.helpers.multidevice_checks import run_check
 from vllm_jax.sharding.rules import kv_head_layout
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _run(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def checks() -> dict:
-    return _run("tests.helpers.kernel_sharding_checks")
+    return json.loads(json.dumps(kernel_sharding_checks.main()))
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> dict:
-    return _run("tests.helpers.multidevice_checks", "pallas_tensor_parallel", str(tmp_path_factory.mktemp("tp")))
+    return run_check("pallas_tensor_parallel", tmp_path_factory.mktemp("tp"))
 
 
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])

@@ -26,7 +26,7 @@ from flax import nnx
 from tests.helpers.quantized_models import (QUANT_MODEL, dequantized_logits, make_quant_checkpoint, param_bytes,
                                             prompt_logits, quant_runner, relative_error)
 from tests.helpers.tiny_models import make_tiny_checkpoint
-from tests.test_sharding import run_check
+from tests.helpers.multidevice_checks import run_check
 from vllm_jax import EngineArgs
 from vllm_jax.model.layers import QuantizedWeight, linear
 from vllm_jax.model.quantized_dots import quantized_dot_rows

@@ -1,24 +1,16 @@
-"""Tensor parallelism on 8 fake CPU devices (run in a subprocess: XLA_FLAGS must precede the jax import)."""
+"""Tensor, expert and data parallelism on the session's 8 fake CPU devices (tests/conftest.py), in-process; the
+two-process test keeps its subprocesses: jax.distributed across processes is what it tests."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.multidevice_checks import run_check
+from tests.helpers.processes import REPO, last_json
 from vllm_jax.sharding.rules import param_partition_spec
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_check(name: str, workdir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.multidevice_checks", name, str(workdir)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +87,7 @@ def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
-    two_process = json.loads(outs[0][0].strip().splitlines()[-1])
+    two_process = last_json(outs[0][0])
     single = LLM(str(tmp_path), **ENGINE_ARGS).generate(
         prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     assert two_process == [o.outputs[0].token_ids for o in single]

@@ -1,29 +1,22 @@
-"""The Pallas kernels under shard_map on 8 fake CPU devices, in interpret mode. XLA_FLAGS must be set before jax
-is imported, so tests/test_kernel_sharding.py runs this file in a subprocess:
-`python -m tests.helpers.kernel_sharding_checks` prints one JSON object."""
+"""The Pallas kernels under shard_map on the session's 8 fake CPU devices (tests/conftest.py), in interpret mode:
+`main()` returns one JSON-shaped dict that tests/test_kernel_sharding.py reads."""
 
 from __future__ import annotations
 
-import os
+import functools
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import functools  # noqa: E402
-import json  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-from tests.helpers import attention_oracle as oracle  # noqa: E402
-from tests.helpers.ragged_batches import make_batch  # noqa: E402
-from vllm_jax.attention import attention_backend_for  # noqa: E402
-from vllm_jax.pallas_kernels.kv_layout import from_interleaved, to_interleaved  # noqa: E402
-from vllm_jax.sharding.mesh import make_mesh  # noqa: E402
-from vllm_jax.sharding.rules import kv_head_layout  # noqa: E402
+from tests.helpers import attention_oracle as oracle
+from tests.helpers.ragged_batches import make_batch
+from vllm_jax.attention import attention_backend_for
+from vllm_jax.pallas_kernels.kv_layout import from_interleaved, to_interleaved
+from vllm_jax.sharding.mesh import make_mesh
+from vllm_jax.sharding.rules import kv_head_layout
 
 # (name, KV heads, GQA group, head_dim, dtype, sliding window); the "sinks" case also passes attention sinks
 # (gpt-oss), split with the query heads in both layouts (tp 2 sharded, tp 4 replicated)
@@ -139,7 +132,3 @@ def main() -> dict:
                 result[f"{backend}/kv_write_kv{num_kv_heads}/tp{tp}"] = {
                     "equal": bool(np.array_equal(got, base)), "spec": [str(s) for s in spec]}
     return result
-
-
-if __name__ == "__main__":
-    print(json.dumps(main()))

@@ -1,22 +1,15 @@
-"""LoRA under tensor parallelism, on 2 fake CPU devices (XLA_FLAGS must be set before jax is imported, so
-tests/test_lora_tp.py runs this in a subprocess): `python -m tests.helpers.lora_tp_check WORKDIR` prints one JSON
-object with the greedy tokens of a mixed base / adapter batch at TP 1 and TP 2 and the TP 2 slots' shardings."""
+"""LoRA under tensor parallelism on 2 of the session's fake CPU devices (tests/conftest.py): `lora_tp_check(WORKDIR)`
+returns the greedy tokens of a mixed base / adapter batch at TP 1 and TP 2 (and peft's) and the TP 2 slots'
+shardings, JSON-shaped."""
 
 from __future__ import annotations
 
-import os
+import copy
+import json
+from pathlib import Path
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import copy  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from tests.helpers.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
-from tests.helpers.tiny_models import hf_greedy, make_tiny_checkpoint  # noqa: E402
+from tests.helpers.parallel_workload import ENGINE_ARGS, prompts
+from tests.helpers.tiny_models import hf_greedy, make_tiny_checkpoint
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -28,7 +21,7 @@ def _spec(array) -> list:
     return parts
 
 
-def main(workdir: Path) -> dict:
+def lora_tp_check(workdir: Path) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -54,8 +47,5 @@ def main(workdir: Path) -> dict:
             arrays = llm.llm_engine.runner.device.lora.arrays
             result["specs"] = {name: [_spec(a), _spec(b)] for name, (a, b) in arrays.items()}
         del llm
-    return result
+    return json.loads(json.dumps(result))
 
-
-if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]))))

@@ -1,23 +1,16 @@
-"""Checks that need 8 (fake CPU) devices. XLA_FLAGS must be set before jax is imported, so the tests run this
-file in a subprocess: `python -m tests.helpers.multidevice_checks CHECK WORKDIR` prints one JSON object."""
+"""Checks that need several devices: the test session has 8 fake CPU devices (tests/conftest.py), so they run
+in-process. `run_check(NAME, WORKDIR)` returns one check's result as the JSON-shaped dict the tests read."""
 
 from __future__ import annotations
 
-import os
+import json
+from functools import partial
+from pathlib import Path
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
 
-import json  # noqa: E402
-import sys  # noqa: E402
-from functools import partial  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from tests.helpers.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
-from tests.helpers.tiny_models import make_tiny_checkpoint  # noqa: E402
+from tests.helpers.parallel_workload import ENGINE_ARGS, prompts
+from tests.helpers.tiny_models import make_tiny_checkpoint
 
 
 def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
@@ -76,13 +69,16 @@ def check_tensor_parallel(workdir: Path) -> dict:
         return original_read(self, name, index)
 
     checkpoint.SafetensorsCheckpoint.read = recording_read
-    for tp in (1, 2, 4):
-        reads.clear()
-        tokens, llm = _greedy(str(llama), tensor_parallel_size=tp)
-        result[f"llama_tp{tp}"] = tokens
-        result[f"llama_tp{tp}_specs"] = _specs(llm)
-        result[f"llama_tp{tp}_q_proj_reads"] = [i for n, i in reads if n == "model.layers.0.self_attn.q_proj.weight"]
-    checkpoint.SafetensorsCheckpoint.read = original_read
+    try:
+        for tp in (1, 2, 4):
+            reads.clear()
+            tokens, llm = _greedy(str(llama), tensor_parallel_size=tp)
+            result[f"llama_tp{tp}"] = tokens
+            result[f"llama_tp{tp}_specs"] = _specs(llm)
+            result[f"llama_tp{tp}_q_proj_reads"] = [i for n, i in reads
+                                                    if n == "model.layers.0.self_attn.q_proj.weight"]
+    finally:
+        checkpoint.SafetensorsCheckpoint.read = original_read
     qwen3 = workdir / "qwen3"
     make_tiny_checkpoint("qwen3", qwen3, seed=2)
     for tp in (1, 2):
@@ -409,8 +405,10 @@ def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
         return original_read(self, name, index)
 
     checkpoint.SafetensorsCheckpoint.read = recording_read
-    runner = quant_runner(workdir / family, None, tensor_parallel_size=2)
-    checkpoint.SafetensorsCheckpoint.read = original_read
+    try:
+        runner = quant_runner(workdir / family, None, tensor_parallel_size=2)
+    finally:
+        checkpoint.SafetensorsCheckpoint.read = original_read
     result["tp2"] = prompt_logits(runner).tolist()
     result["tp2_qkv_rows"] = sorted(rows)
     layers = nnx.to_pure_dict(runner.params)["layers"]
@@ -432,5 +430,8 @@ CHECKS = {"gemma_tensor_parallel": check_gemma_tensor_parallel, "tensor_parallel
 CHECKS |= {f"{family}_tensor_parallel": partial(check_family_tensor_parallel, family)
            for family in ("granite", "olmo2", "phi3")}
 
-if __name__ == "__main__":
-    print(json.dumps(CHECKS[sys.argv[1]](Path(sys.argv[2]))))
+
+def run_check(name: str, workdir: Path) -> dict:
+    """CHECKS[name] on `workdir`, its result round-tripped through JSON: the tests compare lists and strings
+    (tuples become lists, specs plain lists), and nothing the check made (engines, arrays) outlives the call."""
+    return json.loads(json.dumps(CHECKS[name](Path(workdir))))

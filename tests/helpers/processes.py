@@ -1,0 +1,26 @@
+"""The subprocess idiom of the tests whose subject is a process (the benchmark scripts, engines restarted over a
+compilation cache, the two jax.distributed processes): run python from the repository root, read its JSON line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python ARGS` in the repository root (so `benchmarks/...` and `tests.helpers...` resolve), its output
+    captured; fails the test with the output's tail unless it exits 0."""
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def last_json(stdout: str) -> Any:
+    """The JSON object a script printed last (libraries may print before it)."""
+    return json.loads(stdout.strip().splitlines()[-1])
