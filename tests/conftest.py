@@ -16,10 +16,10 @@ if "VLLM_JAX_CACHE_ROOT" not in os.environ:
     os.environ["VLLM_JAX_CACHE_ROOT"] = tempfile.mkdtemp(prefix="vllm_jax_test_cache_")
     atexit.register(shutil.rmtree, os.environ["VLLM_JAX_CACHE_ROOT"], ignore_errors=True)
 
-import gc  # noqa: E402
+import gc
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 # Every test process sees 8 fake CPU devices, so the tensor / expert / data parallel checks run in-process
 # (tests/helpers/multidevice_checks.py) instead of each paying a fresh Python, a jax import and cold compiles in a
@@ -33,7 +33,7 @@ try:
 except RuntimeError:  # a plugin started jax's backend first: fine as long as it has the devices
     if jax.device_count() < FAKE_CPU_DEVICES:
         raise pytest.UsageError(f"the tests need {FAKE_CPU_DEVICES} CPU devices; jax started with "
-                                f"{jax.device_count()} before tests/conftest.py could ask for them")
+                                f"{jax.device_count()} before tests/conftest.py could ask for them") from None
 
 # XLA:CPU maps every compiled kernel's code and data as separate memory regions (about 170 per program), and
 # Linux caps a process at vm.max_map_count regions (65530 by default). An engine is freed only when the garbage

@@ -6,8 +6,8 @@ import jax
 import pytest
 
 from tests.helpers.tiny_models import make_tiny_checkpoint
-from vllm_jax.config import EngineArgs, initialize_distributed
 from vllm_jax.attention import selector
+from vllm_jax.config import EngineArgs, initialize_distributed
 from vllm_jax.sharding import multihost
 
 MULTI_HOST = dict(distributed_coordinator="127.0.0.1:1234", num_processes=2, process_id=1)

@@ -8,7 +8,6 @@ import pytest
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
-
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.helpers.multidevice_checks import run_check
 from tests.helpers.quantized_models import RUNNER_ARGS, prompt_logits, quant_runner, relative_error
 from tests.test_gguf import tiny_checkpoint, write_gguf
-from tests.helpers.multidevice_checks import run_check
 from vllm_jax import EngineArgs
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.quantization import scale_name

@@ -106,8 +106,10 @@ def test_no_created_series_as_in_vllm():
 def test_two_loggers_do_not_share_a_registry():
     a, b = PrometheusStatLogger("a"), PrometheusStatLogger("b")
     a.record(EngineStats(num_requests_waiting=2), IterationStats(num_generation_tokens=5))
-    assert value(samples(a), "vllm:generation_tokens_total") == 5 and value(samples(a), "vllm:num_requests_waiting") == 2
-    assert value(samples(b), "vllm:generation_tokens_total") == 0 and value(samples(b), "vllm:num_requests_waiting") == 0
+    assert value(samples(a), "vllm:generation_tokens_total") == 5
+    assert value(samples(a), "vllm:num_requests_waiting") == 2
+    assert value(samples(b), "vllm:generation_tokens_total") == 0
+    assert value(samples(b), "vllm:num_requests_waiting") == 0
 
 
 # ---- through a running engine -------------------------------------------------------------------------------------

@@ -5,8 +5,14 @@ from __future__ import annotations
 import jax
 import pytest
 
-from tests.helpers.parity import (BLOCK_SIZE, MAX_BLOCKS, assert_greedy_matches_transformers,
-                          assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences)
+from tests.helpers.parity import (
+    BLOCK_SIZE,
+    MAX_BLOCKS,
+    assert_greedy_matches_transformers,
+    assert_logits_match_over_two_chunked_steps,
+    load_forward,
+    ragged_sequences,
+)
 from tests.helpers.tiny_models import ARCHS, make_tiny_checkpoint
 from vllm_jax.worker.batch import pack_step_inputs
 

@@ -8,10 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.parity import (assert_greedy_matches_transformers, assert_logits_match_over_two_chunked_steps,
-                          load_forward, ragged_sequences)
+from tests.helpers.parity import (
+    assert_greedy_matches_transformers,
+    assert_logits_match_over_two_chunked_steps,
+    load_forward,
+    ragged_sequences,
+)
 from tests.helpers.tiny_models import MOE_ARCHS, make_tiny_checkpoint
 from vllm_jax.model.moe import grouped_expert_ffn, route
+
 
 def _hf_routing(hf, seq) -> list[np.ndarray]:
     """transformers' top-k expert ids per MoE layer for one sequence."""

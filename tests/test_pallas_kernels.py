@@ -396,7 +396,7 @@ def _dequantized(cache: jax.Array) -> np.ndarray:
     return np.asarray(cache, np.float32) * scale
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fp8_xla(case_index: int) -> tuple[list, dict, int, np.ndarray]:
     """FP8_CASES[case_index]'s batch, kwargs (with the scales), real rows and the xla backend's output, computed
     once for every backend it is compared with."""

@@ -24,10 +24,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.helpers.prequantized_checkpoints import (SCHEMES, make_float_checkpoint, make_prequantized,
-                                                    set_quantization_config)
-from tests.helpers.quantized_models import dequantized_logits, prompt_logits, quant_runner, relative_error
 from tests.helpers.multidevice_checks import run_check
+from tests.helpers.prequantized_checkpoints import (
+    SCHEMES,
+    make_float_checkpoint,
+    make_prequantized,
+    set_quantization_config,
+)
+from tests.helpers.quantized_models import dequantized_logits, prompt_logits, quant_runner, relative_error
 from vllm_jax import EngineArgs
 from vllm_jax.model.quantization import dequantize
 from vllm_jax.model_loader.source import ModelSourceError

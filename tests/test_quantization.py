@@ -23,14 +23,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.helpers.quantized_models import (QUANT_MODEL, dequantized_logits, make_quant_checkpoint, param_bytes,
-                                            prompt_logits, quant_runner, relative_error)
-from tests.helpers.tiny_models import make_tiny_checkpoint
 from tests.helpers.multidevice_checks import run_check
+from tests.helpers.quantized_models import (
+    QUANT_MODEL,
+    dequantized_logits,
+    make_quant_checkpoint,
+    param_bytes,
+    prompt_logits,
+    quant_runner,
+    relative_error,
+)
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs
 from vllm_jax.model.layers import QuantizedWeight, linear
-from vllm_jax.model.quantized_dots import quantized_dot_rows
 from vllm_jax.model.quantization import dequantize, quantize, quantize_table
+from vllm_jax.model.quantized_dots import quantized_dot_rows
 
 LOGIT_BOUNDS = {"int8": 0.15, "fp8": 0.25}  # relative L2 error of the logits vs float32 (measured 0.069, 0.134)
 

@@ -5,9 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vllm_jax.sample.sampler import SamplingTensors, _candidate_threshold, apply_logits_processors, apply_top_k_top_p, \
-    compute_logprobs, row_argmax, sample
 from vllm_jax.sample.metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors, seed_to_uint32
+from vllm_jax.sample.sampler import (
+    SamplingTensors,
+    _candidate_threshold,
+    apply_logits_processors,
+    apply_top_k_top_p,
+    compute_logprobs,
+    row_argmax,
+    sample,
+)
 from vllm_jax.sampling_params import SamplingParams
 
 SAMPLE = jax.jit(sample, static_argnames="num_logprobs")

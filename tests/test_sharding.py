@@ -78,8 +78,8 @@ def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.multihost_process", str(rank), str(port), str(tmp_path)],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.multihost_process", str(rank), str(port),
+                               str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     try:
         outs = [p.communicate(timeout=600) for p in procs]

@@ -211,7 +211,7 @@ async def run_one(client: httpx.AsyncClient, spec: Spec) -> Outcome:
             resp = await asyncio.wait_for(request, spec.leave_after_s)
         else:
             resp = await request
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Outcome(spec, "disconnected")  # the cancelled request closed its connection
     out = Outcome(spec, "completed")
     if resp.status_code != 200:

@@ -36,7 +36,7 @@ def _repetitive_prompts(n: int, seed: int = 0) -> list[list[int]]:
     greedy loops make many proposals right)."""
     rng = np.random.default_rng(seed)
     prompts = []
-    for i in range(n):
+    for _ in range(n):
         phrase = rng.integers(3, VOCAB_SIZE, int(rng.integers(3, 7))).tolist()
         prompts.append((phrase * 12)[:int(rng.integers(8, 40))])
     return prompts

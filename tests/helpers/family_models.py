@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
-                          Phi3ForCausalLM)
+from transformers import GraniteConfig, GraniteForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM
 
 from tests.helpers.tiny_models import EOS_ID, VOCAB_SIZE, byte_tokenizer
 

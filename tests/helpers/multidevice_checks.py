@@ -391,7 +391,6 @@ def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
 
     from tests.helpers.family_models import make_family_checkpoint
     from tests.helpers.quantized_models import prompt_logits, quant_runner
-
     from vllm_jax.model_loader import safetensors_checkpoint as checkpoint
 
     make_family_checkpoint(family, workdir / family, seed=1)

@@ -8,16 +8,15 @@ import os
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import json  # noqa: E402
-import sys  # noqa: E402
+import json
+import sys
 
-from tests.helpers.parallel_workload import ENGINE_ARGS, prompts  # noqa: E402
+from tests.helpers.parallel_workload import ENGINE_ARGS, prompts
 
 
 def main(rank: int, port: int, model_dir: str) -> None:
-    from vllm_jax import EngineArgs, SamplingParams
+    from vllm_jax import LLM, EngineArgs, SamplingParams
     from vllm_jax.worker.follower import run_worker
-    from vllm_jax import LLM
 
     dist = dict(tensor_parallel_size=2, distributed_coordinator=f"127.0.0.1:{port}", num_processes=2,
                 process_id=rank)

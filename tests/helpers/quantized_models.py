@@ -13,7 +13,8 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 # ~96% of the float32 bytes.
 QUANT_MODEL = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, tie_word_embeddings=True)
-RUNNER_ARGS = dict(num_gpu_blocks_override=8, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, compilation_cache=False)
+RUNNER_ARGS = dict(num_gpu_blocks_override=8, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16,
+                   compilation_cache=False)
 PROMPTS = ([5, 17, 200, 33, 41, 260, 7], [99, 3, 150, 12, 280])
 
 
