@@ -182,10 +182,12 @@ def test_xla_backend_matches_the_oracle(case):
 @pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
 def test_dispatch_runs_the_named_kernel_in_interpret_mode_on_cpu(backend, monkeypatch):
     called = []
-    module = tpu_attention if backend == "pallas_tpu" else gpu_attention
-    name = "ragged_paged_attention_tpu" if backend == "pallas_tpu" else "ragged_paged_attention_gpu"
-    real = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a, **k: called.append(k["interpret"]) or real(*a, **k))
+    chosen = type(attention_backend_for(backend))
+    real = chosen.attention_kernel
+    assert real is (tpu_attention.ragged_paged_attention_tpu if backend == "pallas_tpu"
+                    else gpu_attention.ragged_paged_attention_gpu)
+    monkeypatch.setattr(chosen, "attention_kernel",
+                        staticmethod(lambda *a, **k: called.append(k["interpret"]) or real(*a, **k)))
     lane_dense = from_interleaved if backend == "pallas_tpu" else (lambda c: c)  # pallas_tpu's cache layout
 
     def run(q, kv_cache, *rest, **kwargs):

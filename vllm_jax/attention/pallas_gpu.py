@@ -11,23 +11,13 @@ from vllm_jax.pallas_kernels import gpu_attention, gpu_mla_attention, kv_write
 
 class PallasGpuBackend(PallasBackend):
     name = "pallas_gpu"
+    write_kernel = staticmethod(kv_write.write_kv_cache_gpu)
+    attention_kernel = staticmethod(gpu_attention.ragged_paged_attention_gpu)
 
     def kernel_names(self, mla: bool) -> tuple[str, ...]:
         if mla:
             return ("vllm_jax_mla_attention",)  # the latent row is written by an XLA scatter
         return ("vllm_jax_ragged_paged_attention", "vllm_jax_write_kv_cache")
-
-    def _write_kv_cache(self, kv_cache, k, v, slot_mapping, *, layer_index, k_scale, v_scale) -> jax.Array:
-        return kv_write.write_kv_cache_gpu(kv_cache, k, v, slot_mapping, layer_index=layer_index,
-                                           interpret=self._interpret_mode(), k_scale=k_scale, v_scale=v_scale)
-
-    def _attention(self, q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, *, sm_scale,
-                   sliding_window, soft_cap, layer_index, k_scale, v_scale, sinks,
-                   kv_head_offset=None) -> jax.Array:
-        return gpu_attention.ragged_paged_attention_gpu(
-            q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, sm_scale=sm_scale,
-            sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index, k_scale=k_scale,
-            v_scale=v_scale, sinks=sinks, kv_head_offset=kv_head_offset, interpret=self._interpret_mode())
 
     def _mla_kernel(self, q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, *, kv_lora_rank,
                     qk_rope_head_dim, sm_scale, layer_index, interpret, kv_scale) -> jax.Array:

@@ -14,6 +14,8 @@ from vllm_jax.pallas_kernels.tpu_plan import LANES, round_up
 
 class PallasTpuBackend(PallasBackend):
     name = "pallas_tpu"
+    write_kernel = staticmethod(kv_write.write_kv_cache_tpu)
+    attention_kernel = staticmethod(tpu_attention.ragged_paged_attention_tpu)
     lane_dense = True
 
     def cache_kv_heads(self, kv_cache: jax.Array, head_dim: int) -> int:
@@ -35,18 +37,6 @@ class PallasTpuBackend(PallasBackend):
     def _interpret_mode(self):
         mode = super()._interpret_mode()
         return self.interpret if mode and self.interpret not in (False, True) else mode  # pltpu.InterpretParams
-
-    def _write_kv_cache(self, kv_cache, k, v, slot_mapping, *, layer_index, k_scale, v_scale) -> jax.Array:
-        return kv_write.write_kv_cache_tpu(kv_cache, k, v, slot_mapping, layer_index=layer_index,
-                                           interpret=self._interpret_mode(), k_scale=k_scale, v_scale=v_scale)
-
-    def _attention(self, q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, *, sm_scale,
-                   sliding_window, soft_cap, layer_index, k_scale, v_scale, sinks,
-                   kv_head_offset=None) -> jax.Array:
-        return tpu_attention.ragged_paged_attention_tpu(
-            q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, sm_scale=sm_scale,
-            sliding_window=sliding_window, soft_cap=soft_cap, layer_index=layer_index, k_scale=k_scale,
-            v_scale=v_scale, sinks=sinks, kv_head_offset=kv_head_offset, interpret=self._interpret_mode())
 
     def _mla_kernel(self, q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, *, kv_lora_rank,
                     qk_rope_head_dim, sm_scale, layer_index, interpret, kv_scale) -> jax.Array:
