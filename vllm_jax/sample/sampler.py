@@ -9,9 +9,11 @@ take the argmax; other rows divide by temperature, apply min_p, then top-k and t
 Randomness is counter-based: a row's noise is drawn from `fold_in(key(seed), position)`, so a seeded request
 samples the same token whatever batch it shares, wherever in the batch it sits and however it was chunked.
 
-Jitting: `num_logprobs` is static (the device step jits `sample` with `static_argnums=(2,)`). The pytree structure
-of `SamplingTensors` (basic: full fields None; full: all set) is part of the trace, so the basic and full variants
-compile separately (docs/architecture/08-sampling.md, "Sampling").
+Jitting: `num_logprobs` is static: the device step always passes the engine's max_logprobs and says per step,
+with the traced `logprobs_on`, whether any row wants them, so one program serves steps with and without logprobs
+(the logprobs branch runs only when asked). The pytree structure of `SamplingTensors` (basic: full fields None;
+full: all set) is part of the trace, so the basic and full variants compile separately
+(docs/architecture/08-sampling.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -83,11 +85,13 @@ jax.tree_util.register_dataclass(
 )
 
 
-def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = None) -> SamplerOutput:
+def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = None,
+           logprobs_on: jax.Array | None = None) -> SamplerOutput:
     """Sample one token per row of `logits` [S, V].
 
     `num_logprobs` (static) is K: None or negative -> no logprobs; 0 -> the sampled token's logprob and rank
-    only ([S, 1]); K > 0 -> [S, 1+K]. K is clamped to V.
+    only ([S, 1]); K > 0 -> [S, 1+K]. K is clamped to V. `logprobs_on` (a traced bool scalar, optional): when
+    false the logprobs are not computed and their arrays hold zeros, so the caller reads them only when true.
     """
     logits = logits.astype(jnp.float32)
     if t.is_full:
@@ -107,8 +111,19 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
         token_ids, accepted = verify_proposals(processed, t, greedy, greedy_ids)
     if num_logprobs is None or num_logprobs < 0:
         return SamplerOutput(token_ids=token_ids, accepted=accepted)
-    ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
+    if logprobs_on is None:
+        ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
+    else:
+        ids, lps, ranks = jax.lax.cond(logprobs_on, lambda: compute_logprobs(logits, token_ids, num_logprobs),
+                                       lambda: _no_logprobs(token_ids.shape[0], logits.shape[-1], num_logprobs))
     return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks, accepted=accepted)
+
+
+def _no_logprobs(rows: int, vocab: int, num_logprobs: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """compute_logprobs' shapes filled with zeros: the branch a step without logprobs takes."""
+    width = 1 + min(max(int(num_logprobs), 0), vocab)
+    return (jnp.zeros((rows, width), jnp.int32), jnp.zeros((rows, width), jnp.float32),
+            jnp.zeros((rows, width), jnp.int32))
 
 
 def verify_proposals(processed: jax.Array, t: SamplingTensors, greedy: jax.Array,

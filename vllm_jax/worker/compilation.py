@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
-from vllm_jax.sample.metadata import NO_LOGPROBS, RowSamplingInput, build_sampling_tensors
+from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
@@ -56,7 +56,6 @@ class StepShapes:
     block_size: int
     max_blocks_per_seq: int
     vocab_size: int
-    max_logprobs: int
     token_feedback: bool = False  # async scheduling: the device feeds its samples to the next step
     speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
     lora: bool = False  # LoRA: the forward reads each token's adapter slot (StepInputs.lora_slots)
@@ -80,9 +79,9 @@ class CompilationManager:
         """Every program a workload can need, one (label, make-it-ready) pair each, in a fixed order.
 
         Each token bucket's forward (with async scheduling its token-feed program), then per new sequence bucket
-        the sampler variants (plain and with penalties, without and with logprobs; with async scheduling the
-        token-record program). Deterministic given the config, so every process of a multi-host run performs
-        the same calls."""
+        the sampler variants (plain and with penalties, each serving steps with and without logprobs; with async
+        scheduling the token-record program). Deterministic given the config, so every process of a multi-host run
+        performs the same calls."""
         plan: WarmupPlan = []
         logits_for: dict[int, jax.ShapeDtypeStruct] = {}  # sequence bucket -> the forward's logits (abstract)
         sampled_buckets: set[int] = set()
@@ -104,9 +103,8 @@ class CompilationManager:
                 plan.append((f"token record S={num_seqs}",
                              functools.partial(self.device.precompile_record, num_seqs)))
             for name, params in _SAMPLER_VARIANTS:
-                for k in (NO_LOGPROBS, self.shapes.max_logprobs):
-                    plan.append((f"sampler {name} logprobs={max(k, 0)} S={num_seqs}",
-                                 functools.partial(self._sampler, num_seqs, params, k, logits_for)))
+                plan.append((f"sampler {name} S={num_seqs}",
+                             functools.partial(self._sampler, num_seqs, params, logits_for)))
         if self.device.lora is not None:
             plan.append(("lora slot write", self.device.precompile_lora_write))
         for num_tokens, num_seqs in self.chain_buckets:
@@ -145,8 +143,7 @@ class CompilationManager:
     def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         logits_for[num_seqs] = self.device.precompile_forward(self._empty_inputs(num_tokens, num_seqs))
 
-    def _sampler(self, num_seqs: int, params: SamplingParams, num_logprobs: int,
-                 logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
+    def _sampler(self, num_seqs: int, params: SamplingParams, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         tensors, _ = build_sampling_tensors([RowSamplingInput(params, 0, [0], [], 1)], num_seqs,
                                             self.shapes.vocab_size)
         if self.shapes.speculative:
@@ -154,7 +151,7 @@ class CompilationManager:
         if num_seqs not in logits_for:  # the ahead-of-time check goes on past a forward that did not compile
             raise RuntimeError(f"not compiled: the forward of sequence bucket S={num_seqs} failed, so there are no "
                                "logits to compile this sampler for (see that forward's error)")
-        self.device.precompile_sample(logits_for[num_seqs], tensors, num_logprobs)
+        self.device.precompile_sample(logits_for[num_seqs], tensors)
 
     def warmup(self, show_progress: bool = True) -> float:
         """Make every program of `plan` ready (loaded from the compilation cache, or compiled and stored); returns

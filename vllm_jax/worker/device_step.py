@@ -66,7 +66,7 @@ class DeviceStep:
         replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
         self._to_device = _replicator(replicated)
         self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
-        self._sample = jax.jit(self._sample_impl, static_argnums=(2,), out_shardings=replicated)
+        self._sample = jax.jit(self._sample_impl, static_argnums=(3,), out_shardings=replicated)
         self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,), out_shardings=replicated)
         self._record = jax.jit(self._record_impl, donate_argnums=(0,), out_shardings=replicated)
         self._feed = jax.jit(self._feed_impl, out_shardings=replicated)
@@ -83,9 +83,9 @@ class DeviceStep:
     def _lora_args(self) -> tuple:
         return () if self.lora is None else (self.lora.arrays,)
 
-    def _sample_impl(self, logits, tensors: SamplingTensors, num_logprobs: int):
+    def _sample_impl(self, logits, tensors: SamplingTensors, logprobs_on, num_logprobs: int):
         self.on_trace()
-        return sample(logits, tensors, num_logprobs)
+        return sample(logits, tensors, num_logprobs, logprobs_on)
 
     def _prompt_logprobs_impl(self, logits, targets, num_logprobs: int):
         self.on_trace()
@@ -139,10 +139,21 @@ class DeviceStep:
         return StepResult(_fetch(result.sampled), _fetch(result.prompt_logprobs))
 
     def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
-        """The sampler's output, on the device."""
-        executable = self._executables.get(("sample", input_signature(tensors), num_logprobs))
-        tensors = self._to_device(tensors)
-        return executable(logits, tensors) if executable is not None else self._sample(logits, tensors, num_logprobs)
+        """The sampler's output, on the device; its logprobs are None when `num_logprobs` is NO_LOGPROBS (-1).
+
+        One program per sampling-tensors signature serves steps with and without logprobs: it always has the
+        engine's max_logprobs columns and computes them only when a row asked (docs/architecture/08-sampling.md,
+        "Sampling")."""
+        executable = self._executables.get(("sample", input_signature(tensors)))
+        wanted = num_logprobs >= 0
+        args = self._to_device((tensors, np.array(wanted)))
+        if executable is not None:
+            sampled = executable(logits, *args)
+        else:
+            sampled = self._sample(logits, *args, self.max_logprobs)
+        if not wanted:  # zeros: never copied to the host
+            sampled = dataclasses.replace(sampled, logprob_token_ids=None, logprobs=None, ranks=None)
+        return sampled
 
     def feed_tokens(self, input_ids: np.ndarray, token_slots: np.ndarray) -> jax.Array:
         """`input_ids` with each token whose slot `token_slots` names (>= 0) read from `token_feedback`."""
@@ -211,14 +222,15 @@ class DeviceStep:
         return [jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding)
                 for info, sharding in zip(executable.out_info, executable.output_shardings)]
 
-    def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors, num_logprobs: int) -> None:
-        key = ("sample", input_signature(tensors), num_logprobs)
+    def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors) -> None:
+        """Make the sampler for these sampling tensors' signature ready (with and without logprobs: see sample)."""
+        key = ("sample", input_signature(tensors))
         if key not in self._executables:
-            tensors = self._to_device(tensors)
+            tensors, logprobs_on = self._to_device((tensors, np.array(False)))
             accepted = None if tensors.draft_token_ids is None else 0  # see sampler.sample
-            outputs = SamplerOutput(0, accepted=accepted) if num_logprobs < 0 else SamplerOutput(0, 0, 0, 0, accepted)
-            self._executables[key] = self.load_or_compile(key, self._sample, (logits, tensors, num_logprobs),
-                                                           (logits, tensors), outputs)
+            args = (logits, tensors, logprobs_on)
+            self._executables[key] = self.load_or_compile(key, self._sample, (*args, self.max_logprobs), args,
+                                                           SamplerOutput(0, 0, 0, 0, accepted))
 
     def load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
         """The executable for `key`: loaded from the store, else compiled (and stored when freshly compiled).

@@ -130,7 +130,7 @@ class EngineParts:
     def step_shapes(self, buckets: list[tuple[int, int]] | None = None) -> StepShapes:
         config = self.config
         return StepShapes(buckets or self.buckets(), config.cache_config.block_size, self.max_blocks_per_seq,
-                          self.spec.vocab_size, config.model_config.max_logprobs, config.async_scheduling,
+                          self.spec.vocab_size, config.async_scheduling,
                           config.speculative_config is not None, lora=config.lora_config is not None)
 
     # --- the KV cache ---
