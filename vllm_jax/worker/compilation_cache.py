@@ -105,7 +105,8 @@ class ProgramStore:
 
     jax's persistent cache still traces and lowers every program before it can look it up; this store skips that.
     An executable is filed under a namespace that digests
-    everything that shapes it: vllm_jax's source, the jax and jaxlib versions, the devices it runs on, XLA's flags,
+    everything that shapes it: vllm_jax's source, the jax and jaxlib versions, the devices it runs on, XLA's flags (and
+    jax's `jax_disable_most_optimizations`, which the test suite sets),
     and the caller's fingerprint (model config, dtypes, KV-cache and param shapes and shardings), then under its
     program name and input signature. A change to any of them is a miss, never a stale program. The store is as
     trusted as jax's own cache (both hold native code): keep it in a directory only you can write. The
@@ -119,7 +120,8 @@ class ProgramStore:
         import jaxlib
 
         parts = [_source_digest(), jax.__version__, jaxlib.__version__, os.environ.get("XLA_FLAGS", ""),
-                 os.environ.get("LIBTPU_INIT_ARGS", ""), *fingerprint]
+                 os.environ.get("LIBTPU_INIT_ARGS", ""), str(jax.config.values.get("jax_disable_most_optimizations")),
+                 *fingerprint]
         namespace = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
         self.base = os.path.join(root, "programs")
         self.dir = os.path.join(self.base, namespace)
