@@ -231,6 +231,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-call-parser", default=None, metavar="NAME",
                        help="the tool-call format the model writes: hermes (Qwen2.5, Qwen3, Hermes), llama3_json "
                             "(Llama 3.x) or mistral")
+    group.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
+                       help="/v1/responses keeps the last N responses (least recently used evicted) for "
+                            "previous_response_id and GET /v1/responses/{id}")
+    group.add_argument("--disable-responses-store", action="store_true",
+                       help="keep no responses (store is ignored; previous_response_id is refused)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="uvicorn's log level (access log lines are at info)")
