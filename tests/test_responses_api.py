@@ -17,10 +17,12 @@ import httpx
 import openai
 import pytest
 from pydantic import BaseModel
+from starlette.testclient import TestClient
 
 from tests.helpers.live_server import MODEL, Served, serve, tiny_checkpoint, tiny_engine_args
 from tests.helpers.scripted_outputs import ScriptedOutputs
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.server.api_server import build_app
 
 # Shows what the chat template is given: roles, content, calls (arguments as objects), results and reasoning.
 TEMPLATE = (
@@ -208,6 +210,15 @@ def test_unsupported_fields_and_bad_input_are_400s_naming_the_field(served: Serv
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"]
+
+
+def test_without_a_store_previous_response_id_is_a_400_and_ids_are_404s(served: Served):
+    app = build_app(served.engine, served_model_names=[MODEL], api_key=None, chat_template=TEMPLATE,
+                    responses_store_size=0)  # --disable-responses-store
+    with TestClient(app) as http:
+        refused = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": "resp_1"})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "previous_response_id"
+        assert http.get("/v1/responses/resp_1").status_code == 404
 
 
 def test_model_greedy_output_equals_the_same_conversation_through_chat_completions(client: openai.OpenAI,
