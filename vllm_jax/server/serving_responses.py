@@ -155,7 +155,7 @@ class ResponsesServing:
                 for event in writer.push(out.text, finished=finish_reason is not None):
                     yield event
                 reasoning += writer.last_reasoning
-            for event in writer.close():
+            for event in writer.close(incomplete=finish_reason == "length"):
                 yield event
             self._finish(entry, writer.items, finish_reason, len(chat.prompt_ids), output_tokens, reasoning)
             kind = "response.completed" if response.status == "completed" else "response.incomplete"
@@ -292,8 +292,8 @@ class _OutputWriter:
                                    delta=piece.function.arguments))
         return out
 
-    def close(self) -> list[str]:
-        """Finish the open item: its done events, then output_item.done."""
+    def close(self, incomplete: bool = False) -> list[str]:
+        """Finish the open item: its done events, then output_item.done (`incomplete`: the output was cut)."""
         item, text = self._open, self._text
         if item is None:
             return []
@@ -313,7 +313,7 @@ class _OutputWriter:
                                    logprobs=[]))
             out.append(self.events("response.content_part.done", **self._location(), content_index=0,
                                    part=item.content[0].model_dump()))
-        item.status = "completed"
+        item.status = "incomplete" if incomplete else "completed"
         out.append(self.events("response.output_item.done", output_index=len(self.items), item=item.model_dump()))
         self.items.append(item)
         self._open, self._text = None, ""
