@@ -9,6 +9,7 @@ tool calls and structured output parse because the grammar makes them).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
@@ -243,8 +244,9 @@ def test_model_stream_hang_up_and_cancel_abort_the_engine_request(client: openai
                                                                    monkeypatch: pytest.MonkeyPatch):
     generate = served.engine.generate
 
-    async def slowly(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # a tiny model finishes before a cancel
-        async for out in generate(*args, **kwargs):
+    async def slowly(prompt: Any, params: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Without EOS and slowly: a tiny model would finish before the cancel."""
+        async for out in generate(prompt, dataclasses.replace(params, ignore_eos=True), *args, **kwargs):
             await asyncio.sleep(0.02)
             yield out
 

@@ -129,7 +129,8 @@ class ResponsesServing:
         """Settle the response (status, output, usage) and the conversation a later turn continues."""
         response = entry.response
         response.output = output
-        response.status, reason = _status(finish_reason)
+        # a cancelled response stays cancelled, even if the engine finished before the abort reached it
+        response.status, reason = ("cancelled", None) if response.status == "cancelled" else _status(finish_reason)
         response.incomplete_details = IncompleteDetails(reason=reason) if reason else None
         reasoning_tokens = min(output_tokens, len(self.ctx.engine.tokenizer.encode(reasoning, add_special_tokens=False))
                                if reasoning else 0)
