@@ -80,3 +80,10 @@ def test_the_store_evicts_the_least_recently_used():
     assert store.delete("a") and not store.delete("a")
     with pytest.raises(ValueError, match=">= 1"):
         ResponsesStore(0)
+
+
+def test_a_tool_the_chat_request_refuses_is_named_as_tools():
+    request = ResponsesRequest.model_validate({"input": "Hi", "tools": [{"type": "function", "description": "x"}]})
+    with pytest.raises(ResponsesInputError, match="tools is not valid") as info:
+        request.to_chat_request([])
+    assert info.value.param == "tools"

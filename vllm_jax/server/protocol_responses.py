@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from vllm_jax.server.openai_base import OpenAIBaseModel, OpenAIRequestModel
 from vllm_jax.server.protocol import ChatCompletionRequest
@@ -22,6 +22,8 @@ _INT32_MAX = 2**31 - 1
 # `include` entries that ask for nothing this server would send: accepted (the openai-agents SDK sends the first).
 _IGNORABLE_INCLUDES = frozenset({"reasoning.encrypted_content"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
+# the chat request's fields, by the Responses field they come from (for errors)
+_CHAT_FIELDS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
 class ResponsesInputError(ValueError):
@@ -126,8 +128,13 @@ class ResponsesRequest(OpenAIRequestModel):
             body["response_format"] = response_format
         try:
             return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-        except ValueError as exc:
-            raise ResponsesInputError(f"input cannot be read as a conversation: {exc}", "input") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = str(first["loc"][0]) if first.get("loc") else "messages"
+            param = _CHAT_FIELDS.get(field, field)
+            where = ".".join(str(x) for x in first.get("loc", ())[1:])
+            raise ResponsesInputError(f"{param} is not valid{f' (at {where})' if where else ''}: {first['msg']}",
+                                      param) from None
 
     def _template_kwargs(self) -> dict[str, Any] | None:
         kwargs = dict(self.chat_template_kwargs or {})
