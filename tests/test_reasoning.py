@@ -13,7 +13,8 @@ from vllm_jax.cli import build_parser, engine_args_from_namespace
 from vllm_jax.config import EngineArgs
 from vllm_jax.reasoning import REASONING_PARSERS, get_reasoning_parser
 
-# (output, reasoning, content) for both parsers with thinking on
+THINK_TAG_PARSERS = sorted(name for name, parser in REASONING_PARSERS.items() if parser.start_token == "<think>")
+# (output, reasoning, content) for the think-tag parsers with thinking on (harmony's: tests/test_harmony.py)
 SPLITS = [
     ("<think>The user greets.</think>Hello!", "The user greets.", "Hello!"),
     ("\n<think>\nplan\n</think>\n\nanswer", "\nplan\n", "\n\nanswer"),  # a leading start tag, after whitespace
@@ -38,14 +39,14 @@ def _streamed(name: str, text: str, sizes: list[int], thinking: bool = True) -> 
     return (reasoning + r) or None, (content + c) or None
 
 
-@pytest.mark.parametrize("name", sorted(REASONING_PARSERS))
+@pytest.mark.parametrize("name", THINK_TAG_PARSERS)
 @pytest.mark.parametrize("text,reasoning,content", SPLITS)
 def test_a_finished_output_splits_into_reasoning_and_content(name: str, text: str, reasoning: str | None,
                                                              content: str | None):
     assert get_reasoning_parser(name).split(text) == (reasoning, content)
 
 
-@pytest.mark.parametrize("name", sorted(REASONING_PARSERS))
+@pytest.mark.parametrize("name", THINK_TAG_PARSERS)
 @pytest.mark.parametrize("text,reasoning,content", SPLITS)
 def test_a_streamed_output_adds_up_to_the_split_in_any_chunking(name: str, text: str, reasoning: str | None,
                                                                 content: str | None):
@@ -94,16 +95,19 @@ def test_a_constrained_output_is_reasoning_only_up_to_an_end_tag(text: str, reas
 
 
 def test_every_parser_names_its_tags_for_the_engine():
+    assert THINK_TAG_PARSERS == ["deepseek_r1", "qwen3"]
     for parser in REASONING_PARSERS.values():
-        assert (parser.start_token, parser.end_token) == ("<think>", "</think>")
-    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3; got 'granite'"):
+        assert (parser.start_token, parser.end_token) in (("<think>", "</think>"),
+                                                          ("<|channel|>analysis<|message|>", "<|end|>"))
+    with pytest.raises(ValueError,
+                       match="reasoning_parser must be one of deepseek_r1, openai_gptoss, qwen3; got 'granite'"):
         get_reasoning_parser("granite")
 
 
 def test_reasoning_parser_flag_reaches_the_engine_config_and_a_bad_name_is_one_error(tmp_path: Path):
     ns = build_parser().parse_args(["serve", "--reasoning-parser", "qwen3"])
     assert engine_args_from_namespace(ns, None).reasoning_parser == "qwen3"
-    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3; got 'r1'"):
+    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, openai_gptoss, qwen3; got 'r1'"):
         EngineArgs(model=str(tmp_path / "never-read"), reasoning_parser="r1").create_config(platform="cpu")
     make_tiny_checkpoint("qwen3", tmp_path / "qwen3")
     config = EngineArgs(model=str(tmp_path / "qwen3"), reasoning_parser="qwen3").create_config(platform="cpu")

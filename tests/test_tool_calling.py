@@ -314,7 +314,7 @@ def test_scripted_mistral_calls_keep_special_tokens_and_get_mistral_ids(served: 
 
 @pytest.mark.parametrize("flags,message", [
     (["--enable-auto-tool-choice", "--tool-call-parser", "qwen"],
-     "--tool-call-parser must be one of hermes, llama3_json, mistral; got 'qwen'"),
+     "--tool-call-parser must be one of hermes, llama3_json, mistral, openai; got 'qwen'"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser")])
 def test_serve_refuses_bad_tool_flags_before_loading_anything(capsys: pytest.CaptureFixture, flags: list[str],
                                                                message: str):

@@ -113,7 +113,7 @@ def test_parser_flags_are_checked_with_one_message_naming_the_flag():
     assert auto_tool_parser(False, None) is None
     assert auto_tool_parser(False, "hermes") is None  # a parser without the flag: "auto" stays off, as in vLLM
     assert auto_tool_parser(True, "llama3_json").name == "llama3_json"
-    with pytest.raises(ValueError, match=r"--tool-call-parser must be one of hermes, llama3_json, mistral; "
+    with pytest.raises(ValueError, match=r"--tool-call-parser must be one of hermes, llama3_json, mistral, openai; "
                                          r"got 'qwen'"):
         auto_tool_parser(True, "qwen")
     with pytest.raises(ValueError, match="--enable-auto-tool-choice requires --tool-call-parser"):

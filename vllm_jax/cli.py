@@ -74,8 +74,8 @@ ENGINE_FLAG_HELP = {
     "bucket_growth": "ratio between consecutive token / sequence buckets (default: 4 on CPU, 2 on TPU/GPU)",
     "structured_outputs_config": "JSON defaults for every structured-output request, e.g. "
                                  "'{\"disable_any_whitespace\": true}' (backend: guidance, i.e. llguidance)",
-    "reasoning_parser": "split thinking models' reasoning from the answer: deepseek_r1 or qwen3 (the server "
-                        "answers it in `reasoning`; default: none)",
+    "reasoning_parser": "split thinking models' reasoning from the answer: deepseek_r1, qwen3 or openai_gptoss "
+                        "(the server answers it in `reasoning`; default: none)",
     "async_scheduling": "schedule and prepare step n + 1 while the device runs step n (default: on; "
                         "--no-async-scheduling runs them one after the other)",
     "speculative_config": "speculative decoding as JSON, vLLM's keys, e.g. '{\"method\": \"ngram\", "
@@ -230,7 +230,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                             "tool calls, with --tool-call-parser")
     group.add_argument("--tool-call-parser", default=None, metavar="NAME",
                        help="the tool-call format the model writes: hermes (Qwen2.5, Qwen3, Hermes), llama3_json "
-                            "(Llama 3.x) or mistral")
+                            "(Llama 3.x), mistral or openai (gpt-oss's harmony)")
+    group.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
+                       help="/v1/responses keeps the last N responses (least recently used evicted) for "
+                            "previous_response_id and GET /v1/responses/{id}")
+    group.add_argument("--disable-responses-store", action="store_true",
+                       help="keep no responses (store is ignored; previous_response_id is refused)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="uvicorn's log level (access log lines are at info)")

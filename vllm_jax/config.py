@@ -211,7 +211,7 @@ class EngineArgs:
     bucket_growth: int | None = None
     # JSON text (the CLI) or a dict: StructuredOutputsConfig's keys.
     structured_outputs_config: str | dict | None = None
-    # Thinking models: deepseek_r1 or qwen3 (vllm_jax.reasoning); None leaves the output as it is.
+    # Thinking models: deepseek_r1, qwen3 or openai_gptoss (vllm_jax.reasoning); None leaves the output as it is.
     reasoning_parser: str | None = None
     # vLLM's --async-scheduling: the host schedules and prepares step n + 1 while the device runs step n. None:
     # the platform's default (ASYNC_SCHEDULING_DEFAULT).

@@ -12,9 +12,9 @@ A module not listed is `engine`; a test listed in MULTIDEVICE_TESTS takes that t
 from __future__ import annotations
 
 UNIT_MODULES = frozenset({
-    "test_block_pool", "test_config", "test_detokenizer", "test_docs", "test_imports", "test_input_batch",
-    "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
-    "test_reasoning", "test_rope_yarn", "test_sampler",
+    "test_block_pool", "test_config", "test_detokenizer", "test_docs", "test_harmony", "test_imports",
+    "test_input_batch", "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
+    "test_reasoning", "test_responses_items", "test_rope_yarn", "test_sampler",
     "test_sampling_params", "test_scheduler", "test_spec_decode_metrics", "test_step_payload", "test_tool_choice",
     "test_tool_parsers", "test_tiers",
 })
@@ -23,7 +23,8 @@ MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_tp", "test_s
 
 SERVED_MODULES = frozenset({
     "test_api_fuzz", "test_bad_input", "test_benchmarks", "test_cli", "test_compilation_cache",
-    "test_default_model", "test_faults", "test_lora_server", "test_package", "test_security", "test_server",
+    "test_default_model", "test_faults", "test_lora_server", "test_package", "test_responses_api", "test_security",
+    "test_server",
     "test_soak", "test_structured_outputs", "test_tool_calling",
 })
 

@@ -7,6 +7,7 @@ output and `streamer()` for deltas; the two always agree
 
 from __future__ import annotations
 
+from vllm_jax.reasoning.harmony import HarmonyParser
 from vllm_jax.reasoning.think_tags import ReasoningStreamer, ThinkTagParser
 
 REASONING_PARSERS: dict[str, ThinkTagParser] = {
@@ -14,6 +15,8 @@ REASONING_PARSERS: dict[str, ThinkTagParser] = {
     "deepseek_r1": ThinkTagParser("deepseek_r1"),
     # Qwen3: the same tags; `enable_thinking: false` makes the template close the block in the prompt.
     "qwen3": ThinkTagParser("qwen3", honours_enable_thinking=True),
+    # gpt-oss: harmony's analysis channel is the reasoning, its final channel the answer.
+    "openai_gptoss": HarmonyParser(),
 }
 
 

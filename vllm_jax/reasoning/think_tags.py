@@ -29,6 +29,7 @@ class ThinkTagParser:
     start_token: str = "<think>"
     end_token: str = "</think>"
     honours_enable_thinking: bool = False
+    keeps_special_tokens: bool = False  # the tags are special tokens the detokenizer must keep (harmony's)
 
     def thinking(self, chat_template_kwargs: dict[str, Any] | None) -> bool:
         """Whether the model thinks for this request. Only `enable_thinking: false` turns it off, the test the

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app: `build_app(engine, ...)` -> FastAPI.
 
-Routes: /v1/completions, /v1/chat/completions (serving_completions.py, serving_chat.py), /v1/models,
+Routes: /v1/completions, /v1/chat/completions, /v1/responses (serving_completions.py, serving_chat.py,
+serving_responses.py), /v1/models,
 /tokenize, /detokenize, /version, /health, /metrics, and with `enable_tokenizer_info` (vLLM's
 --enable-tokenizer-info-endpoint, off by default since it shows the chat template) /tokenizer_info. The app
 does not own the engine's lifecycle: whoever builds it starts the engine (and shuts it down) — `vllm-jax serve`
@@ -35,6 +36,8 @@ from vllm_jax.server.responses import (
     TokenizeResponse,
     json_or_sse,
 )
+from vllm_jax.server.responses_routes import add_responses_routes
+from vllm_jax.server.responses_store import DEFAULT_RESPONSES_STORE_SIZE
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
@@ -52,12 +55,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str | None, chat_template: str | None,
               max_request_bytes: int | None = None, log_requests: bool = False,
               metrics: PrometheusStatLogger | None = None, enable_tokenizer_info: bool = False,
-              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+              responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE) -> FastAPI:
     """The app serving `engine` (an AsyncLLM) under `served_model_names` (the first is the default name).
 
     `metrics`: the Prometheus logger the engine feeds, served at /metrics (None: an empty /metrics).
     `enable_auto_tool_choice` with `tool_call_parser`: tool_choice "auto" parses calls with that parser (vLLM's
-    flags). The reasoning parser is the engine config's (`--reasoning-parser`)."""
+    flags). The reasoning parser is the engine config's (`--reasoning-parser`). `responses_store_size`: responses
+    kept for /v1/responses' previous_response_id and GET (0: none, --disable-responses-store)."""
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
     reasoning = engine.config.reasoning_parser
@@ -76,6 +81,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
     _add_generation_routes(app, ctx)
     _add_info_routes(app, ctx, prometheus=metrics)
     add_lora_routes(app, ctx)
+    add_responses_routes(app, ctx, responses_store_size)
     if enable_tokenizer_info:
         _add_tokenizer_info_route(app, ctx)
     return app

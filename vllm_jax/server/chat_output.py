@@ -62,6 +62,8 @@ class ChatOutputRules:
     @property
     def keeps_special_tokens(self) -> bool:
         """Whether the detokenizer must keep special tokens (the parser's markers are special in some models)."""
+        if self.reasoning is not None and self.reasoning.keeps_special_tokens:
+            return True
         return self.choice.mode == "auto" and self.tool_parser is not None and self.tool_parser.keeps_special_tokens
 
     def message(self, text: str, finish_reason: str | None) -> tuple[AssistantMessage, str | None]:

@@ -170,7 +170,8 @@ def _checked_config(args: Any, ns: Any) -> tuple[Any, list[str]]:
     """The engine config, or what is wrong: every problem with the server flags, else the config's own."""
     problems = [f"--{name} must be positive; got {value}" for name, value in (
         ("port", ns.port), ("max-request-bytes", ns.max_request_bytes),
-        ("max-num-queued-requests", ns.max_num_queued_requests)) if value is not None and value <= 0]
+        ("max-num-queued-requests", ns.max_num_queued_requests), ("responses-store-size", ns.responses_store_size))
+        if value is not None and value <= 0]
     if ns.shutdown_timeout < 0:
         problems.append(f"--shutdown-timeout must be >= 0; got {ns.shutdown_timeout}")
     try:
@@ -209,5 +210,6 @@ def _engine_and_app(config: Any, ns: Any, names: list[str]) -> tuple[Any, FastAP
     app = build_app(engine, served_model_names=names, api_key=ns.api_key, chat_template=ns.chat_template,
                     max_request_bytes=ns.max_request_bytes, log_requests=ns.enable_log_requests, metrics=metrics,
                     enable_tokenizer_info=ns.enable_tokenizer_info_endpoint,
-                    enable_auto_tool_choice=ns.enable_auto_tool_choice, tool_call_parser=ns.tool_call_parser)
+                    enable_auto_tool_choice=ns.enable_auto_tool_choice, tool_call_parser=ns.tool_call_parser,
+                    responses_store_size=0 if ns.disable_responses_store else ns.responses_store_size)
     return engine, app

@@ -12,11 +12,13 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from vllm_jax.outputs import CompletionOutput, RequestOutput
+from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.chat_messages import chat_conversation
 from vllm_jax.server.chat_output import ChatOutputRules, ChoiceStreamer
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
@@ -37,7 +39,20 @@ from vllm_jax.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error_e
 from vllm_jax.server.tool_choice import AUTO_NEEDS_FLAGS
 
 
-async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
+@dataclasses.dataclass(frozen=True)
+class PreparedChat:
+    """A chat request made ready for the engine: what /v1/chat/completions and /v1/responses share."""
+
+    model: str
+    conversation: list[dict[str, Any]]
+    prompt_ids: list[int]
+    params: SamplingParams
+    rules: ChatOutputRules
+
+
+async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedChat:
+    """Check `body`, render its conversation with the chat template and build its sampling params and output
+    rules (APIError on bad input)."""
     model = ctx.admit(body)
     if body.resolved_tool_choice().mode == "auto" and ctx.tool_parser is None:
         raise bad_request(AUTO_NEEDS_FLAGS, param="tool_choice")
@@ -54,21 +69,27 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     if rules.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     await ctx.compile_structured_outputs(body, params)
+    return PreparedChat(model, conversation, prompt_ids, params, rules)
+
+
+async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
+    chat = await prepare_chat(ctx, body)
+    model, rules, params, prompt_ids = chat.model, chat.rules, chat.params, chat.prompt_ids
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    ctx.log_request(request_id, conversation, params)
+    ctx.log_request(request_id, chat.conversation, params)
     streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
                              cache_salt=body.cache_salt, lora_request=ctx.lora_request(body.model))
     if body.stream:
         await start_or_abort(streams, raw)
         return SSEResponse(_stream(ctx, body, rules, streams, request_id, model), on_close=streams.close)
     try:
-        final = await await_or_disconnect(_final_output(streams), raw)
+        final = await await_or_disconnect(final_output(streams), raw)
     finally:
         await streams.close()
     return JSONResponse(_response(ctx, body, rules, final, request_id, model).model_dump())
 
 
-async def _final_output(streams: RequestStreams) -> RequestOutput:
+async def final_output(streams: RequestStreams) -> RequestOutput:
     await streams.start()
     final = None
     try:

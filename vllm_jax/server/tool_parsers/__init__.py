@@ -15,11 +15,12 @@ from vllm_jax.server.tool_parsers.base import (
 from vllm_jax.server.tool_parsers.hermes import HermesToolParser
 from vllm_jax.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from vllm_jax.server.tool_parsers.mistral import MistralToolParser
+from vllm_jax.server.tool_parsers.openai import OpenAIToolParser
 from vllm_jax.server.tool_parsers.required import RequiredToolParser
 from vllm_jax.server.tool_parsers.streaming import ToolCallStreamer
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
-    cls.name: cls for cls in (HermesToolParser, Llama3JsonToolParser, MistralToolParser)}
+    cls.name: cls for cls in (HermesToolParser, Llama3JsonToolParser, MistralToolParser, OpenAIToolParser)}
 
 
 def get_tool_parser(name: str) -> ToolParser:
