@@ -63,6 +63,10 @@ class DeviceSleep:
         if not self.asleep:
             self.level = None
 
+    def device_bytes(self) -> int:
+        """What the step's weights and KV cache hold in device memory now (0 for what is asleep)."""
+        return device_bytes((self.device.params, self.device.kv_cache))
+
     def _drop(self, array: jax.Array, keep: bool, host_kind: str | None) -> jax.ShapeDtypeStruct:
         placeholder = jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=array.sharding)
         if keep:
@@ -86,11 +90,13 @@ def _host_memory_kind(device: jax.Device) -> str | None:
     return "pinned_host" if "pinned_host" in kinds else None
 
 
-def device_bytes() -> int:
-    """The bytes of every live jax array in device memory (host memory kinds left out), over all devices."""
+def device_bytes(arrays: Any = None) -> int:
+    """The device-memory bytes (host memory kinds left out) of the jax arrays in the pytree `arrays`, over all
+    devices; None: of every live array (jax.live_arrays)."""
     total = 0
-    for array in jax.live_arrays():
-        if array.is_deleted() or array.sharding.memory_kind in ("pinned_host", "unpinned_host"):
+    for array in jax.tree.leaves(jax.live_arrays() if arrays is None else arrays):
+        if (not isinstance(array, jax.Array) or array.is_deleted()
+                or array.sharding.memory_kind in ("pinned_host", "unpinned_host")):
             continue
         total += sum(shard.data.nbytes for shard in array.addressable_shards)
     return total
