@@ -145,7 +145,8 @@ class ModelRunner:
     def update_weights(self, weights: Weights) -> int:
         """Swap in HF-named tensors (or a checkpoint's) in place, on the params' shardings; returns the arrays
         swapped. Nothing recompiles."""
-        return WeightUpdater(self.params, self.spec, self.config.model_config).update(as_checkpoint(weights))
+        updater = WeightUpdater(self.params, self.spec, self.config.model_config, self.sleep_mode.borrowed)
+        return updater.update(as_checkpoint(weights))
 
     @functools.cached_property
     def sleep_mode(self) -> DeviceSleep:

@@ -4,9 +4,10 @@ Sleeping is deleting arrays and waking is re-creating them on the same shardings
 (vLLM's needs CUDA's virtual-memory allocator). Level 1 copies the weights to host memory first (jax's
 `pinned_host` memory kind where the devices have one, numpy otherwise); level 2 drops them (the caller updates
 them: worker/weight_update.py works on a sleeping model's placeholders too). The KV cache is dropped at both
-levels and comes back zeroed. While asleep every dropped array's place holds a ShapeDtypeStruct with its shape,
-dtype and sharding, which is all waking (or an update) needs (docs/architecture/05-worker.md, "Sleep and weight
-updates").
+levels and comes back zeroed. Arrays an update placed without a copy still belong to the caller too: sleep
+drops the engine's reference to them but leaves them alive. While asleep every dropped array's place holds a
+ShapeDtypeStruct with its shape, dtype and sharding, which is all waking (or an update) needs
+(docs/architecture/05-worker.md, "Sleep and weight updates").
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class DeviceSleep:
         self.level: int | None = None
         self.asleep: set[str] = set()  # the tags still asleep
         self._host: dict[int, Any] = {}  # id(placeholder) -> the level-1 host copy of the array it stands for
+        # ids of arrays an update placed without a copy (worker/weight_update.py): their owner still holds them,
+        # so sleep drops its reference but does not delete them
+        self.borrowed: set[int] = set()
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):
@@ -73,7 +77,8 @@ class DeviceSleep:
             self._host[id(placeholder)] = (jax.device_put(array, array.sharding.with_memory_kind(host_kind))
                                            if host_kind else np.asarray(array))
             jax.block_until_ready(self._host[id(placeholder)])
-        array.delete()
+        if id(array) not in self.borrowed:
+            array.delete()
         return placeholder
 
     def _restore(self, value: Any) -> jax.Array:

@@ -108,8 +108,11 @@ class _ParamUpdate:
 class WeightUpdater:
     """Applies updates to one model's params (an nnx.State the device step runs on), in place."""
 
-    def __init__(self, params: nnx.State, spec: Any, model_config: Any):
+    def __init__(self, params: nnx.State, spec: Any, model_config: Any, borrowed: set[int] | None = None):
+        """`borrowed`: where the ids of the caller's own arrays placed without a copy are recorded (sleep must
+        not delete those: the trainer still holds them)."""
         self.params, self.spec = params, spec
+        self.borrowed = borrowed if borrowed is not None else set()
         self.dtype = model_config.dtype
         quantization = model_quantization(model_config)
         self.kept = {name for name, _ in quantization.formats} if isinstance(quantization, KeptFormats) else set()
@@ -187,6 +190,11 @@ class WeightUpdater:
         swapped = 0
         for p in paths:
             swapped += self._swap(p, fresh[p], update.positions)
+        if update.from_device:  # what still shares the caller's buffers
+            callers = set().union(*(_buffers(checkpoint.arrays[name]) for name in src.names.flat))
+            value = _variable(self.params, path).get_value()
+            self.borrowed.update(id(a) for a in (value if isinstance(value, tuple) else (value,))
+                                 if _buffers(a) & callers)
         return swapped
 
     def _on_device(self, checkpoint: ArrayCheckpoint, src: ParamSource) -> list[jax.Array] | jax.Array:
@@ -235,10 +243,16 @@ class WeightUpdater:
 
 
 def _placed(array: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
-    """`array` on `sharding`: itself when it is there already (no copy)."""
-    if array.sharding.is_equivalent_to(sharding, array.ndim):
+    """`array` on `sharding`: itself when it has that very sharding; else put there (no data copy when the
+    shardings are equivalent). The compiled programs' cache keys on the sharding itself, so an equivalent one
+    (a SingleDeviceSharding for a one-device mesh's) is re-wrapped, or the next step would trace again."""
+    if array.sharding == sharding:
         return array
     return jax.device_put(array, sharding)
+
+
+def _buffers(array: jax.Array) -> set[int]:
+    return {shard.data.unsafe_buffer_pointer() for shard in array.addressable_shards}
 
 
 def _write_rows(stacked: jax.Array, positions: jax.Array, rows: jax.Array) -> jax.Array:
