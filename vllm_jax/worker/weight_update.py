@@ -7,10 +7,11 @@ does. Every new array is placed on the sharding of the array it replaces, so the
 (docs/architecture/05-worker.md, "Sleep and weight updates").
 
 Everything is checked before anything changes: an unknown name, a wrong shape, a param fed only in part (one of
-Phi-3's fused parts, one expert of a layer) or a GGUF-kept quantized param is a ValueError naming it. Then each
-param is read, placed and swapped in turn (peak memory: one param more). An update may name some params only, and
-some layers of a param only. jax.Arrays that need no transpose or cast and already have the param's sharding are
-used as they are, without a copy; other jax.Arrays are transposed and cast on their devices.
+Phi-3's fused parts, one expert of a layer), a GGUF-kept quantized param, or float tensors for a pre-quantized
+checkpoint's grouped (block-fp8) scales is a ValueError naming it. Then each param is read, placed and swapped in
+turn (peak memory: one param more). An update may name some params only, and some layers of a param only.
+jax.Arrays that need no transpose or cast and already have the param's sharding are used as they are, without a
+copy; other jax.Arrays are transposed and cast on their devices.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from vllm_jax.model.quantization import SCALE_SUFFIX, KeptFormats, scheme_name
+from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, KeptFormats, scheme_name
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.loader import checkpoint_for, model_quantization
 from vllm_jax.model_loader.param_source import ParamSource
+from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
 from vllm_jax.model_loader.source import resolve_model_source
 from vllm_jax.model_loader.tensor_loader import TensorLoader, ignored_tensor
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath
@@ -156,6 +158,11 @@ class WeightUpdater:
                 if missing:
                     raise ValueError(f"update_weights: {'/'.join(path)} is read from {at.size} tensor(s) together; "
                                      f"the update lacks {', '.join(missing[:5])}")
+            scale = self._scale(path)
+            if (scale and path != (EMBEDDING,) and len(self.shapes[scale]) == len(self.shapes[path])
+                    and not isinstance(checkpoint, PrequantizedCheckpoint)):
+                raise ValueError(f"update_weights: {'/'.join(path)} has grouped scales, which only a pre-quantized "
+                                 "checkpoint (a path) carries; float tensors cannot be requantized to them yet")
             whole = not src.stack_ndim or len(positions) == src.names.shape[0]
             picked = None if whole else sorted(positions)
             if picked is not None and isinstance(_variable(self.params, path).get_value(), jax.ShapeDtypeStruct):
@@ -183,10 +190,7 @@ class WeightUpdater:
         else:
             shapes = {p: _narrow(self.shapes[p], count) for p in paths}
             request = LoadRequest(self.spec, shapes, self.dtype, self._stacked_sharding, None, self.scheme)
-            try:
-                fresh = TensorLoader(checkpoint).read_params(request, {path: src})
-            except AssertionError as exc:  # e.g. grouped scales: only a pre-quantized checkpoint has them
-                raise ValueError(f"update_weights: {'/'.join(path)}: {exc}") from exc
+            fresh = TensorLoader(checkpoint).read_params(request, {path: src})
         swapped = 0
         for p in paths:
             swapped += self._swap(p, fresh[p], update.positions)
