@@ -246,6 +246,8 @@ class LLMEngine:
         requests in flight (vLLM's waits; here the caller aborts or drains them first)."""
         if not self.config.enable_sleep_mode:
             raise ValueError("sleep needs the engine started with enable_sleep_mode=True (--enable-sleep-mode)")
+        if self.runner.broadcasts:
+            raise ValueError("sleep is not supported in a multi-host run yet")
         if self.has_unfinished_requests() or self._in_flight is not None:
             raise RuntimeError(f"cannot sleep with {self.get_num_unfinished_requests()} request(s) in flight: "
                                "let them finish or abort them first")

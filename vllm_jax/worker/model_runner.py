@@ -145,6 +145,8 @@ class ModelRunner:
     def update_weights(self, weights: Weights) -> int:
         """Swap in HF-named tensors (or a checkpoint's) in place, on the params' shardings; returns the arrays
         swapped. Nothing recompiles."""
+        if self.broadcasts:
+            raise ValueError("update_weights is not supported in a multi-host run yet")
         updater = WeightUpdater(self.params, self.spec, self.config.model_config, self.sleep_mode.borrowed)
         return updater.update(as_checkpoint(weights))
 
