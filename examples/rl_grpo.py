@@ -40,9 +40,10 @@ class Shape:
 def shape_of(hf_config: Any) -> Shape:
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    return Shape(hf_config.num_hidden_layers, heads, hf_config.num_key_value_heads, head_dim,
-                 float(getattr(hf_config, "rope_theta", 10000.0) or 10000.0), float(hf_config.rms_norm_eps),
-                 bool(getattr(hf_config, "tie_word_embeddings", False)))
+    rope = getattr(hf_config, "rope_parameters", None) or {}  # transformers 5; older configs: rope_theta
+    theta = rope.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0
+    return Shape(hf_config.num_hidden_layers, heads, hf_config.num_key_value_heads, head_dim, float(theta),
+                 float(hf_config.rms_norm_eps), bool(getattr(hf_config, "tie_word_embeddings", False)))
 
 
 def initial_weights(llm: LLM) -> dict[str, jax.Array]:
@@ -141,7 +142,7 @@ def run(llm: LLM, *, iterations: int, prompts: list[list[int]], group: int, max_
                                                                           clip)))
     length = max(len(p) for p in prompts) + max_tokens
     probe = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0)
-    history = []
+    history, gap = [], float("nan")
     for it in range(iterations):
         t0 = time.perf_counter()
         params = SamplingParams(n=group, temperature=1.0, max_tokens=max_tokens, logprobs=0, ignore_eos=True,
@@ -156,6 +157,10 @@ def run(llm: LLM, *, iterations: int, prompts: list[list[int]], group: int, max_
                 logprobs = [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]
                 rows.append((prompt, list(c.token_ids), logprobs, float(adv)))
         batch = make_batch(rows, length)
+        if it == 0:  # the trainer's forward must score the rollouts as the engine did
+            new = jax.vmap(lambda t, w=weights: token_logprobs(w, shape, t))(batch.tokens)
+            gap = float(np.max(np.abs(np.asarray(new) - batch.old) * batch.mask))
+            log(f"trainer vs engine logprobs of the first rollouts: max difference {gap:.2e}")
         t1 = time.perf_counter()
         llm.sleep(level=2)  # the engine's weights and KV cache leave the devices while the trainer works
         grads = grad_fn(weights, batch.tokens, batch.old, batch.mask, batch.advantages)
@@ -167,7 +172,7 @@ def run(llm: LLM, *, iterations: int, prompts: list[list[int]], group: int, max_
         llm.wake_up()
         t3 = time.perf_counter()
         probed = llm.generate([{"prompt_token_ids": prompts[0]}], probe, use_tqdm=False)[0].outputs[0]
-        row = dict(iteration=it, reward=float(np.mean(rewards)), rollout_s=t1 - t0, update_s=t2 - t1,
+        row = dict(iteration=it, reward=float(np.mean(rewards)), logprob_gap=gap, rollout_s=t1 - t0, update_s=t2 - t1,
                    sync_s=t3 - t2, probe=[d[t].logprob for d, t in zip(probed.logprobs, probed.token_ids)],
                    compilations=engine.runner.num_compilations)
         log(f"iteration {it}: reward {row['reward']:.3f}  rollout {row['rollout_s']:.2f} s  update "
