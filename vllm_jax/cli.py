@@ -87,6 +87,8 @@ ENGINE_FLAG_HELP = {
     "max_cpu_loras": "loaded LoRA adapters kept in host memory, LRU (default: --max-loras)",
     "lora_modules": "LoRA adapters served from the start: name=path ... or vLLM's JSON "
                     "'{\"name\": ..., \"path\": ...}' (needs --enable-lora)",
+    "enable_sleep_mode": "allow sleep / wake_up: the weights and KV cache leave the devices while asleep (RL "
+                         "loops; the dev routes /sleep and /wake_up need VLLM_SERVER_DEV_MODE=1)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"],
                 "quantization": ["-q"]}

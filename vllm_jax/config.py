@@ -152,6 +152,9 @@ class EngineConfig:
     draft_model_config: ModelConfig | None = None
     # --enable-lora and its flags (lora/config.py); None: LoRA off, and the programs carry nothing of it.
     lora_config: LoRAConfig | None = None
+    # vLLM's --enable-sleep-mode: LLM.sleep / wake_up may move the weights and KV cache off the devices
+    # (worker/sleep.py).
+    enable_sleep_mode: bool = False
 
     @property
     def resolved_attention_backend(self) -> AttentionBackend:
@@ -225,6 +228,8 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     lora_modules: str | list | None = None
+    # vLLM's sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates"): allows LLM.sleep / wake_up.
+    enable_sleep_mode: bool = False
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -267,6 +272,7 @@ class EngineArgs:
             speculative_config=speculative,
             draft_model_config=self._draft_model_config(speculative, model_config),
             lora_config=self._lora_config(speculative),
+            enable_sleep_mode=self.enable_sleep_mode,
         )
 
     def _lora_config(self, speculative: SpeculativeConfig | None) -> LoRAConfig | None:

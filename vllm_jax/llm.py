@@ -14,6 +14,7 @@ from vllm_jax.logger import configure_logging
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
+from vllm_jax.worker.weight_update import Weights
 
 
 class LLM:
@@ -65,6 +66,25 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
+
+    # RL loops (docs/rl.md): vLLM's names
+    def update_weights(self, weights: Weights) -> int:
+        """Swap in new weights: (HF name, numpy / jax / torch array) pairs, or a checkpoint directory or GGUF
+        path, under the loader's own rules and shardings; some params (or layers) only is fine. A bad name or
+        shape is a ValueError and changes nothing. Nothing recompiles; the prefix cache is reset."""
+        return self.llm_engine.update_weights(weights)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the devices (needs enable_sleep_mode=True): level 1 keeps the weights in host memory, level 2
+        drops them (update them before or after waking); the KV cache is freed. Refused while requests run."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back "weights" and / or "kv_cache" (default both) on their shardings; compiles nothing."""
+        self.llm_engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.llm_engine.is_sleeping()
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
              loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:

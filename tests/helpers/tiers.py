@@ -23,7 +23,8 @@ MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_tp", "test_s
 
 SERVED_MODULES = frozenset({
     "test_api_fuzz", "test_bad_input", "test_benchmarks", "test_cli", "test_compilation_cache",
-    "test_default_model", "test_faults", "test_lora_server", "test_package", "test_responses_api", "test_security",
+    "test_default_model", "test_dev_routes", "test_faults", "test_lora_server", "test_package", "test_responses_api",
+    "test_security",
     "test_server",
     "test_soak", "test_structured_outputs", "test_tool_calling",
 })
@@ -40,6 +41,8 @@ MULTIDEVICE_TESTS = frozenset({
     ("test_moe", "test_expert_parallel_ffn_on_four_devices_equals_single_device"),
     ("test_prequantized_checkpoints", "test_tp2_equals_tp1_for_block_fp8"),
     ("test_quantization", "test_tp2_equals_tp1_for_int8"),
+    ("test_weight_sync", "test_tensor_parallel_update_equals_a_fresh_tp2_engine"),
+    ("test_weight_sync", "test_update_equals_a_fresh_load"),
 })
 
 TIERS = ("unit", "engine", "multidevice", "served")

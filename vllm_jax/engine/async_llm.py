@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
+from vllm_jax.engine import engine_calls
 from vllm_jax.engine.engine_loop import EngineLoop
 from vllm_jax.engine.errors import EngineShutdownError
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
@@ -206,6 +207,46 @@ class AsyncLLM:
     async def abort(self, request_id: str) -> None:
         """Abort a request; its generate() ends with a final output whose finish_reason is "abort"."""
         self._registry.abort(request_id)
+
+    # ---- RL loops: pause / resume, sleep, weight updates (engine/engine_calls.py) ------------------------------
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Stop generating (vLLM's modes): "abort" the requests in flight, "wait" for them to finish, or "keep"
+        them frozen until resume_generation(). New requests are held until then."""
+        if mode not in engine_calls.PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {list(engine_calls.PAUSE_MODES)}; got {mode!r}")
+        future = asyncio.get_running_loop().create_future()
+        self._registry.call(lambda loop, engine, result: engine_calls.pause(loop, engine, result, mode, future))
+        await future
+
+    async def resume_generation(self) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._registry.call(lambda loop, engine, result: engine_calls.resume(loop, engine, result, future))
+        await future
+
+    async def is_paused(self) -> bool:
+        return await self.call_engine(lambda engine: self._engine_loop.pause_state.holds_new_requests)
+
+    async def call_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """fn(engine) on the engine thread between steps; its value, or its exception raised here."""
+        future = asyncio.get_running_loop().create_future()
+        self._registry.call(engine_calls.run(fn, future))
+        return await future
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.call_engine(lambda engine: engine.sleep(level))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.call_engine(lambda engine: engine.wake_up(tags))
+
+    async def is_sleeping(self) -> bool:
+        return await self.call_engine(lambda engine: engine.is_sleeping())
+
+    async def update_weights(self, weights: Any) -> int:
+        return await self.call_engine(lambda engine: engine.update_weights(weights))
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.call_engine(lambda engine: engine.reset_prefix_cache())
 
     def _submit(self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int,
                 cache_salt: str | None, lora_request: LoRARequest | None = None) -> RequestStream:

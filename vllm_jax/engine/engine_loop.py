@@ -20,6 +20,7 @@ from typing import Any
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.engine.counters import EngineCounters
+from vllm_jax.engine.engine_calls import PauseState
 from vllm_jax.engine.errors import EngineShutdownError
 from vllm_jax.engine.llm_engine import LLMEngine, StepRecord
 from vllm_jax.engine.request_registry import RequestRegistry
@@ -54,6 +55,7 @@ class EngineLoop:
         # Engine thread only:
         self._active: dict[str, RequestStream] = {}  # request id -> stream, for requests the engine holds
         self._by_child: dict[str, RequestStream] = {}  # scheduler (child) id -> stream
+        self.pause_state = PauseState()  # pause_generation / resume_generation (engine/engine_calls.py)
 
     def run(self) -> None:
         """The thread's target: start up, then loop until stopped or dead."""
@@ -96,26 +98,49 @@ class EngineLoop:
     def _loop(self, engine: LLMEngine, counters: EngineCounters) -> None:
         stuck = False
         while True:
-            commands, stop = self._registry.next_commands(engine.has_work, stuck)
+            commands, stop = self._registry.next_commands(lambda: self._may_step(engine), stuck)
             result = IterationResult()
             self._apply(engine, commands, result)
             if commands:
                 self._registry.set_stats(counters.snapshot())  # adds and aborts show before the (maybe long) step
             stuck = False
-            if not stop and engine.has_work():
+            if not stop and self._may_step(engine):
                 stuck = self._step(engine, counters, result)
+            self.pause_state.after_iteration(engine)
             self._finish_iteration(counters, result)
             if stop:
                 return
 
     # ---- commands -------------------------------------------------------------------------------------------
 
+    def _may_step(self, engine: LLMEngine) -> bool:
+        return engine.has_work() and not self.pause_state.paused
+
     def _apply(self, engine: LLMEngine, commands: list[Command], result: IterationResult) -> None:
+        held = self.pause_state.held
         for cmd in commands:
-            if cmd.kind == "add":
+            if cmd.kind == "call":
+                cmd.call(self, engine, result)
+            elif cmd.kind == "add" and self.pause_state.holds_new_requests:
+                held.append(cmd)  # starts at resume_generation
+            elif cmd.kind == "add":
                 self._add(engine, cmd.stream, result)
             elif self._active.get(cmd.stream.request_id) is cmd.stream:
                 self._abort(engine, cmd, result)
+            elif any(h.stream is cmd.stream for h in held):  # aborted before it started
+                held[:] = [h for h in held if h.stream is not cmd.stream]
+                if cmd.notify:
+                    result.deliveries.append((cmd.stream, _rejection(cmd.stream.request_id, ValueError(
+                        "aborted while generation was paused"))))
+                self._end(cmd.stream, result)
+
+    # engine/engine_calls.py's hooks
+    apply_commands = _apply
+
+    def abort_all(self, engine: LLMEngine, result: IterationResult) -> None:
+        """End every request the engine holds (pause_generation(mode="abort")): final outputs, "abort"."""
+        for stream in list(self._active.values()):
+            self._abort(engine, Command("abort", stream, notify=True), result)
 
     def _add(self, engine: LLMEngine, stream: RequestStream, result: IterationResult) -> None:
         rid = stream.request_id

@@ -19,3 +19,7 @@ class EngineShutdownError(EngineDeadError):
 
 class QueueFullError(RuntimeError):
     """More than `max_num_queued_requests` requests are waiting to be scheduled."""
+
+
+class EngineSleepingError(RuntimeError):
+    """The engine is asleep (sleep mode) and generates nothing until wake_up(); the server answers 503."""

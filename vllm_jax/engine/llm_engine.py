@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
+from vllm_jax.engine.errors import EngineSleepingError
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.lora.slots import LoRASlots
@@ -33,6 +34,7 @@ from vllm_jax.scheduler.scheduler import Scheduler
 from vllm_jax.structured_output import GrammarCompiler, ReasoningTokens, RequestGrammar
 from vllm_jax.utils import bitmask_width
 from vllm_jax.worker.model_runner import InFlightStep, ModelRunner
+from vllm_jax.worker.weight_update import Weights
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None,
                     lora_request: LoRARequest | None = None) -> None:
+        if self.is_sleeping():
+            raise EngineSleepingError("the engine is sleeping: call wake_up() before generating")
         params = params.clone() if params is not None else SamplingParams()
         text, token_ids = self._tokenize_prompt(prompt)
         self._check_params(params)
@@ -227,6 +231,36 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
+
+    # --- RL loops: weight updates and sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates") ---
+    def update_weights(self, weights: Weights) -> int:
+        """vLLM's load_weights: HF-named (name, array) pairs or a checkpoint path, swapped in place (nothing
+        recompiles); the prefix cache is reset. Returns the arrays swapped."""
+        swapped = self.runner.update_weights(weights)
+        if not self.reset_prefix_cache():
+            logger.warning("update_weights: the prefix cache could not be reset while requests hold blocks")
+        return swapped
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the devices' weights (level 1: kept in host memory; 2: dropped) and KV cache. Refused with
+        requests in flight (vLLM's waits; here the caller aborts or drains them first)."""
+        if not self.config.enable_sleep_mode:
+            raise ValueError("sleep needs the engine started with enable_sleep_mode=True (--enable-sleep-mode)")
+        if self.runner.broadcasts:
+            raise ValueError("sleep is not supported in a multi-host run yet")
+        if self.has_unfinished_requests() or self._in_flight is not None:
+            raise RuntimeError(f"cannot sleep with {self.get_num_unfinished_requests()} request(s) in flight: "
+                               "let them finish or abort them first")
+        self.runner.sleep_mode.sleep(level)
+        self.reset_prefix_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore the weights and / or the KV cache (tags "weights", "kv_cache"; default both)."""
+        self.runner.sleep_mode.wake_up(tags)
+        self.reset_prefix_cache()
+
+    def is_sleeping(self) -> bool:
+        return bool(self.runner.sleep_mode.asleep)
 
     # --- input checks ---
     def _tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -87,6 +87,14 @@ class RequestRegistry:
                 self._inbox.append(Command("abort", stream))
                 self._cv.notify()
 
+    def call(self, call: Callable[..., None]) -> None:
+        """Queue a call for the engine thread (engine/engine_calls.py): it runs between steps."""
+        with self._cv:
+            if self.error is not None:
+                raise self.dead_error()
+            self._inbox.append(Command("call", None, call=call))
+            self._cv.notify()
+
     def in_flight(self) -> bool:
         with self._cv:
             return bool(self._ids)

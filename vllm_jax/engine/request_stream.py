@@ -7,6 +7,7 @@ Each request has an asyncio.Queue on the loop that started it; the engine thread
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,9 +38,10 @@ class RequestStream:
 
 @dataclass
 class Command:
-    kind: Literal["add", "abort"]
-    stream: RequestStream
+    kind: Literal["add", "abort", "call"]
+    stream: RequestStream | None
     notify: bool = False  # abort: send the consumer a final output with finish_reason "abort"
+    call: Callable[..., None] | None = None  # call: run on the engine thread (engine/engine_calls.py)
 
 
 Delivery = tuple[RequestStream, RequestOutput | BaseException]

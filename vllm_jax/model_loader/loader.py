@@ -16,6 +16,7 @@ from flax import nnx
 from vllm_jax.model.quantization import GGUF, KeptFormats, OnlineQuantization, scheme_name
 from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.abstract_weights import AbstractWeights
+from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import KeptGGUFLoader, kept_formats
 from vllm_jax.model_loader.mxfp4_checkpoint import Mxfp4Checkpoint, is_mxfp4_checkpoint
@@ -95,15 +96,20 @@ def weight_loader_for(source: ModelSource | None, seed: int = 0, kept: KeptForma
         return KeptGGUFLoader(source.path, kept)
     if source.kind == "orbax":
         return ConvertedLoader(Path(source.path))
+    return TensorLoader(checkpoint_for(source))
+
+
+def checkpoint_for(source: ModelSource) -> Checkpoint:
+    """The HF-named tensors of a safetensors directory or a GGUF file (what TensorLoader reads)."""
     if source.kind == "gguf":
-        return TensorLoader(GGUFCheckpoint(source.path))
+        return GGUFCheckpoint(source.path)
     checkpoint = SafetensorsCheckpoint(Path(source.path))
     if is_mxfp4_checkpoint(source.path):  # gpt-oss's MXFP4 experts, dequantized to the model dtype as they load
-        return TensorLoader(Mxfp4Checkpoint(checkpoint))
+        return Mxfp4Checkpoint(checkpoint)
     prequantized = read_prequantized_config(source.path)
     if prequantized is not None:  # its quantized tensors read dequantized unless kept quantized
-        return TensorLoader(PrequantizedCheckpoint(checkpoint, prequantized))
-    return TensorLoader(checkpoint)
+        return PrequantizedCheckpoint(checkpoint, prequantized)
+    return checkpoint
 
 
 def _first_device(path: tuple[str, ...], shape: tuple[int, ...]) -> jax.sharding.Sharding:

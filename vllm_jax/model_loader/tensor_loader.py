@@ -52,6 +52,13 @@ class TensorLoader:
         if unmapped:
             raise AssertionError(f"model params without a checkpoint mapping: {unmapped}")
         check_checkpoint(self.checkpoint, sources, request.shapes)
+        return self.read_params(request, sources)
+
+    def read_params(self, request: LoadRequest, sources: dict[ParamPath, ParamSource]) -> dict[ParamPath, jax.Array]:
+        """The params of `sources` (and their scales, when `request.shapes` has them), read and placed; the
+        checkpoint is already checked. Weight updates (worker/weight_update.py) call it for the params an update
+        names, with `sources` narrowed to the layers it holds."""
+        scales = {path: _scale_path(path) for path in sources if _scale_path(path) in request.shapes}
         stored: set[ParamPath] = set()
         # a scale with its values' rank is grouped ([*stack, in // g, out]: model/quantization.py); the embedding's
         # [V, 1] row scales are not
@@ -83,6 +90,11 @@ class TensorLoader:
                 shape, request.sharding_for(path, shape),
                 lambda index, src=src, shape=shape: src.read(self.checkpoint, index, shape, np_dtype))
         return arrays
+
+
+def ignored_tensor(name: str) -> bool:
+    """A tensor a checkpoint may carry that no param reads (a tied model's lm_head.weight, rotary tables)."""
+    return name.endswith(_IGNORED_SUFFIXES) or name in _IGNORED_NAMES
 
 
 def _scale_path(path: ParamPath) -> ParamPath:
@@ -169,8 +181,7 @@ def check_checkpoint(checkpoint: Checkpoint, sources: dict[ParamPath, ParamSourc
     if missing:
         raise ModelSourceError(f"{checkpoint.path}: checkpoint lacks {len(missing)} tensor(s) the model needs, "
                                f"e.g. {', '.join(missing[:5])}")
-    unexpected = sorted(n for n in available - set(needed)
-                        if not n.endswith(_IGNORED_SUFFIXES) and n not in _IGNORED_NAMES)
+    unexpected = sorted(n for n in available - set(needed) if not ignored_tensor(n))
     if unexpected:
         raise ModelSourceError(f"{checkpoint.where(unexpected[0])}: unexpected tensor(s) for this architecture: "
                                f"{', '.join(unexpected[:5])}")

@@ -22,6 +22,7 @@ import vllm_jax
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.server.chat_messages import chat_conversation
+from vllm_jax.server.dev_routes import add_dev_routes
 from vllm_jax.server.errors import APIError, error_response, install_error_handlers
 from vllm_jax.server.lora_routes import add_lora_routes
 from vllm_jax.server.middleware import DEFAULT_MAX_REQUEST_BYTES, ApiKeyMiddleware, BodyLimitMiddleware
@@ -82,6 +83,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
     _add_info_routes(app, ctx, prometheus=metrics)
     add_lora_routes(app, ctx)
     add_responses_routes(app, ctx, responses_store_size)
+    add_dev_routes(app, ctx)
     if enable_tokenizer_info:
         _add_tokenizer_info_route(app, ctx)
     return app

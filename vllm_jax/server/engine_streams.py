@@ -19,7 +19,7 @@ import anyio
 from starlette.requests import Request
 
 from vllm_jax.engine.async_llm import AsyncLLM
-from vllm_jax.engine.errors import EngineDeadError, QueueFullError
+from vllm_jax.engine.errors import EngineDeadError, EngineSleepingError, QueueFullError
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.server.errors import APIError, ClientDisconnected, bad_request, unavailable
@@ -39,6 +39,8 @@ def engine_error(exc: BaseException, *, starting: bool) -> APIError | None:
     be a failure inside the engine. An engine that dies under an accepted request fails it with 500; one that was
     already dead refuses new requests with 503.
     """
+    if isinstance(exc, EngineSleepingError):
+        return unavailable(f"{exc} (POST /wake_up)", code="engine_sleeping")
     if isinstance(exc, QueueFullError):
         return unavailable(f"The server is overloaded: {exc}. Retry later.", code="queue_full")
     if isinstance(exc, EngineDeadError) and exc.in_flight:

@@ -22,6 +22,7 @@ broadcasts each step's payload and the others run `serve_worker()`, executing th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,9 @@ from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
+from vllm_jax.worker.sleep import DeviceSleep
 from vllm_jax.worker.step_payload import StepPayload
+from vllm_jax.worker.weight_update import Weights, WeightUpdater, as_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +140,19 @@ class ModelRunner:
     @property
     def kv_cache(self) -> jax.Array:
         return self.device.kv_cache
+
+    # --- weight updates and sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates") ---
+    def update_weights(self, weights: Weights) -> int:
+        """Swap in HF-named tensors (or a checkpoint's) in place, on the params' shardings; returns the arrays
+        swapped. Nothing recompiles."""
+        if self.broadcasts:
+            raise ValueError("update_weights is not supported in a multi-host run yet")
+        updater = WeightUpdater(self.params, self.spec, self.config.model_config, self.sleep_mode.borrowed)
+        return updater.update(as_checkpoint(weights))
+
+    @functools.cached_property
+    def sleep_mode(self) -> DeviceSleep:
+        return DeviceSleep(self.device)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
