@@ -87,6 +87,11 @@ ENGINE_FLAG_HELP = {
     "max_cpu_loras": "loaded LoRA adapters kept in host memory, LRU (default: --max-loras)",
     "lora_modules": "LoRA adapters served from the start: name=path ... or vLLM's JSON "
                     "'{\"name\": ..., \"path\": ...}' (needs --enable-lora)",
+    "runner": "auto, generate or pooling (embeddings, scores, classification; default auto: pooling for a "
+              "*ForSequenceClassification or sentence-transformers checkpoint)",
+    "convert": "the pooling task: auto, embed, classify or reward (docs/pooling.md)",
+    "pooler_config": "the pooler as JSON, vLLM's keys, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true, "
+                     "\"dimensions\": 256}' (default: the checkpoint's)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"],
                 "quantization": ["-q"]}

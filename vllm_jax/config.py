@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_jax.config_pooling import PoolerConfig, check_pooling_runner, prefix_caching_allowed, resolve_pooling
 from vllm_jax.lora.config import LoRAConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
@@ -152,6 +153,8 @@ class EngineConfig:
     draft_model_config: ModelConfig | None = None
     # --enable-lora and its flags (lora/config.py); None: LoRA off, and the programs carry nothing of it.
     lora_config: LoRAConfig | None = None
+    # The pooling runner's pooler (config_pooling.py); None: the generate runner.
+    pooler_config: PoolerConfig | None = None
 
     @property
     def resolved_attention_backend(self) -> AttentionBackend:
@@ -225,6 +228,10 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     lora_modules: str | list | None = None
+    # vLLM's pooling flags (config_pooling.py): the runner, the conversion, and the pooler's JSON keys.
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: str | dict | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -241,6 +248,9 @@ class EngineArgs:
         self._check_values(platform)
         on_cpu = platform == "cpu"
         model_config = self._model_config(platform)
+        pooler, hf_config = resolve_pooling(self.runner, self.convert, self.pooler_config, model_config.hf_config,
+                                            model_config.source.path if model_config.source.kind == "hf" else None)
+        model_config = dataclasses.replace(model_config, hf_config=hf_config)
         scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)
         speculative = self._speculative_config(scheduler_config, platform)
         kv_bytes = self.kv_cache_memory_bytes
@@ -249,7 +259,8 @@ class EngineArgs:
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
-                block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                block_size=self.block_size,
+                enable_prefix_caching=self.enable_prefix_caching and prefix_caching_allowed(pooler),
                 gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
                 num_gpu_blocks_override=self.num_gpu_blocks_override),
             scheduler_config=scheduler_config,
@@ -262,11 +273,12 @@ class EngineArgs:
             scan_layers=self.scan_layers,
             structured_outputs_config=StructuredOutputsConfig.parse(self.structured_outputs_config),
             reasoning_parser=self.reasoning_parser,
-            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None
+            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None and pooler is None
                               if self.async_scheduling is None else self.async_scheduling),
             speculative_config=speculative,
             draft_model_config=self._draft_model_config(speculative, model_config),
             lora_config=self._lora_config(speculative),
+            pooler_config=check_pooling_runner(pooler, self, speculative),
         )
 
     def _lora_config(self, speculative: SpeculativeConfig | None) -> LoRAConfig | None:

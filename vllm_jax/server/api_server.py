@@ -38,6 +38,7 @@ from vllm_jax.server.responses import (
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
+from vllm_jax.server.serving_pooling import add_pooling_routes
 from vllm_jax.server.tokenizer_info import tokenizer_info
 from vllm_jax.server.tool_parsers import auto_tool_parser
 
@@ -76,6 +77,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
     _add_generation_routes(app, ctx)
     _add_info_routes(app, ctx, prometheus=metrics)
     add_lora_routes(app, ctx)
+    add_pooling_routes(app, ctx)
     if enable_tokenizer_info:
         _add_tokenizer_info_route(app, ctx)
     return app

@@ -1,0 +1,140 @@
+"""The pooling runner's device side: a forward that returns the normed hidden states, and the pooler program.
+
+`PoolingDeviceStep` is the DeviceStep whose forward ends at the final norm ([T, H], every token, never fetched)
+and which adds the pooler (model/pooler.py) as its own program per token bucket, with the classifier's score head
+(`score.weight`) and the per-slot accumulator of chunked MEAN / CLS pooling. `PoolingCompilation` is warm-up's
+plan for it: each token bucket's forward and pooler, and no sampler (docs/architecture/14-pooling.md, "The pooling
+program"); compile-check compiles the same plan, as it builds the engine through the same code.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from vllm_jax.config_pooling import PoolerConfig
+from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.layers import rms_norm
+from vllm_jax.model.pooler import PoolInputs, pool
+from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.worker.compilation import CompilationManager, WarmupPlan
+from vllm_jax.worker.device_step import DeviceStep, input_signature
+
+if TYPE_CHECKING:
+    from vllm_jax.worker.engine_builder import EngineParts
+
+SCORE_HEAD = "score.weight"  # a *ForSequenceClassification checkpoint's head: [num_labels, hidden]
+
+
+class PoolingDeviceStep(DeviceStep):
+    def __init__(self, *args: Any, pooler: PoolerConfig, head: jax.Array | jax.ShapeDtypeStruct | None,
+                 hidden_size: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.pooler, self.head = pooler, head
+        num_slots = kwargs.get("num_slots", 0)
+        shape = (num_slots + 1, hidden_size)  # one row per input-batch slot, and the padding rows' spare
+        if isinstance(self.kv_cache, jax.ShapeDtypeStruct):
+            self.acc = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=self._replicated)
+        else:
+            self.acc = jax.device_put(np.zeros(shape, np.float32), self._replicated)
+        self._pool = jax.jit(self._pool_impl, donate_argnums=(0,), out_shardings=self._replicated)
+
+    def _forward_impl(self, params, kv_cache, inputs: StepInputs, lora=None):
+        self.on_trace()
+        model = nnx.merge(self.graphdef, params)
+        kv_cache, hidden, _ = model.hidden_states(kv_cache, inputs)
+        return kv_cache, rms_norm(hidden, model.final_norm[...], model.spec.rms_norm_eps)
+
+    def _pool_impl(self, acc, hidden, inputs: PoolInputs, head):
+        self.on_trace()
+        p = self.pooler
+        return pool(acc, hidden, inputs, head, pooling_type=p.pooling_type, normalize=p.normalize,
+                    activation=p.activation)
+
+    def launch_pooling(self, inputs: StepInputs, pool_inputs: PoolInputs) -> jax.Array:
+        """Dispatch the forward and the pooler; -> the rows' pooled vectors [S, D] (their copy to the host
+        started). Updates the KV cache and the accumulator in place (donated)."""
+        hidden = self.forward(inputs)
+        pool_inputs = self._to_device(pool_inputs)
+        program = self._executables.get(("pool", input_signature((hidden, pool_inputs))), self._pool)
+        self.acc, pooled = program(self.acc, hidden, pool_inputs, self.head)
+        if pooled.is_fully_addressable:
+            pooled.copy_to_host_async()
+        return pooled
+
+    def precompile_pool(self, inputs: StepInputs, num_seqs: int) -> None:
+        """Warm-up: the pooler of a token bucket (after its forward, whose hidden states it reads)."""
+        hidden = self.forward_outputs(inputs)[1]
+        pool_inputs = empty_pool_inputs(inputs.input_ids.shape[0], num_seqs)
+        key = ("pool", input_signature((hidden, pool_inputs)))
+        if key not in self._executables:
+            args = (self.acc, hidden, self._to_device(pool_inputs), self.head)
+            self._executables[key] = self.load_or_compile(key, self._pool, args, args, (0, 0))
+
+
+class PoolingCompilation(CompilationManager):
+    def plan(self) -> WarmupPlan:
+        """Per token bucket: its forward (to the normed hidden states), then its pooler. No sampler."""
+        plan: WarmupPlan = []
+        for num_tokens, num_seqs in self.shapes.buckets:
+            plan.append((f"forward T={num_tokens} S={num_seqs}",
+                         functools.partial(self._forward, num_tokens, num_seqs, {})))
+            plan.append((f"pooler T={num_tokens} S={num_seqs}",
+                         functools.partial(self._pooler, num_tokens, num_seqs)))
+        return plan
+
+    def _pooler(self, num_tokens: int, num_seqs: int) -> None:
+        self.device.precompile_pool(self._empty_inputs(num_tokens, num_seqs), num_seqs)
+
+
+def empty_pool_inputs(num_tokens: int, num_seqs: int) -> PoolInputs:
+    zeros = np.zeros(num_seqs, np.int32)
+    return PoolInputs(token_rows=np.full(num_tokens, num_seqs, np.int32), first_index=zeros, last_index=zeros,
+                      slots=zeros, starts=np.zeros(num_seqs, np.bool_), num_tokens=np.ones(num_seqs, np.float32),
+                      dims=zeros)
+
+
+def pooling_device_step(parts: EngineParts) -> Any:
+    """The DeviceStep factory of a pooling engine (checks that the architecture can pool, loads the head)."""
+    config = parts.config
+    entry, _ = resolve_architecture(config.model_config.hf_config)
+    if entry.model_class is not DecoderLM:
+        raise ValueError(f"runner 'pooling' supports the dense Llama-family decoders (Llama, Mistral, Qwen2, "
+                         f"Qwen3); got {parts.spec.architecture}")
+    head = load_score_head(parts)
+    return functools.partial(PoolingDeviceStep, pooler=config.pooler_config, head=head,
+                             hidden_size=parts.spec.hidden_size)
+
+
+def load_score_head(parts: EngineParts) -> jax.Array | jax.ShapeDtypeStruct | None:
+    """The classifier's score head [num_labels, hidden] float32, replicated (None without one); abstract in
+    compile-check; zeros for random weights (no checkpoint)."""
+    pooler, mc = parts.config.pooler_config, parts.config.model_config
+    if not pooler.num_labels:
+        return None
+    shape = (pooler.num_labels, parts.spec.hidden_size)
+    sharding = NamedSharding(parts.mesh, PartitionSpec())
+    if parts.abstract:
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
+    if mc.source.kind != "hf":
+        raise ValueError(f"runner 'pooling' reads a classifier's {SCORE_HEAD} from a safetensors checkpoint; "
+                         f"{mc.source.path} is a {mc.source.kind} model")
+    from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
+
+    checkpoint = SafetensorsCheckpoint(Path(mc.source.path))
+    if SCORE_HEAD not in checkpoint.names():
+        raise ValueError(f"{mc.source.path}: a {mc.hf_config.architectures[0].replace('ForCausalLM', '')}"
+                         f"ForSequenceClassification checkpoint needs {SCORE_HEAD}; it has none")
+    head = checkpoint.read(SCORE_HEAD, ()).astype(np.float32)
+    if head.shape != shape:
+        raise ValueError(f"{checkpoint.where(SCORE_HEAD)}: {SCORE_HEAD} has shape {head.shape}, the config "
+                         f"implies {shape} (num_labels, hidden_size)")
+    return jax.device_put(head, sharding)
