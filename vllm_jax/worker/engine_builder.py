@@ -203,8 +203,8 @@ class EngineParts:
         CompilationManager.device is the engine's step. `buckets` (default: all) narrows the forward programs;
         `cache_dir`: the compilation cache's (None: off); `samplers_from`: a probe whose samplers it adopts."""
         config, mc, sc = self.config, self.config.model_config, self.config.scheduler_config
-        if config.pooler_config is not None and device_step is DeviceStep:  # the pooling runner's step
-            device_step = pooling_device_step(self)
+        if config.pooler_config is not None:  # the pooling runner's programs join the step
+            device_step = pooling_device_step(self, device_step)
         counter = TraceCounter()
         kv_cache = self.make_cache(cache_shape(config, self.spec, num_blocks), self.kv_sharding)
         lora = None

@@ -59,7 +59,7 @@ class PoolingModelRunner(ModelRunner):
         dims = [self.dimensions(req_id) for req_id in req_ids]
         pool = pool_inputs(inputs, slots, counts, batch.num_computed[slots] == 0, batch.num_tokens[slots], dims,
                            spare_slot=batch.num_slots)
-        return PoolingFlight(req_ids, batch.completes(slots, counts), dims, self.device.launch_pooling(inputs, pool))
+        return PoolingFlight(req_ids, batch.completes(slots, counts), dims, self.device.pooling.launch(inputs, pool))
 
     def finish(self, flight: PoolingFlight | None) -> ModelRunnerOutput:
         if flight is None:

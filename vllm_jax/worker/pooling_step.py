@@ -1,15 +1,17 @@
 """The pooling runner's device side: a forward that returns the normed hidden states, and the pooler program.
 
-`PoolingDeviceStep` is the DeviceStep whose forward ends at the final norm ([T, H], every token, never fetched)
-and which adds the pooler (model/pooler.py) as its own program per token bucket, with the classifier's score head
-(`score.weight`) and the per-slot accumulator of chunked MEAN / CLS pooling. `PoolingCompilation` is warm-up's
-plan for it: each token bucket's forward and pooler, and no sampler (docs/architecture/14-pooling.md, "The pooling
-program"); compile-check compiles the same plan, as it builds the engine through the same code.
+`PoolingPrograms`, attached to the engine's DeviceStep, turns its forward into one that ends at the final norm
+([T, H], every token, never fetched) and adds the pooler (model/pooler.py) as its own program per token bucket,
+with the classifier's score head (`score.weight`) and the per-slot accumulator of chunked MEAN / CLS pooling.
+`PoolingCompilation` is warm-up's plan for it: each token bucket's forward and pooler, and no sampler
+(docs/architecture/14-pooling.md, "The pooling program"); compile-check compiles the same plan, as it builds the
+engine through the same code.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,50 +36,59 @@ if TYPE_CHECKING:
 SCORE_HEAD = "score.weight"  # a *ForSequenceClassification checkpoint's head: [num_labels, hidden]
 
 
-class PoolingDeviceStep(DeviceStep):
-    def __init__(self, *args: Any, pooler: PoolerConfig, head: jax.Array | jax.ShapeDtypeStruct | None,
-                 hidden_size: int, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.pooler, self.head = pooler, head
-        num_slots = kwargs.get("num_slots", 0)
-        shape = (num_slots + 1, hidden_size)  # one row per input-batch slot, and the padding rows' spare
-        if isinstance(self.kv_cache, jax.ShapeDtypeStruct):
-            self.acc = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=self._replicated)
-        else:
-            self.acc = jax.device_put(np.zeros(shape, np.float32), self._replicated)
-        self._pool = jax.jit(self._pool_impl, donate_argnums=(0,), out_shardings=self._replicated)
+class PoolingPrograms:
+    """The pooling programs of a DeviceStep (`step.pooling`): attached to whichever step the engine's factory
+    made (the runner's, or compile-check's recording one), so both compile the same programs. Attaching turns the
+    step's forward into one that ends at the final norm: normed hidden states [T, H] for every token, which stay
+    on the device."""
 
-    def _forward_impl(self, params, kv_cache, inputs: StepInputs, lora=None):
-        self.on_trace()
-        model = nnx.merge(self.graphdef, params)
-        kv_cache, hidden, _ = model.hidden_states(kv_cache, inputs)
-        return kv_cache, rms_norm(hidden, model.final_norm[...], model.spec.rms_norm_eps)
+    def __init__(self, step: DeviceStep, pooler: PoolerConfig, head: jax.Array | jax.ShapeDtypeStruct | None,
+                 hidden_size: int, num_slots: int):
+        self.step, self.pooler, self.head = step, pooler, head
+        shape = (num_slots + 1, hidden_size)  # one row per input-batch slot, and the padding rows' spare
+        replicated = step._replicated
+        if isinstance(step.kv_cache, jax.ShapeDtypeStruct):
+            self.acc = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=replicated)
+        else:
+            self.acc = jax.device_put(np.zeros(shape, np.float32), replicated)
+        step._forward = jax.jit(functools.partial(_hidden_forward, step), donate_argnums=(1,))
+        self._pool = jax.jit(self._pool_impl, donate_argnums=(0,), out_shardings=replicated)
 
     def _pool_impl(self, acc, hidden, inputs: PoolInputs, head):
-        self.on_trace()
+        self.step.on_trace()
         p = self.pooler
         return pool(acc, hidden, inputs, head, pooling_type=p.pooling_type, normalize=p.normalize,
                     activation=p.activation)
 
-    def launch_pooling(self, inputs: StepInputs, pool_inputs: PoolInputs) -> jax.Array:
+    def launch(self, inputs: StepInputs, pool_inputs: PoolInputs) -> jax.Array:
         """Dispatch the forward and the pooler; -> the rows' pooled vectors [S, D] (their copy to the host
         started). Updates the KV cache and the accumulator in place (donated)."""
-        hidden = self.forward(inputs)
-        pool_inputs = self._to_device(pool_inputs)
-        program = self._executables.get(("pool", input_signature((hidden, pool_inputs))), self._pool)
+        step = self.step
+        hidden = step.forward(inputs)
+        pool_inputs = step._to_device(pool_inputs)
+        program = step._executables.get(("pool", input_signature((hidden, pool_inputs))), self._pool)
         self.acc, pooled = program(self.acc, hidden, pool_inputs, self.head)
         if pooled.is_fully_addressable:
             pooled.copy_to_host_async()
         return pooled
 
-    def precompile_pool(self, inputs: StepInputs, num_seqs: int) -> None:
+    def precompile(self, inputs: StepInputs, num_seqs: int) -> None:
         """Warm-up: the pooler of a token bucket (after its forward, whose hidden states it reads)."""
-        hidden = self.forward_outputs(inputs)[1]
+        step = self.step
+        hidden = step.forward_outputs(inputs)[1]
         pool_inputs = empty_pool_inputs(inputs.input_ids.shape[0], num_seqs)
         key = ("pool", input_signature((hidden, pool_inputs)))
-        if key not in self._executables:
-            args = (self.acc, hidden, self._to_device(pool_inputs), self.head)
-            self._executables[key] = self.load_or_compile(key, self._pool, args, args, (0, 0))
+        if key not in step._executables:
+            args = (self.acc, hidden, step._to_device(pool_inputs), self.head)
+            step._executables[key] = step.load_or_compile(key, self._pool, args, args, (0, 0))
+
+
+def _hidden_forward(step: DeviceStep, params, kv_cache, inputs: StepInputs, lora=None):
+    """The pooling forward: (kv_cache, the final-normed hidden states [T, H]); no LM head."""
+    step.on_trace()
+    model = nnx.merge(step.graphdef, params)
+    kv_cache, hidden, _ = model.hidden_states(kv_cache, inputs)
+    return kv_cache, rms_norm(hidden, model.final_norm[...], model.spec.rms_norm_eps)
 
 
 class PoolingCompilation(CompilationManager):
@@ -92,7 +103,7 @@ class PoolingCompilation(CompilationManager):
         return plan
 
     def _pooler(self, num_tokens: int, num_seqs: int) -> None:
-        self.device.precompile_pool(self._empty_inputs(num_tokens, num_seqs), num_seqs)
+        self.device.pooling.precompile(self._empty_inputs(num_tokens, num_seqs), num_seqs)
 
 
 def empty_pool_inputs(num_tokens: int, num_seqs: int) -> PoolInputs:
@@ -102,16 +113,23 @@ def empty_pool_inputs(num_tokens: int, num_seqs: int) -> PoolInputs:
                       dims=zeros)
 
 
-def pooling_device_step(parts: EngineParts) -> Any:
-    """The DeviceStep factory of a pooling engine (checks that the architecture can pool, loads the head)."""
+def pooling_device_step(parts: EngineParts, base: Callable[..., DeviceStep]) -> Callable[..., DeviceStep]:
+    """The DeviceStep factory of a pooling engine: `base`'s step with the pooling programs attached (checks that
+    the architecture can pool, loads the head)."""
     config = parts.config
     entry, _ = resolve_architecture(config.model_config.hf_config)
     if entry.model_class is not DecoderLM:
         raise ValueError(f"runner 'pooling' supports the dense Llama-family decoders (Llama, Mistral, Qwen2, "
                          f"Qwen3); got {parts.spec.architecture}")
     head = load_score_head(parts)
-    return functools.partial(PoolingDeviceStep, pooler=config.pooler_config, head=head,
-                             hidden_size=parts.spec.hidden_size)
+
+    def make(*args: Any, **kwargs: Any) -> DeviceStep:
+        step = base(*args, **kwargs)
+        step.pooling = PoolingPrograms(step, config.pooler_config, head, parts.spec.hidden_size,
+                                       kwargs.get("num_slots", 0))
+        return step
+
+    return make
 
 
 def load_score_head(parts: EngineParts) -> jax.Array | jax.ShapeDtypeStruct | None:
