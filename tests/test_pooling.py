@@ -103,3 +103,22 @@ def test_sequence_classifier_probabilities_equal_transformers(tmp_path):
         np.testing.assert_allclose(out.outputs.probs, probs, atol=1e-5)
     with pytest.raises(ValueError, match="3 labels"):
         llm.score("a", "b", use_tqdm=False)
+
+
+def test_causal_lm_converted_to_a_reranker_through_hf_overrides(tmp_path):
+    """Qwen3-Reranker's conversion (vLLM's hf_overrides): the LM head's "yes" minus "no" logit is a one-label
+    classifier, so a pair's score is sigmoid(logit_yes - logit_no) of transformers' causal LM. The byte tokenizer
+    has no "yes" / "no" tokens: "y" and "n" stand in."""
+    model = make_tiny_checkpoint("qwen3", tmp_path / "reranker")
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["n", "y"],
+                 "is_original_qwen3_reranker": True}
+    llm = LLM(str(tmp_path / "reranker"), runner="pooling", hf_overrides=overrides, **SMALL)
+    tokenizer = llm.get_tokenizer()
+    query, documents = "query: fox", ["document: a quick brown fox", "document: lazy dog"]
+    scores = llm.score(query, documents, use_tqdm=False)
+    yes, no = tokenizer.convert_tokens_to_ids("y"), tokenizer.convert_tokens_to_ids("n")
+    for document, out in zip(documents, scores):
+        ids = tokenizer(query, text_pair=document)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        assert abs(out.outputs.score - torch.sigmoid(logits[yes] - logits[no]).item()) < 1e-5

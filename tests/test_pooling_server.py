@@ -1,6 +1,6 @@
 """The pooling routes on a served engine (a tiny Qwen3 saved as a sentence-transformers model): the openai SDK's
-embeddings.create (float, base64, dimensions), /v1/rerank and /score, the 400s for bad input, and a generation
-route refused with the runner's name."""
+embeddings.create (float, base64, dimensions), langchain-openai's OpenAIEmbeddings, /v1/rerank and /score, the
+400s for bad input, and a generation route refused with the runner's name."""
 
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def test_openai_sdk_embeddings(server):
     short = client.embeddings.create(model=MODEL, input=[[259, 260, 261]], dimensions=8)
     assert len(short.data[0].embedding) == 8
     server.assert_idle()
+
+
+def test_langchain_openai_embeddings(server):
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{server.url}/v1", api_key="EMPTY",
+                                  check_embedding_ctx_length=False)  # no tiktoken: texts go as they are
+    query = embeddings.embed_query("hello world")
+    documents = embeddings.embed_documents(["hello world", "lazy dog"])
+    assert len(query) == 64 and len(documents) == 2
+    np.testing.assert_allclose(query, documents[0], atol=1e-6)
 
 
 def test_rerank_and_score(server):

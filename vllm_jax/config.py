@@ -13,7 +13,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_jax.config_pooling import PoolerConfig, check_pooling_runner, prefix_caching_allowed, resolve_pooling
+from vllm_jax.config_pooling import (
+    PoolerConfig,
+    apply_hf_overrides,
+    check_pooling_runner,
+    prefix_caching_allowed,
+    resolve_pooling,
+)
 from vllm_jax.lora.config import LoRAConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
@@ -232,6 +238,8 @@ class EngineArgs:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: str | dict | None = None
+    # vLLM's --hf-overrides: JSON text or a dict of config.json keys replaced before anything reads the config
+    hf_overrides: str | dict | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -248,7 +256,8 @@ class EngineArgs:
         self._check_values(platform)
         on_cpu = platform == "cpu"
         model_config = self._model_config(platform)
-        pooler, hf_config = resolve_pooling(self.runner, self.convert, self.pooler_config, model_config.hf_config,
+        pooler, hf_config = resolve_pooling(self.runner, self.convert, self.pooler_config,
+                                            apply_hf_overrides(model_config.hf_config, self.hf_overrides),
                                             model_config.source.path if model_config.source.kind == "hf" else None)
         model_config = dataclasses.replace(model_config, hf_config=hf_config)
         scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)

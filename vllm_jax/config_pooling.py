@@ -92,9 +92,30 @@ def resolve_pooling(runner: str, convert: str, pooler_config: str | dict | None,
     num_labels = 0
     if seq_cls and task != "embed":
         num_labels = int(getattr(hf_config, "num_labels", 0) or len(getattr(hf_config, "id2label", None) or {}))
+        tokens = getattr(hf_config, "classifier_from_token", None)
+        if tokens:  # vLLM's conversion of a causal LM: those tokens' LM-head rows are the labels
+            num_labels = 1 if getattr(hf_config, "is_original_qwen3_reranker", False) else len(tokens)
     config = PoolerConfig(task=task, pooling_type=pooling_type, normalize=normalize, activation=activation,
                           num_labels=num_labels, dimensions=dims, is_matryoshka=matryoshka or dims is not None)
     return config, causal_twin(hf_config) if seq_cls else hf_config
+
+
+def apply_hf_overrides(hf_config: Any, overrides: str | dict | None) -> Any:
+    """vLLM's --hf-overrides: a copy of the config with those keys set (e.g. Qwen3-Reranker's conversion:
+    architectures, classifier_from_token, is_original_qwen3_reranker)."""
+    if overrides is None:
+        return hf_config
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"hf_overrides must be a JSON object; got {overrides!r} ({exc})") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"hf_overrides must be a JSON object; got {overrides!r}")
+    config = copy.deepcopy(hf_config)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
 
 
 def causal_twin(hf_config: Any) -> Any:

@@ -134,7 +134,7 @@ def pooling_device_step(parts: EngineParts, base: Callable[..., DeviceStep]) -> 
 
 def load_score_head(parts: EngineParts) -> jax.Array | jax.ShapeDtypeStruct | None:
     """The classifier's score head [num_labels, hidden] float32, replicated (None without one); abstract in
-    compile-check; zeros for random weights (no checkpoint)."""
+    compile-check."""
     pooler, mc = parts.config.pooler_config, parts.config.model_config
     if not pooler.num_labels:
         return None
@@ -148,11 +148,40 @@ def load_score_head(parts: EngineParts) -> jax.Array | jax.ShapeDtypeStruct | No
     from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 
     checkpoint = SafetensorsCheckpoint(Path(mc.source.path))
+    tokens = getattr(mc.hf_config, "classifier_from_token", None)
+    head = _head_from_tokens(checkpoint, mc, tokens) if tokens else _read_score_head(checkpoint, mc)
+    if head.shape != shape:
+        raise ValueError(f"{mc.source.path}: the score head has shape {head.shape}, the config implies {shape} "
+                         "(num_labels, hidden_size)")
+    return jax.device_put(head, sharding)
+
+
+def _read_score_head(checkpoint: Any, mc: Any) -> np.ndarray:
     if SCORE_HEAD not in checkpoint.names():
         raise ValueError(f"{mc.source.path}: a {mc.hf_config.architectures[0].replace('ForCausalLM', '')}"
                          f"ForSequenceClassification checkpoint needs {SCORE_HEAD}; it has none")
-    head = checkpoint.read(SCORE_HEAD, ()).astype(np.float32)
-    if head.shape != shape:
-        raise ValueError(f"{checkpoint.where(SCORE_HEAD)}: {SCORE_HEAD} has shape {head.shape}, the config "
-                         f"implies {shape} (num_labels, hidden_size)")
-    return jax.device_put(head, sharding)
+    return checkpoint.read(SCORE_HEAD, ()).astype(np.float32)
+
+
+def _head_from_tokens(checkpoint: Any, mc: Any, tokens: list[str]) -> np.ndarray:
+    """vLLM's conversion of a causal LM into a classifier (`hf_overrides` classifier_from_token): the LM head's
+    rows of those tokens are the labels; Qwen3-Reranker's (`is_original_qwen3_reranker`, tokens ["no", "yes"])
+    is one label, the "yes" row less the "no" row, so its sigmoid is the softmax probability of "yes"."""
+    from vllm_jax.model_loader.tokenizer import load_tokenizer
+
+    vocab = load_tokenizer(mc).get_vocab()
+    missing = [t for t in tokens if t not in vocab]
+    if missing:
+        raise ValueError(f"hf_overrides.classifier_from_token: {missing} are not tokens of this tokenizer")
+    names = checkpoint.names()
+    table = next((n for n in ("lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight") if n in names),
+                 None)
+    if table is None:
+        raise ValueError(f"{mc.source.path}: classifier_from_token needs the LM head (lm_head.weight) or a tied "
+                         "embedding; the checkpoint has neither")
+    rows = np.stack([checkpoint.read(table, (slice(vocab[t], vocab[t] + 1),))[0] for t in tokens]).astype(np.float32)
+    if getattr(mc.hf_config, "is_original_qwen3_reranker", False):
+        if len(tokens) != 2:
+            raise ValueError("hf_overrides.is_original_qwen3_reranker needs classifier_from_token [no, yes]")
+        return rows[1:] - rows[:1]
+    return rows
