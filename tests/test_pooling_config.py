@@ -105,3 +105,25 @@ def test_pooler_carries_mean_and_cls_across_chunks(pooling_type):
                 "LAST": (prompt[-1], other[-1])}[pooling_type]
     for row, vector in zip((1, 0), expected):
         np.testing.assert_allclose(np.asarray(pooled[row]), vector / np.linalg.norm(vector), rtol=1e-5, atol=1e-6)
+
+
+def test_the_other_runner_is_refused_by_name():
+    """A pooling request on a generate engine (engine and server), and a generation request on a pooling one."""
+    from vllm_jax.engine.pooling import check_pooling_request
+    from vllm_jax.sampling_params import SamplingParams
+    from vllm_jax.server.errors import APIError
+    from vllm_jax.server.serving_pooling import _admit
+
+    generate = SimpleNamespace(pooler_config=None, model_config=SimpleNamespace(max_model_len=64))
+    with pytest.raises(ValueError, match="generate runner"):
+        check_pooling_request(generate, PoolingParams(), [1, 2], 8)
+    assert check_pooling_request(generate, SamplingParams(), [1, 2], 8) == [1, 2]
+    pooler, _ = resolve_pooling("pooling", "embed", None, _hf("LlamaForCausalLM"), None)
+    pooling = SimpleNamespace(pooler_config=pooler, model_config=SimpleNamespace(max_model_len=64))
+    with pytest.raises(ValueError, match="runner pooling .convert 'embed'."):
+        check_pooling_request(pooling, SamplingParams(), [1, 2], 8)
+    ctx = SimpleNamespace(model_name=lambda name: "m", require_ready=lambda: None,
+                          engine=SimpleNamespace(config=generate))
+    with pytest.raises(APIError, match="generate runner") as err:
+        _admit(ctx, None, "embed")
+    assert (err.value.status, err.value.param) == (400, "model")

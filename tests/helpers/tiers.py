@@ -38,6 +38,7 @@ MULTIDEVICE_TESTS = frozenset({
     ("test_gemma4_moe", "test_tp2_and_expert_parallel_greedy_tokens_equal_transformers_on_fake_devices"),
     ("test_gguf_quantized", "test_tp2_equals_tp1_kept_q4_1"),
     ("test_moe", "test_expert_parallel_ffn_on_four_devices_equals_single_device"),
+    ("test_pooling", "test_tp2_embeddings_equal_tp1"),
     ("test_prequantized_checkpoints", "test_tp2_equals_tp1_for_block_fp8"),
     ("test_quantization", "test_tp2_equals_tp1_for_int8"),
 })
