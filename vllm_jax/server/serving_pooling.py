@@ -23,9 +23,11 @@ from vllm_jax.pooling_params import PoolingParams, cosine, pair_token_ids, pair_
 from vllm_jax.server.engine_streams import await_or_disconnect, engine_error
 from vllm_jax.server.errors import APIError, bad_request
 from vllm_jax.server.openai_base import OpenAIBaseModel, OpenAIRequestModel
+from vllm_jax.server.responses import ErrorResponse
 from vllm_jax.server.serving import ServingContext
 
 Input = str | list[str] | list[int] | list[list[int]]
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 
 
 class PoolingRequest(OpenAIRequestModel):
@@ -78,7 +80,7 @@ class RerankResponse(OpenAIBaseModel):
 
 
 def add_pooling_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", responses=_ERRORS)
     async def embeddings(body: PoolingRequest, raw: Request) -> PoolingResponse:
         """OpenAI's embeddings: one vector per input (float list or base64 of little-endian float32)."""
         model = _admit(ctx, body.model, "embed")
@@ -87,7 +89,7 @@ def add_pooling_routes(app: FastAPI, ctx: ServingContext) -> None:
                 for i, f in enumerate(finals)]
         return _response("embd", model, data, finals)
 
-    @app.post("/pooling")
+    @app.post("/pooling", responses=_ERRORS)
     async def pooling(body: PoolingRequest, raw: Request) -> PoolingResponse:
         """vLLM's /pooling: the pooler's raw output per input."""
         model = _admit(ctx, body.model, None)
@@ -96,7 +98,7 @@ def add_pooling_routes(app: FastAPI, ctx: ServingContext) -> None:
                 for i, f in enumerate(finals)]
         return _response("pool", model, data, finals)
 
-    @app.post("/classify")
+    @app.post("/classify", responses=_ERRORS)
     async def classify(body: PoolingRequest, raw: Request) -> PoolingResponse:
         """vLLM's /classify: class probabilities and the most likely label per input."""
         model = _admit(ctx, body.model, "classify")
@@ -133,9 +135,9 @@ def add_pooling_routes(app: FastAPI, ctx: ServingContext) -> None:
                               results=results)
 
     for path in ("/score", "/v1/score"):
-        app.post(path)(score)
+        app.post(path, responses=_ERRORS)(score)
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        app.post(path)(rerank)
+        app.post(path, responses=_ERRORS)(rerank)
 
 
 def _admit(ctx: ServingContext, requested: str | None, task: str | None) -> str:
