@@ -233,8 +233,8 @@ class EngineParts:
             if buckets is not None:  # narrowed: the chains of those token buckets only
                 chains = [pair for pair in chains if pair in buckets]
         manager = PoolingCompilation if config.pooler_config is not None else CompilationManager
-        return manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter,
-                                  chain_buckets=chains, eagle=eagle)
+        return manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter, chain_buckets=chains,
+                       eagle=eagle)
 
 
 def build_engine(config: EngineConfig, devices: Sequence | None = None, *, abstract: bool = False,
