@@ -62,10 +62,11 @@ class PoolingMixin:
                        for a, b in zip(left, right)]
             outs = self._pool(prompts, params, None, use_tqdm, "classify")
             return [_typed(out, ScoringOutput(out.pooler_output[0])) for out in outs]
-        outs = self._pool(left + right, params, None, use_tqdm, "embed")
-        n = len(left)
-        return [_typed(a, ScoringOutput(cosine(a.pooler_output, b.pooler_output)))
-                for a, b in zip(outs[:n], outs[n:])]
+        broadcast = len(set(left)) == 1  # 1 -> N: the first text is embedded once
+        outs = self._pool(left[:1] + right if broadcast else left + right, params, None, use_tqdm, "embed")
+        firsts = outs[:1] * len(right) if broadcast else outs[:len(left)]
+        return [_typed(b, ScoringOutput(cosine(a.pooler_output, b.pooler_output)))
+                for a, b in zip(firsts, outs[-len(right):])]
 
     def _pool(self, prompts: Any, params: PoolingParams | Sequence[PoolingParams] | None,
               truncate_prompt_tokens: int | None, use_tqdm: bool, task: str | None) -> list[RequestOutput]:
