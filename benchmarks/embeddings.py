@@ -92,6 +92,8 @@ def main() -> None:
         t1 = time.perf_counter()
         ours = np.asarray([o.outputs.embedding for o in llm.embed(sentences, use_tqdm=False)])
         ours_s = time.perf_counter() - t1
+        print(f"vllm_jax: {ns.num_sentences / ours_s:.1f} sentences/s (warm-up {llm.llm_engine.warmup_seconds:.0f} s)",
+              flush=True)
         reference = SentenceTransformer(str(path), device="cpu")
         t2 = time.perf_counter()
         theirs = reference.encode(sentences, batch_size=ns.batch_size)
