@@ -127,3 +127,13 @@ def test_the_other_runner_is_refused_by_name():
     with pytest.raises(APIError, match="generate runner") as err:
         _admit(ctx, None, "embed")
     assert (err.value.status, err.value.param) == (400, "model")
+
+
+def test_pooling_flags_reach_engine_args():
+    from vllm_jax.cli import build_parser, engine_args_from_namespace
+
+    ns = build_parser().parse_args(["serve", "m", "--runner", "pooling", "--convert", "embed", "--pooler-config",
+                                    '{"pooling_type": "MEAN"}', "--hf-overrides", '{"is_matryoshka": true}'])
+    args = engine_args_from_namespace(ns, ns.model)
+    assert (args.runner, args.convert) == ("pooling", "embed")
+    assert args.pooler_config == '{"pooling_type": "MEAN"}' and args.hf_overrides == '{"is_matryoshka": true}'
