@@ -29,6 +29,8 @@ _LAZY = {
     "CompletionOutput": "vllm_jax.outputs",
     "Logprob": "vllm_jax.outputs",
     "LoRARequest": "vllm_jax.lora.request",
+    "PoolingParams": "vllm_jax.pooling_params",
+    "PoolingRequestOutput": "vllm_jax.outputs",
 }
 
 __all__ = [*_LAZY, "__version__"]
@@ -39,7 +41,8 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (ruff cannot see
     from vllm_jax.engine.llm_engine import LLMEngine  # noqa: F401
     from vllm_jax.llm import LLM  # noqa: F401
     from vllm_jax.lora.request import LoRARequest  # noqa: F401
-    from vllm_jax.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: F401
+    from vllm_jax.outputs import CompletionOutput, Logprob, PoolingRequestOutput, RequestOutput  # noqa: F401
+    from vllm_jax.pooling_params import PoolingParams  # noqa: F401
     from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams  # noqa: F401
 
 

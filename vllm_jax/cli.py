@@ -89,6 +89,14 @@ ENGINE_FLAG_HELP = {
                     "'{\"name\": ..., \"path\": ...}' (needs --enable-lora)",
     "enable_sleep_mode": "allow sleep / wake_up: the weights and KV cache leave the devices while asleep (RL "
                          "loops; the dev routes /sleep and /wake_up need VLLM_SERVER_DEV_MODE=1)",
+    "runner": "auto, generate or pooling (embeddings, scores, classification; default auto: pooling for a "
+              "*ForSequenceClassification or sentence-transformers checkpoint)",
+    "hf_overrides": "config.json keys to replace, as JSON (vLLM's), e.g. Qwen3-Reranker's conversion "
+                    "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": "
+                    "[\"no\", \"yes\"], \"is_original_qwen3_reranker\": true}'",
+    "convert": "the pooling task: auto, embed, classify or reward (docs/pooling.md)",
+    "pooler_config": "the pooler as JSON, vLLM's keys, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true, "
+                     "\"dimensions\": 256}' (default: the checkpoint's)",
 }
 _SHORT_FLAGS = {"tensor_parallel_size": ["-tp"], "data_parallel_size": ["-dp"], "enable_expert_parallel": ["-ep"],
                 "quantization": ["-q"]}

@@ -13,6 +13,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_jax.config_pooling import (
+    PoolerConfig,
+    apply_hf_overrides,
+    check_pooling_runner,
+    prefix_caching_allowed,
+    resolve_pooling,
+)
 from vllm_jax.lora.config import LoRAConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
@@ -155,6 +162,8 @@ class EngineConfig:
     # vLLM's --enable-sleep-mode: LLM.sleep / wake_up may move the weights and KV cache off the devices
     # (worker/sleep.py).
     enable_sleep_mode: bool = False
+    # The pooling runner's pooler (config_pooling.py); None: the generate runner.
+    pooler_config: PoolerConfig | None = None
 
     @property
     def resolved_attention_backend(self) -> AttentionBackend:
@@ -230,6 +239,12 @@ class EngineArgs:
     lora_modules: str | list | None = None
     # vLLM's sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates"): allows LLM.sleep / wake_up.
     enable_sleep_mode: bool = False
+    # vLLM's pooling flags (config_pooling.py): the runner, the conversion, and the pooler's JSON keys.
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: str | dict | None = None
+    # vLLM's --hf-overrides: JSON text or a dict of config.json keys replaced before anything reads the config
+    hf_overrides: str | dict | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -246,6 +261,10 @@ class EngineArgs:
         self._check_values(platform)
         on_cpu = platform == "cpu"
         model_config = self._model_config(platform)
+        pooler, hf_config = resolve_pooling(self.runner, self.convert, self.pooler_config,
+                                            apply_hf_overrides(model_config.hf_config, self.hf_overrides),
+                                            model_config.source.path if model_config.source.kind == "hf" else None)
+        model_config = dataclasses.replace(model_config, hf_config=hf_config)
         scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)
         speculative = self._speculative_config(scheduler_config, platform)
         kv_bytes = self.kv_cache_memory_bytes
@@ -254,7 +273,8 @@ class EngineArgs:
         return EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
-                block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                block_size=self.block_size,
+                enable_prefix_caching=self.enable_prefix_caching and prefix_caching_allowed(pooler),
                 gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
                 num_gpu_blocks_override=self.num_gpu_blocks_override),
             scheduler_config=scheduler_config,
@@ -267,12 +287,13 @@ class EngineArgs:
             scan_layers=self.scan_layers,
             structured_outputs_config=StructuredOutputsConfig.parse(self.structured_outputs_config),
             reasoning_parser=self.reasoning_parser,
-            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None
+            async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None and pooler is None
                               if self.async_scheduling is None else self.async_scheduling),
             speculative_config=speculative,
             draft_model_config=self._draft_model_config(speculative, model_config),
             lora_config=self._lora_config(speculative),
             enable_sleep_mode=self.enable_sleep_mode,
+            pooler_config=check_pooling_runner(pooler, self, speculative),
         )
 
     def _lora_config(self, speculative: SpeculativeConfig | None) -> LoRAConfig | None:

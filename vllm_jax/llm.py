@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from vllm_jax.config import engine_args_from_kwargs
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
+from vllm_jax.llm_pooling import PoolingMixin
 from vllm_jax.logger import configure_logging
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.outputs import RequestOutput
@@ -17,7 +18,7 @@ from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 from vllm_jax.worker.weight_update import Weights
 
 
-class LLM:
+class LLM(PoolingMixin):
     def __init__(self, model: str | None = None, **kwargs: Any):
         configure_logging()
         args = engine_args_from_kwargs(model, kwargs)

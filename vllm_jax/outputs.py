@@ -41,3 +41,44 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    pooler_output: list[float] | None = None  # the pooling runner's vector for the prompt, once finished
+
+
+# --- pooling runner (docs/architecture/14-pooling.md): vLLM's PoolingRequestOutput and its typed views ---
+@dataclass
+class PoolingOutput:
+    data: list[float]  # the pooler's output for the prompt
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    outputs: PoolingOutput | EmbeddingOutput | ClassificationOutput | ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+EmbeddingRequestOutput = ClassificationRequestOutput = ScoringRequestOutput = PoolingRequestOutput

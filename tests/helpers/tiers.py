@@ -14,7 +14,7 @@ from __future__ import annotations
 UNIT_MODULES = frozenset({
     "test_block_pool", "test_config", "test_detokenizer", "test_docs", "test_harmony", "test_imports",
     "test_input_batch", "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
-    "test_reasoning", "test_responses_items", "test_rope_yarn", "test_sampler",
+    "test_pooling_config", "test_reasoning", "test_responses_items", "test_rope_yarn", "test_sampler",
     "test_sampling_params", "test_scheduler", "test_spec_decode_metrics", "test_step_payload", "test_tool_choice",
     "test_tool_parsers", "test_tiers",
 })
@@ -23,8 +23,8 @@ MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_tp", "test_s
 
 SERVED_MODULES = frozenset({
     "test_api_fuzz", "test_bad_input", "test_benchmarks", "test_cli", "test_compilation_cache",
-    "test_default_model", "test_dev_routes", "test_faults", "test_lora_server", "test_package", "test_responses_api",
-    "test_security",
+    "test_default_model", "test_dev_routes", "test_faults", "test_lora_server", "test_package", "test_pooling_server",
+    "test_responses_api", "test_security",
     "test_server",
     "test_soak", "test_structured_outputs", "test_tool_calling",
 })
@@ -39,6 +39,7 @@ MULTIDEVICE_TESTS = frozenset({
     ("test_gemma4_moe", "test_tp2_and_expert_parallel_greedy_tokens_equal_transformers_on_fake_devices"),
     ("test_gguf_quantized", "test_tp2_equals_tp1_kept_q4_1"),
     ("test_moe", "test_expert_parallel_ffn_on_four_devices_equals_single_device"),
+    ("test_pooling", "test_tp2_embeddings_equal_tp1"),
     ("test_prequantized_checkpoints", "test_tp2_equals_tp1_for_block_fp8"),
     ("test_quantization", "test_tp2_equals_tp1_for_int8"),
     ("test_weight_sync", "test_tensor_parallel_update_equals_a_fresh_tp2_engine"),

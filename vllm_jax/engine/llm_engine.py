@@ -21,6 +21,7 @@ from typing import Any
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.errors import EngineSleepingError
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
+from vllm_jax.engine.pooling import attach_pooler_outputs, check_pooling_request
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.model_loader.tokenizer import generation_eos_token_ids, load_tokenizer
@@ -33,7 +34,8 @@ from vllm_jax.scheduler.request import Request, RequestStatus
 from vllm_jax.scheduler.scheduler import Scheduler
 from vllm_jax.structured_output import GrammarCompiler, ReasoningTokens, RequestGrammar
 from vllm_jax.utils import bitmask_width
-from vllm_jax.worker.model_runner import InFlightStep, ModelRunner
+from vllm_jax.worker.model_runner import InFlightStep
+from vllm_jax.worker.pooling_runner import runner_class
 from vllm_jax.worker.weight_update import Weights
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class LLMEngine:
         self.config = config
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc)
-        self.runner = ModelRunner(config, devices=devices)
+        self.runner = runner_class(config)(config, devices=devices)
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
                                                config.cache_config.enable_prefix_caching, mc.max_model_len)
@@ -118,6 +120,7 @@ class LLMEngine:
             raise EngineSleepingError("the engine is sleeping: call wake_up() before generating")
         params = params.clone() if params is not None else SamplingParams()
         text, token_ids = self._tokenize_prompt(prompt)
+        token_ids = check_pooling_request(self.config, params, token_ids, self.runner.spec.hidden_size)
         self._check_params(params)
         self._check_lora(lora_request)
         arrival = time.time() if arrival_time is None else arrival_time
@@ -218,6 +221,8 @@ class LLMEngine:
         core_outputs = self.scheduler.update_from_output(dispatched.scheduled, runner_out)
         self.last_step = StepRecord(scheduled, core_outputs, dispatched.scheduled.total_num_scheduled_tokens)
         processed = self.output_processor.process_outputs(core_outputs)
+        if runner_out.pooler_output:
+            attach_pooler_outputs(processed.request_outputs, runner_out.pooler_output)
         if processed.reqs_to_abort:
             self.scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
         if self._in_flight is None and not self.scheduler.has_unfinished_requests():

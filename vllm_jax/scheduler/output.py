@@ -78,6 +78,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[tuple[list[int], list[float], list[int]]]] = field(default_factory=dict)
     # speculative decoding: req_id -> the tokens proposed for its next step
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # the pooling runner: req_id -> the pooled vector of a prompt whose last chunk ran this step
+    pooler_output: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass

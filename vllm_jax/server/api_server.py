@@ -42,6 +42,7 @@ from vllm_jax.server.responses_store import DEFAULT_RESPONSES_STORE_SIZE
 from vllm_jax.server.serving import ServingContext, load_chat_template
 from vllm_jax.server.serving_chat import create_chat_completion
 from vllm_jax.server.serving_completions import create_completion
+from vllm_jax.server.serving_pooling import add_pooling_routes
 from vllm_jax.server.tokenizer_info import tokenizer_info
 from vllm_jax.server.tool_parsers import auto_tool_parser
 
@@ -84,6 +85,7 @@ def build_app(engine: AsyncLLM, *, served_model_names: list[str], api_key: str |
     add_lora_routes(app, ctx)
     add_responses_routes(app, ctx, responses_store_size)
     add_dev_routes(app, ctx)
+    add_pooling_routes(app, ctx)
     if enable_tokenizer_info:
         _add_tokenizer_info_route(app, ctx)
     return app

@@ -200,7 +200,8 @@ def program_store(config: EngineConfig, cache_dir: str | None, devices: list, st
                    str(mc.max_model_len),
                    str(mc.max_logprobs), repr(config.cache_config.block_size), repr(config.scheduler_config),
                    repr(config.parallel_config), config.attention_backend, config.platform, str(config.scan_layers),
-                   repr([(d.id, d.device_kind) for d in devices]), repr(avals)]
+                   repr([(d.id, d.device_kind) for d in devices]), repr(avals),
+                   repr(config.pooler_config)]  # the pooling runner's forward and pooler differ from generation's
     return ProgramStore(cache_dir, fingerprint)
 
 

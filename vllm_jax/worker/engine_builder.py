@@ -51,6 +51,7 @@ from vllm_jax.worker.kv_cache import (
     spec_bytes_per_block,
 )
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
+from vllm_jax.worker.pooling_step import PoolingCompilation, pooling_device_step
 from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
 
 logger = logging.getLogger(__name__)
@@ -202,6 +203,8 @@ class EngineParts:
         CompilationManager.device is the engine's step. `buckets` (default: all) narrows the forward programs;
         `cache_dir`: the compilation cache's (None: off); `samplers_from`: a probe whose samplers it adopts."""
         config, mc, sc = self.config, self.config.model_config, self.config.scheduler_config
+        if config.pooler_config is not None:  # the pooling runner's programs join the step
+            device_step = pooling_device_step(self, device_step)
         counter = TraceCounter()
         kv_cache = self.make_cache(cache_shape(config, self.spec, num_blocks), self.kv_sharding)
         lora = None
@@ -229,8 +232,9 @@ class EngineParts:
             chains = chain_buckets(self.token_buckets, self.seq_bucket, sc.max_num_seqs)
             if buckets is not None:  # narrowed: the chains of those token buckets only
                 chains = [pair for pair in chains if pair in buckets]
-        return CompilationManager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter,
-                                  chain_buckets=chains, eagle=eagle)
+        manager = PoolingCompilation if config.pooler_config is not None else CompilationManager
+        return manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter, chain_buckets=chains,
+                       eagle=eagle)
 
 
 def build_engine(config: EngineConfig, devices: Sequence | None = None, *, abstract: bool = False,
