@@ -266,11 +266,10 @@ def build_engine(config: EngineConfig, devices: Sequence | None = None, *, abstr
                             quantization=model_quantization(mc))
     speculator = head or (load_draft_model(config, kernels.backend, load, random_weights)
                           if method == "draft_model" else None)
+    max_rows = engine_max_rows(config)
     return EngineParts(config, spec, mesh, kernels, graphdef, params, aux_layers, speculator,
                        geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
-                       geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), engine_max_rows(config),
-                                         sc.bucket_growth),
-                       abstract)
+                       geometric_buckets(min(sc.min_seq_bucket, max_rows), max_rows, sc.bucket_growth), abstract)
 
 
 @dataclass(frozen=True)
