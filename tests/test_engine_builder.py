@@ -38,7 +38,9 @@ def models(tmp_path_factory):
 def _extra(case: str, models: dict) -> dict:
     spec = {"num_speculative_tokens": 2, "disable_by_batch_size": 64}
     return {"plain": {},
-            "draft_model": {"speculative_config": {"method": "draft_model", "model": models["target"], **spec}},
+            # k = 4 at max_num_seqs 1: the proposals' logits rows get sequence buckets of their own (issue #38)
+            "draft_model": {"speculative_config": {"method": "draft_model", "model": models["target"], **spec,
+                                                   "num_speculative_tokens": 4}, "max_num_seqs": 1},
             "eagle3": {"speculative_config": {"method": "eagle3", "model": models["head"], **spec}},
             "lora": {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8},
             "pooling": {"runner": "pooling", "convert": "embed", "pooler_config": {"pooling_type": "MEAN"}}}[case]
@@ -50,7 +52,7 @@ def _leaves(tree) -> list[tuple]:
 
 @pytest.mark.parametrize("case", ["plain", "draft_model", "eagle3", "lora", "pooling"])
 def test_compile_check_compiles_the_programs_warm_up_makes_ready(models, case):
-    config = EngineArgs(model=models["target"], **SMALL, **_extra(case, models)).create_config()
+    config = EngineArgs(model=models["target"], **{**SMALL, **_extra(case, models)}).create_config()
     runner = ModelRunner(config)  # the checkpoint's weights, loaded and placed
     engine = build_engine(config, targets.get_target("cpu").devices, abstract=True)
     labels = [label for label, _ in engine_plan(engine, runner.num_blocks)]

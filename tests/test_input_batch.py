@@ -125,3 +125,17 @@ def test_a_full_batch_says_so_and_a_departed_row_is_reused():
     batch.remove("never-held")  # finished before it ever ran: ignored
     assert batch.add("c", [4], [3], 0, params, 0) == slot
     np.testing.assert_array_equal(batch.block_table[slot], [3] + [0] * (WIDTH - 1))  # no stale blocks
+
+
+def test_speculation_gives_logits_rows_beyond_max_num_seqs_up_to_the_tokens():
+    """Issue #38: each proposal's logits row is bounded by the step's tokens, not by max_num_seqs."""
+    from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, seq_bucket_for
+
+    assert max_step_rows(8, 32) == 8  # no speculation: max_num_seqs
+    assert max_step_rows(1, 32, num_spec_tokens=4) == 5  # k = 4 at max_num_seqs 1
+    assert max_step_rows(4, 512, num_spec_tokens=4, spec_batch_limit=2) == 4 + 2 * 4  # only 2 may propose
+    assert max_step_rows(256, 512, num_spec_tokens=4) == 512  # never more rows than tokens
+    assert max_step_rows(64, 32, num_spec_tokens=4) == 64  # nor fewer than max_num_seqs
+    rows = max_step_rows(1, 32, num_spec_tokens=4)
+    buckets = geometric_buckets(2, rows, 4)
+    assert [seq_bucket_for(t, buckets, rows) for t in (2, 8, 32)] == [2, 5, 5]

@@ -59,18 +59,24 @@ def test_greedy_output_is_identical_and_proposals_are_accepted(engines):
     check_idle(on)
 
 
-@pytest.mark.parametrize("case", ["chunked", "no_prefix_caching", "preempting", "one_seq"])
+@pytest.mark.parametrize("case", ["chunked", "no_prefix_caching", "preempting", "four_seqs_k4", "one_seq_k4"])
 def test_greedy_output_is_identical_across_engine_configurations(checkpoint, engines, case):
-    args = dict(ARGS)
+    """Including k = 4 at max_num_seqs 4 and 1 (issue #38: each verified token's logits row is bounded by the
+    step's tokens, not by max_num_seqs)."""
+    args, spec = dict(ARGS), NGRAM
     if case == "chunked":
         args.update(max_num_batched_tokens=8)  # prompts arrive in chunks; proposals compete with them
     elif case == "no_prefix_caching":
         args.update(enable_prefix_caching=False)
     elif case == "preempting":
         args.update(num_gpu_blocks_override=24)  # 23 blocks of 8 for 8 requests of up to 64 tokens
+    elif case == "four_seqs_k4":
+        args.update(max_num_seqs=4, max_num_batched_tokens=8)  # tokens run short: proposals are trimmed
+        spec = {**NGRAM, "num_speculative_tokens": 4}
     else:
-        args.update(max_num_seqs=4, max_num_batched_tokens=8)  # logits rows run short: proposals are trimmed
-    llm = LLM(checkpoint, speculative_config=NGRAM, **args)
+        args.update(max_num_seqs=1)
+        spec = {**NGRAM, "num_speculative_tokens": 4}
+    llm = LLM(checkpoint, speculative_config=spec, **args)
     prompts = _repetitive_prompts(10, seed=1)
     prompts += [prompts[0] + [5, 6], prompts[0] + [7]]  # prefix-cache hits
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -80,6 +86,9 @@ def test_greedy_output_is_identical_across_engine_configurations(checkpoint, eng
     assert llm.llm_engine.scheduler.spec_decode_counts.num_accepted_tokens > 0
     if case == "preempting":
         assert llm.llm_engine.scheduler.num_preemptions_total > 0
+    if case == "one_seq_k4":  # steps of one request verifying several proposals: more rows than max_num_seqs
+        counts = llm.llm_engine.scheduler.spec_decode_counts
+        assert counts.num_draft_tokens > counts.num_drafts and llm.llm_engine.runner.max_rows == 5
     check_idle(llm)
 
 
@@ -283,7 +292,7 @@ def test_batch_size_limit_switches_proposals_off(checkpoint):
     ({"num_speculative_tokens": 2}, "speculative_config.method"),
     ({"method": "ngram"}, "speculative_config.num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 40}, "num_speculative_tokens"),  # 41 > max_num_seqs 8
+    ({"method": "ngram", "num_speculative_tokens": 40}, "max_num_batched_tokens"),  # 41 > 32 tokens
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown keys ['lookahead']"),

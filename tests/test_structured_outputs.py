@@ -95,6 +95,20 @@ def test_compiler_caches_by_constraint_and_names_the_field_of_a_bad_one(compiler
             compiler.compile(params)
 
 
+
+def test_the_required_tool_call_grammar_refuses_extra_keys_in_a_call_object(compiler):
+    """Issue #37: tool_choice "required" compiles call objects that hold exactly `name` and `parameters`."""
+    from tests.test_tool_choice import REQUIRED_EXTRA_KEYS, REQUIRED_GOOD, required_schema
+
+    grammar = compiler.compile(StructuredOutputsParams(json=required_schema()))
+
+    def accepts(value: object) -> bool:
+        matcher = compiler.new_matcher(grammar)
+        tokens = [3 + byte for byte in json.dumps(value, separators=(",", ":")).encode()]  # byte_tokenizer's ids
+        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    assert accepts(REQUIRED_GOOD) and not accepts(REQUIRED_EXTRA_KEYS)
+
 def test_reasoning_keeps_the_row_free_until_the_end_token(compiler):
     think, end = 259, 260  # stand-ins for <think> and </think> ('a', 'b' in the byte tokenizer)
     grammar = compiler.compile(StructuredOutputsParams(choice=["zz"]))

@@ -54,12 +54,33 @@ def test_a_named_function_forces_its_parameters_and_required_forces_vllms_list_o
     assert required == {
         "type": "array", "minItems": 1, "$defs": {"city": {"type": "string"}},
         "items": {"type": "object", "anyOf": [
-            {"properties": {"name": {"type": "string", "enum": ["get_weather"]}, "parameters": weather_parameters},
-             "required": ["name", "parameters"]},
-            {"properties": {"name": {"type": "string", "enum": ["get_time"]},
-                            "parameters": {"type": "object", "properties": {}}},
-             "required": ["name", "parameters"]}]}}
+            {"type": "object",
+             "properties": {"name": {"type": "string", "enum": ["get_weather"]}, "parameters": weather_parameters},
+             "required": ["name", "parameters"], "additionalProperties": False},
+            {"type": "object", "properties": {"name": {"type": "string", "enum": ["get_time"]},
+                                              "parameters": {"type": "object", "properties": {}}},
+             "required": ["name", "parameters"], "additionalProperties": False}]}}
     assert "$defs" in WEATHER_TOOL["function"]["parameters"]  # the request's own schema is left alone
     clash = dict(TIME_TOOL, function={"name": "get_time", "parameters": {"$defs": {"city": {"type": "integer"}}}})
     with pytest.raises(ToolChoiceError, match="\\$defs 'city' twice"):
         forced_schema(resolve_tool_choice(_tools(WEATHER_TOOL, clash), "required"), _tools(WEATHER_TOOL, clash))
+
+
+REQUIRED_GOOD = [{"name": "get_weather", "parameters": {"city": "Paris", "unit": "C"}}]
+REQUIRED_EXTRA_KEYS = [{"name": "get_weather", "parameters": {"city": "Paris"}, "action": "search", "query": {}}]
+
+
+def required_schema() -> dict:
+    tools = _tools(WEATHER_TOOL, TIME_TOOL)
+    return forced_schema(resolve_tool_choice(tools, "required"), tools)
+
+
+def test_required_call_objects_hold_exactly_name_and_parameters():
+    """Issue #37: a call object with a key beyond `name` and `parameters` is refused; the user's parameters schema
+    keeps what it allows (here: extra arguments). The grammar compiled from it: test_structured_outputs.py."""
+    import jsonschema
+
+    schema = required_schema()
+    jsonschema.validate(REQUIRED_GOOD, schema)
+    with pytest.raises(jsonschema.ValidationError):  # no anyOf branch takes it
+        jsonschema.validate(REQUIRED_EXTRA_KEYS, schema)

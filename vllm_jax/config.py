@@ -315,7 +315,7 @@ class EngineArgs:
         if speculative.disable_by_batch_size is None:
             speculative = dataclasses.replace(
                 speculative, disable_by_batch_size=SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT[platform])
-        speculative.check_fits(sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len)
+        speculative.check_fits(sched.max_num_batched_tokens, sched.max_model_len)
         if self.async_scheduling:
             raise ValueError("async_scheduling cannot be combined with speculative_config: proposals are made "
                              "from the tokens the previous step accepted (leave async_scheduling unset)")

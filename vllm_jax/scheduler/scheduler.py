@@ -210,22 +210,21 @@ class Scheduler:
             if num_new <= 0:
                 continue
             spec = []
-            if speculates and request.spec_token_ids:  # rows stay for those after it: one logits row each
-                spec = self._spec_tokens(request, num_new, plan, len(snapshot) - index)
+            if speculates and request.spec_token_ids:  # a token of the budget stays for each request after it
+                spec = self._spec_tokens(request, num_new, plan.budget - (len(snapshot) - index - 1))
             request.spec_token_ids = []  # consumed: the runner proposes afresh after this step
             allocated = self._allocate_or_preempt(request, num_new, plan, spec)
             if allocated is not None:  # else it gave way itself; those after it may still fit
                 blocks, spec = allocated
                 plan.add_running(request, num_new + len(spec), blocks, spec)
 
-    def _spec_tokens(self, request: Request, num_new: int, plan: StepPlan, rows_needed: int) -> list[int]:
-        """The proposals a decoding request verifies this step: as many as the budget, the step's logits rows
-        (`rows_needed` kept for it and the running requests after it), the context and the request's remaining
-        max_tokens leave room for, and its grammar allows."""
+    def _spec_tokens(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The proposals a decoding request verifies this step: as many as `budget` (the tokens it may take), the
+        context and the request's remaining max_tokens leave room for, and its grammar allows. Each takes a
+        logits row, which the runner's buckets always hold (worker/buckets.py's `max_step_rows`)."""
         if num_new != 1 or request.num_computed_tokens + 1 != request.num_tokens:
             return []  # not decoding (a prompt chunk, a recompute): proposals are stale
-        room = min(plan.budget - num_new, self.config.max_num_seqs - plan.num_logit_rows - rows_needed,
-                   self.max_model_len - request.num_tokens - 1,
+        room = min(budget - num_new, self.max_model_len - request.num_tokens - 1,
                    request.max_tokens - request.num_output_tokens - 1)
         spec = request.spec_token_ids[:max(room, 0)]
         if spec and request.grammar is not None:  # a proposal the grammar forbids can never be accepted
@@ -270,8 +269,7 @@ class Scheduler:
         first that cannot be admitted ends admission (nobody skips the queue), except a request whose LoRA
         adapter has no slot: it waits, and those behind it go on."""
         blocked: set[str] = set()  # waiting for a LoRA slot this step
-        while (len(self.waiting) > len(blocked) and plan.budget > 0 and len(self.running) < self.config.max_num_seqs
-               and plan.num_logit_rows < self.config.max_num_seqs):
+        while len(self.waiting) > len(blocked) and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._peek_waiting(blocked)
             lora = request.lora_request
             if lora is not None and not self.lora_slots.can_acquire(lora):

@@ -19,7 +19,6 @@ class StepPlan:
     new: list[Request] = field(default_factory=list)  # admitted from the waiting queue
     preempted: list[Request] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the proposals each request verifies
-    num_logit_rows: int = 0  # one per scheduled request, plus one per proposal
     lora_loads: dict = field(default_factory=dict)  # LoRA slot -> the adapter newly made resident there
 
     def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int],
@@ -28,7 +27,6 @@ class StepPlan:
         self.new_block_ids[request.request_id] = new_block_ids
         if spec_tokens:
             self.spec_tokens[request.request_id] = spec_tokens
-            self.num_logit_rows += len(spec_tokens)
         self._take(request, num_tokens)
 
     def add_new(self, request: Request, num_tokens: int) -> None:
@@ -42,10 +40,9 @@ class StepPlan:
             return
         self.running.remove(request)
         del self.new_block_ids[request.request_id]
-        self.num_logit_rows -= 1 + len(self.spec_tokens.pop(request.request_id, []))
+        self.spec_tokens.pop(request.request_id, None)
         self.budget += num_tokens
 
     def _take(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled[request.request_id] = num_tokens
-        self.num_logit_rows += 1
         self.budget -= num_tokens

@@ -65,9 +65,11 @@ def resolve_tool_choice(tools: list[ChatTool] | None, tool_choice: str | dict[st
 def forced_schema(choice: ToolChoice, tools: list[ChatTool] | None) -> dict[str, Any] | None:
     """The JSON schema structured outputs must enforce for `choice`, or None when nothing is forced.
 
-    A named function: its `parameters` (the output is the arguments). "required": vLLM's list of at least one
-    `{"name": <a tool's name>, "parameters": <its parameters>}`, with every tool's `$defs` lifted to the top of
-    the schema so that their `$ref`s still resolve."""
+    A named function: its `parameters` as the user wrote them (the output is the arguments). "required": vLLM's
+    list of at least one `{"name": <a tool's name>, "parameters": <its parameters>}`, with every tool's `$defs`
+    lifted to the top of the schema so that their `$ref`s still resolve. Each call object holds exactly those two
+    keys (vLLM's allows any more; the tool parser reads only these, and a sampled extra key could run the reply to
+    max_tokens with no call: issue #37, docs/decisions.md)."""
     if choice.mode == "named":
         tool = next(t for t in tools or [] if t.function.name == choice.function)
         return copy.deepcopy(tool.function.parameters) if tool.function.parameters else dict(_EMPTY_PARAMETERS)
@@ -83,9 +85,10 @@ def forced_schema(choice: ToolChoice, tools: list[ChatTool] | None) -> dict[str,
             if defs.setdefault(name, schema) != schema:
                 raise ToolChoiceError(f"tools define $defs {name!r} twice, differently; tool_choice \"required\" "
                                       "needs every tool's $defs to agree.", "tools")
-        entries.append({"properties": {"name": {"type": "string", "enum": [tool.function.name]},
+        entries.append({"type": "object",
+                        "properties": {"name": {"type": "string", "enum": [tool.function.name]},
                                        "parameters": parameters},
-                        "required": ["name", "parameters"]})
+                        "required": ["name", "parameters"], "additionalProperties": False})
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": entries}}
     if defs:
         schema["$defs"] = defs

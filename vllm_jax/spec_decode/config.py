@@ -64,15 +64,15 @@ class SpeculativeConfig:
         return cls(method=method, num_speculative_tokens=k, prompt_lookup_max=lookup_max,
                    prompt_lookup_min=lookup_min, model=model, disable_by_batch_size=disable)
 
-    def check_fits(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> None:
-        """A decoding request schedules 1 + k tokens, each with its own logits row: they must fit one step."""
+    def check_fits(self, max_num_batched_tokens: int, max_model_len: int) -> None:
+        """A decoding request schedules 1 + k tokens: they must fit one step and the context. Their logits rows
+        are bounded by the step's tokens, not by max_num_seqs (worker/buckets.py's `max_step_rows`)."""
         need = 1 + self.num_speculative_tokens
-        for name, limit in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
-                            ("max_model_len", max_model_len)):
+        for name, limit in (("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)):
             if need > limit:
                 raise ValueError(f"speculative_config.num_speculative_tokens ({self.num_speculative_tokens}) is too "
-                                 f"large: a decoding request then needs {need} tokens (and logits rows) per step, "
-                                 f"more than {name} ({limit})")
+                                 f"large: a decoding request then needs {need} tokens per step, more than {name} "
+                                 f"({limit})")
         if self.method not in IMPLEMENTED_METHODS:
             raise ValueError(f"speculative_config.method {self.method!r} is not available in this build yet (only "
                              f"{', '.join(IMPLEMENTED_METHODS)}); see docs/speculative-decoding.md")

@@ -32,7 +32,7 @@ from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.worker import kv_cache as kv_cache_module
-from vllm_jax.worker.buckets import geometric_buckets, seq_bucket_for
+from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
@@ -121,8 +121,13 @@ class EngineParts:
     def max_blocks_per_seq(self) -> int:
         return self.kernels.max_blocks_per_seq
 
+    @property
+    def max_rows(self) -> int:
+        """The most rows (logits rows) one step holds: the largest sequence bucket."""
+        return engine_max_rows(self.config)
+
     def seq_bucket(self, num_tokens_padded: int) -> int:
-        return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
+        return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.max_rows)
 
     def buckets(self) -> list[tuple[int, int]]:
         """(tokens, sequences) of every forward program, as the runner pairs them."""
@@ -237,6 +242,15 @@ class EngineParts:
                        eagle=eagle)
 
 
+def engine_max_rows(config: EngineConfig) -> int:
+    """`max_step_rows` for this engine: with speculation, its proposals' logits rows beside the requests'."""
+    sc, speculative = config.scheduler_config, config.speculative_config
+    if speculative is None:
+        return sc.max_num_seqs
+    return max_step_rows(sc.max_num_seqs, sc.max_num_batched_tokens, speculative.num_speculative_tokens,
+                         speculative.disable_by_batch_size)
+
+
 def build_engine(config: EngineConfig, devices: Sequence | None = None, *, abstract: bool = False,
                  random_weights: bool = False) -> EngineParts:
     """The engine's pieces for `config` on `devices` (default: jax's), every refusal of a config the engine
@@ -256,10 +270,10 @@ def build_engine(config: EngineConfig, devices: Sequence | None = None, *, abstr
                             quantization=model_quantization(mc))
     speculator = head or (load_draft_model(config, kernels.backend, load, random_weights)
                           if method == "draft_model" else None)
+    max_rows = engine_max_rows(config)
     return EngineParts(config, spec, mesh, kernels, graphdef, params, aux_layers, speculator,
                        geometric_buckets(sc.min_token_bucket, sc.max_num_batched_tokens, sc.bucket_growth),
-                       geometric_buckets(min(sc.min_seq_bucket, sc.max_num_seqs), sc.max_num_seqs, sc.bucket_growth),
-                       abstract)
+                       geometric_buckets(min(sc.min_seq_bucket, max_rows), max_rows, sc.bucket_growth), abstract)
 
 
 @dataclass(frozen=True)

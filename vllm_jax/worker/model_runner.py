@@ -93,6 +93,7 @@ class ModelRunner:
         self.max_blocks_per_seq = parts.max_blocks_per_seq
         self.max_logprobs = mc.max_logprobs
         self.token_buckets, self.seq_buckets = parts.token_buckets, parts.seq_buckets
+        self.max_rows = parts.max_rows  # the most logits rows a step holds (proposals' rows included)
         # Async scheduling: the device records every step's samples per slot and feeds them to the next step.
         self.feeds_tokens = config.async_scheduling
         # Speculative decoding: every step's sampler verifies proposals (docs/architecture/08-sampling.md, "Speculative
@@ -155,7 +156,7 @@ class ModelRunner:
         return DeviceSleep(self.device)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
-        return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.config.scheduler_config.max_num_seqs)
+        return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.max_rows)
 
     # --- research entry point ---
     def step(self, inputs: StepInputs) -> jax.Array:
