@@ -236,7 +236,7 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(http
 
 def test_wrong_method_and_unknown_route_get_openai_bodies(http: httpx.Client) -> None:
     assert "Method Not Allowed" in openai_error(http.get("/v1/completions"), 405)["message"]
-    assert "does not exist" in openai_error(http.post("/v1/embeddings", json={}), 404)["message"]
+    assert "does not exist" in openai_error(http.post("/v1/images/generations", json={}), 404)["message"]
     _assert_still_serving(http)
 
 

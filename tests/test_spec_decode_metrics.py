@@ -246,7 +246,8 @@ def test_launcher_gives_k_to_the_prometheus_logger_and_runs_the_log_line(monkeyp
                              model_config=SimpleNamespace(served_model_name="m"))
     ns = SimpleNamespace(disable_log_stats=False, max_num_queued_requests=None, api_key=None, chat_template=None,
                          max_request_bytes=None, enable_log_requests=False, enable_tokenizer_info_endpoint=False,
-                         enable_auto_tool_choice=False, tool_call_parser=None)
+                         enable_auto_tool_choice=False, tool_call_parser=None, responses_store_size=16,
+                         disable_responses_store=False)
     _engine_and_app(config, ns, ["m"])
     metrics, line = built["engine"]["stat_loggers"]
     assert built["app"]["metrics"] is metrics and isinstance(line, LoggingStatLogger)
