@@ -105,13 +105,7 @@ def apply_hf_overrides(hf_config: Any, overrides: str | dict | None) -> Any:
     architectures, classifier_from_token, is_original_qwen3_reranker)."""
     if overrides is None:
         return hf_config
-    if isinstance(overrides, str):
-        try:
-            overrides = json.loads(overrides)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"hf_overrides must be a JSON object; got {overrides!r} ({exc})") from None
-    if not isinstance(overrides, dict):
-        raise ValueError(f"hf_overrides must be a JSON object; got {overrides!r}")
+    overrides = json_object_flag("hf_overrides", overrides)
     config = copy.deepcopy(hf_config)
     for key, value in overrides.items():
         setattr(config, key, value)

@@ -23,9 +23,9 @@ def partial_marker_len(text: str, marker: str) -> int:
     return 0
 
 
-def json_object_flag(name: str, value: str | dict, known: set[str] | tuple[str, ...]) -> dict:
-    """A JSON-object flag (its JSON text, or a dict offline) as a dict whose keys are all `known`; a ValueError
-    naming the flag otherwise."""
+def json_object_flag(name: str, value: str | dict, known: set[str] | tuple[str, ...] | None = None) -> dict:
+    """A JSON-object flag (its JSON text, or a dict offline) as a dict whose keys are all `known` (any key when
+    None); a ValueError naming the flag otherwise."""
     import json
 
     if isinstance(value, str):
@@ -35,7 +35,7 @@ def json_object_flag(name: str, value: str | dict, known: set[str] | tuple[str, 
             raise ValueError(f"{name} must be a JSON object; got {value!r} ({exc})") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object; got {value!r}")
-    unknown = sorted(set(value) - set(known))
+    unknown = sorted(set(value) - set(known)) if known is not None else []
     if unknown:
         raise ValueError(f"{name}: unknown keys {unknown}; known: {sorted(known)}")
     return value
