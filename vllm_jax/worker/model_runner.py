@@ -188,14 +188,19 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         return self._to_output(flight.step, self.device.fetch(flight.result))
 
-    def _prepare(self, sched: SchedulerOutput) -> _PreparedStep:
-        """The scheduled rows packed into the smallest bucket that holds them, with their sampling tensors."""
+    def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
+        """The scheduled requests, their input-batch slots and token counts, and the (tokens, sequences) bucket
+        that holds them."""
         req_ids = list(sched.num_scheduled_tokens)
-        batch = self.input_batch
-        slots = batch.slots(req_ids)
+        slots = self.input_batch.slots(req_ids)
         counts = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, len(req_ids))
         num_tokens = pick_bucket(self.token_buckets, sched.total_num_scheduled_tokens)
-        num_seqs = self.seq_bucket(num_tokens)
+        return req_ids, slots, counts, num_tokens, self.seq_bucket(num_tokens)
+
+    def _prepare(self, sched: SchedulerOutput) -> _PreparedStep:
+        """The scheduled rows packed into the smallest bucket that holds them, with their sampling tensors."""
+        req_ids, slots, counts, num_tokens, num_seqs = self._scheduled_rows(sched)
+        batch = self.input_batch
         num_drafts, drafts = None, sched.scheduled_spec_decode_tokens
         if self.speculates:
             num_drafts = np.fromiter((len(drafts.get(r, ())) for r in req_ids), np.int32, len(req_ids))

@@ -18,7 +18,6 @@ from vllm_jax.config import EngineConfig
 from vllm_jax.model.pooler import PoolInputs
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from vllm_jax.worker.buckets import pick_bucket
 from vllm_jax.worker.model_runner import ModelRunner
 from vllm_jax.worker.request_state import update_request_states
 
@@ -48,12 +47,8 @@ class PoolingModelRunner(ModelRunner):
         self.input_batch.update(sched)
         if not sched.num_scheduled_tokens:
             return None
-        req_ids = list(sched.num_scheduled_tokens)
+        req_ids, slots, counts, num_tokens, num_seqs = self._scheduled_rows(sched)
         batch = self.input_batch
-        slots = batch.slots(req_ids)
-        counts = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, len(req_ids))
-        num_tokens = pick_bucket(self.token_buckets, sched.total_num_scheduled_tokens)
-        num_seqs = self.seq_bucket(num_tokens)
         inputs = batch.pack(slots, counts, block_size=self.block_size, num_tokens_padded=num_tokens,
                             num_seqs_padded=num_seqs)
         dims = [self.dimensions(req_id) for req_id in req_ids]
