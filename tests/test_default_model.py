@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Literal
 
 import jax
 import pytest
@@ -45,13 +46,15 @@ def test_default_model_chat_answers_through_the_gguf_chat_template(llm):
 
 @pytest.fixture(scope="module")
 def served():
-    """`vllm-jax serve`'s app on the default model, with the tokenizer's own chat template."""
+    """`vllm-jax serve`'s app on the default model, with the tokenizer's own chat template (and auto tool choice,
+    as an agent's server has it)."""
     from tests.helpers.live_server import serve
     from vllm_jax import AsyncLLM, EngineArgs
 
     server = serve(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256, max_num_seqs=8,
                                                         max_num_batched_tokens=32)),
-                   model_names=[SERVED_NAME], chat_template=None)
+                   model_names=[SERVED_NAME], chat_template=None, enable_auto_tool_choice=True,
+                   tool_call_parser="hermes")
     yield server
     server.stop()
 
@@ -142,3 +145,29 @@ def test_default_model_sampled_required_tool_calls_parse(llm):
     unparsed = [r.text for r in replies if r.finish_reason != "length" and not parser.extract(r.text).calls]
     assert len(cut) <= 15 and not unparsed, (cut, unparsed)
     assert all(call.name == "get_weather" for r in replies for call in parser.extract(r.text).calls)
+
+
+def test_default_model_openai_agents_sdk_completes_a_tool_round_trip(served):
+    """Issue #35: the openai-agents SDK (Agent + function_tool + OpenAIResponsesModel over an AsyncOpenAI client)
+    against /v1/responses on the default model, tool_choice "required": the engine's grammar forces the call, the
+    tool runs, and the agent's next turn (tool_choice back to auto, the SDK's default) answers in text."""
+    agents = pytest.importorskip("agents")
+    import openai
+
+    agents.set_tracing_disabled(True)
+    seen: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Rome"]) -> str:
+        """Get the current weather in a city."""
+        seen.append(city)
+        return "18C and sunny"
+
+    client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+    model = agents.OpenAIResponsesModel(model=SERVED_NAME, openai_client=client)
+    agent = agents.Agent(name="weather", instructions="Answer the user's question with the tool.",
+                         tools=[get_weather], model=model,
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0.0, max_tokens=160))
+    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    assert seen and set(seen) == {"Paris"}  # the forced list may hold the same call twice (issue #37)
+    assert isinstance(result.final_output, str) and result.final_output.strip()
