@@ -396,7 +396,9 @@ class Scheduler:
                 continue
             was_running = request.status == RequestStatus.RUNNING
             new_tokens: list[int] = []
-            for token in sampled:
+            if req_id in runner_output.pooler_output:  # a pooled prompt ends "stop" and generates nothing (vLLM)
+                request.status = RequestStatus.FINISHED_STOPPED
+            for token in sampled if not request.is_finished else ():
                 request.append_output_token_ids(token)
                 new_tokens.append(token)
                 if check_stop(request, self.max_model_len) or grammar_stops(request, token):
