@@ -12,15 +12,20 @@ Engines run without warm-up (each compiles what its workload uses), one per meth
 from __future__ import annotations
 
 import itertools
+import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint, make_tiny_eagle3_head
 from tests.test_lora import make_adapter
 from vllm_jax import LLM, EngineArgs, LoRARequest, SamplingParams
 from vllm_jax.engine.llm_engine import LLMEngine
+from vllm_jax.worker.sleep import DeviceSleep
 
 # 4 prompts of 4 tokens: the prefill and every verification step fit one 16-token bucket (few programs to compile)
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=40, max_num_seqs=4, max_num_batched_tokens=16,
@@ -65,7 +70,7 @@ def engine(setup, method: str) -> LLM:
     if method not in setup["engines"]:
         model = {"ngram": None, "draft_model": setup["target"], "eagle3": setup["head"]}[method]
         setup["engines"][method] = cold_llm(setup["target"], speculative_config=spec(method, model),
-                                            enable_sleep_mode=method == "draft_model")
+                                            enable_sleep_mode=True)
     return setup["engines"][method]
 
 
@@ -109,10 +114,11 @@ def test_seeded_sampling_with_adapters_is_reproducible_and_batch_independent(set
     check_idle(llm)
 
 
-def test_sleep_and_wake_restore_the_draft_and_the_lora_slots(setup):
+@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+def test_sleep_and_wake_restore_the_speculator_and_the_lora_slots(setup, method):
     """#33: level 1 and level 2 (the target's weights updated from its own checkpoint while asleep): the same
     greedy tokens for base and adapter requests, the engine's device bytes 0 while asleep, nothing compiled."""
-    llm = engine(setup, "draft_model")
+    llm = engine(setup, method)
     prompts = repetitive_prompts(4, seed=5)
     before = generate(llm, setup, prompts, GREEDY)
     runner = llm.llm_engine.runner
@@ -127,3 +133,22 @@ def test_sleep_and_wake_restore_the_draft_and_the_lora_slots(setup):
         assert generate(llm, setup, prompts, GREEDY) == before, level
     assert runner.num_compilations == compiled
     check_idle(llm)
+
+
+def test_a_head_reading_the_target_embedding_follows_it_through_sleep(setup):
+    """An EAGLE-3 head without its own embedding holds the target's array (worker/speculators.py): sleep must not
+    leave it the deleted one. A stand-in head on the n-gram engine's device step, level 1 and back."""
+    runner = engine(setup, "ngram").llm_engine.runner
+    embed = nnx.to_pure_dict(runner.params)["embed_tokens"]
+    values = np.asarray(embed)
+    head = types.SimpleNamespace(params=nnx.State({"w": nnx.Param(jnp.arange(3.0))}), kv_cache=jnp.ones(4),
+                                 embed_tokens=embed)
+    sleep = DeviceSleep(runner.device, head)
+    sleep.sleep(level=1)
+    assert embed.is_deleted() and isinstance(head.embed_tokens, jax.ShapeDtypeStruct)
+    assert sleep.device_bytes() == 0
+    sleep.wake_up()
+    assert head.embed_tokens is nnx.to_pure_dict(runner.params)["embed_tokens"]
+    np.testing.assert_array_equal(np.asarray(head.embed_tokens), values)
+    np.testing.assert_array_equal(np.asarray(head.params["w"].get_value()), [0.0, 1.0, 2.0])
+    assert not np.asarray(head.kv_cache).any()

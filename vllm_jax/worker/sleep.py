@@ -150,8 +150,11 @@ def _host_memory_kind(device: jax.Device) -> str | None:
 def device_bytes(arrays: Any = None) -> int:
     """The device-memory bytes (host memory kinds left out) of the jax arrays in the pytree `arrays`, over all
     devices; None: of every live array (jax.live_arrays)."""
-    total = 0
+    total, seen = 0, set()
     for array in jax.tree.leaves(jax.live_arrays() if arrays is None else arrays):
+        if id(array) in seen:  # an EAGLE-3 head's embedding is the target's array
+            continue
+        seen.add(id(array))
         if (not isinstance(array, jax.Array) or array.is_deleted()
                 or array.sharding.memory_kind in ("pinned_host", "unpinned_host")):
             continue

@@ -13,8 +13,8 @@ kept format, the file's blocks as loading takes them.
 Everything is checked before anything changes: an unknown name, a wrong shape, a param fed only in part (one of
 Phi-3's fused parts, one expert of a layer), float tensors for a K-quant kept param (gguf-py cannot quantize
 Q4_K / Q6_K), or float tensors for a pre-quantized checkpoint's grouped (block-fp8) scales is a ValueError
-naming it. Then each param is read, placed and swapped in
-turn (peak memory: one param more). An update may name some params only, and some layers of a param only.
+naming it. Then each param is read, placed and swapped in turn (peak memory: one param more). An update may name
+some params only, and some layers of a param only.
 jax.Arrays that need no transpose or cast and already have the param's sharding are used as they are, without a
 copy; other jax.Arrays are transposed and cast on their devices.
 """
