@@ -291,18 +291,18 @@ class EngineArgs:
                               if self.async_scheduling is None else self.async_scheduling),
             speculative_config=speculative,
             draft_model_config=self._draft_model_config(speculative, model_config),
-            lora_config=self._lora_config(speculative),
+            lora_config=self._lora_config(),
             enable_sleep_mode=self.enable_sleep_mode,
             pooler_config=check_pooling_runner(pooler, self, speculative),
         )
 
-    def _lora_config(self, speculative: SpeculativeConfig | None) -> LoRAConfig | None:
+    def _lora_config(self) -> LoRAConfig | None:
+        """LoRA with speculative decoding: the target's verification pass runs each request's adapter; n-gram
+        proposals need nothing, a draft model or EAGLE-3 head proposes without adapters (as vLLM's)."""
         if not self.enable_lora:
             if self.lora_modules:
                 raise ValueError("lora_modules needs enable_lora")
             return None
-        if speculative is not None:
-            raise ValueError("enable_lora cannot be combined with speculative_config yet")
         return LoRAConfig.create(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_modules)
 
     def _speculative_config(self, sched: SchedulerConfig, platform: str) -> SpeculativeConfig | None:

@@ -149,11 +149,14 @@ class ModelRunner:
         if self.broadcasts:
             raise ValueError("update_weights is not supported in a multi-host run yet")
         updater = WeightUpdater(self.params, self.spec, self.config.model_config, self.sleep_mode.borrowed)
-        return updater.update(as_checkpoint(weights))
+        swapped = updater.update(as_checkpoint(weights))
+        if not self.sleep_mode.asleep:  # an EAGLE-3 head reading the target's embedding reads the new one
+            self.sleep_mode.follow_target_embedding()
+        return swapped
 
     @functools.cached_property
     def sleep_mode(self) -> DeviceSleep:
-        return DeviceSleep(self.device)
+        return DeviceSleep(self.device, self.drafter or self.eagle)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.max_rows)
