@@ -15,7 +15,8 @@ LEAVES = {"config", "config_pooling", "sampling_params", "pooling_params", "outp
 ALLOWED = {
     "server": {"engine", "metrics", "scheduler", "reasoning", "lora"},
     "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
-               "reasoning", "lora"},
+               "reasoning", "lora", "multimodal"},
+    "multimodal": {"model"},
     "scheduler": {"paged_kv", "structured_output", "lora"},
     "lora": set(),
     "structured_output": set(),

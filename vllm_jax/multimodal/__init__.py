@@ -1,0 +1,1 @@
+"""Images in prompts: which models read them, and turning images into what the engine's model consumes."""
