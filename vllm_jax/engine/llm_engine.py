@@ -20,6 +20,7 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.errors import EngineSleepingError
+from vllm_jax.engine.multimodal_requests import ImagePrompts
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
 from vllm_jax.engine.pooling import attach_pooler_outputs, check_pooling_request
 from vllm_jax.lora.request import LoRARequest
@@ -79,6 +80,7 @@ class LLMEngine:
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc)
         self.runner = runner_class(config)(config, devices=devices)
+        self.image_prompts = ImagePrompts(self.runner.spec, mc.source.path)
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
                                                config.cache_config.enable_prefix_caching, mc.max_model_len)
@@ -120,6 +122,7 @@ class LLMEngine:
             raise EngineSleepingError("the engine is sleeping: call wake_up() before generating")
         params = params.clone() if params is not None else SamplingParams()
         text, token_ids = self._tokenize_prompt(prompt)
+        token_ids, mm_inputs = self.image_prompts.prepare(prompt, token_ids)
         token_ids = check_pooling_request(self.config, params, token_ids, self.runner.spec.hidden_size)
         self._check_params(params)
         self._check_lora(lora_request)
@@ -130,7 +133,8 @@ class LLMEngine:
         requests = [Request(request_id=cid, prompt_token_ids=token_ids, sampling_params=params,
                             eos_token_id=self.eos_token_id, arrival_time=arrival, seed=base_seed + i,
                             priority=priority, cache_salt=cache_salt, grammar=self._new_grammar(params, token_ids),
-                            needs_host_tokens=params.reads_output_tokens, lora_request=lora_request)
+                            needs_host_tokens=params.reads_output_tokens, lora_request=lora_request,
+                            mm_inputs=mm_inputs)
                     for i, cid in enumerate(child_ids)]
         added: list[str] = []
         try:

@@ -318,7 +318,7 @@ class Scheduler:
                 req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
-                lora_slot=r.lora_slot)
+                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs)
                 for r in plan.new],
             scheduled_cached_reqs=[CachedRequestData(
                 req_id=r.request_id, new_block_ids=plan.new_block_ids[r.request_id],

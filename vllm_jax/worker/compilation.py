@@ -26,6 +26,7 @@ from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import pack_chain
+from vllm_jax.worker.multimodal_step import add_empty_mm_arrays
 
 if TYPE_CHECKING:
     from vllm_jax.worker.draft_step import DraftStep
@@ -59,6 +60,7 @@ class StepShapes:
     token_feedback: bool = False  # async scheduling: the device feeds its samples to the next step
     speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
     lora: bool = False  # LoRA: the forward reads each token's adapter slot (StepInputs.lora_slots)
+    mm_hidden: int = 0  # a vision-language model's width: the steps carry its M-RoPE and image-row arrays
 
 
 class CompilationManager:
@@ -69,6 +71,7 @@ class CompilationManager:
         `chain_buckets` pair join the plan; `eagle` (eagle3): its program per token bucket."""
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
         self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
+        self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: worker/multimodal_step.py)
 
     @property
     def num_compilations(self) -> int:
@@ -110,7 +113,7 @@ class CompilationManager:
         for num_tokens, num_seqs in self.chain_buckets:
             plan.append((f"draft chain T={num_tokens} S={num_seqs}",
                          functools.partial(self._draft_chain, num_tokens, num_seqs)))
-        return plan
+        return plan + self.extra_plan
 
     def _empty_inputs(self, num_tokens: int, num_seqs: int):
         s = self.shapes
@@ -118,6 +121,8 @@ class CompilationManager:
                                   num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
         if s.lora:
             inputs.lora_slots = np.zeros(num_tokens, np.int32)
+        if s.mm_hidden:
+            add_empty_mm_arrays(inputs, s.mm_hidden, np.float32)
         return inputs
 
     def _draft_catch_up(self, num_tokens: int, num_seqs: int) -> None:

@@ -137,7 +137,8 @@ class EngineParts:
         config = self.config
         return StepShapes(buckets or self.buckets(), config.cache_config.block_size, self.max_blocks_per_seq,
                           self.spec.vocab_size, config.async_scheduling,
-                          config.speculative_config is not None, lora=config.lora_config is not None)
+                          config.speculative_config is not None, lora=config.lora_config is not None,
+                          mm_hidden=self.spec.hidden_size if getattr(self.spec, "vision", None) else 0)
 
     # --- the KV cache ---
     @property

@@ -44,6 +44,7 @@ from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
+from vllm_jax.worker.multimodal_step import build_multimodal_step
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
@@ -124,6 +125,8 @@ class ModelRunner:
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size,
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
+        # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
+        self.multimodal = build_multimodal_step(self)
 
     def load_lora_slots(self, loads: dict) -> None:
         """Write the adapters the scheduler made resident (slot -> LoRARequest) into their device slots."""
@@ -175,6 +178,8 @@ class ModelRunner:
         """Apply the scheduler's changes and launch the step on the device without waiting for it (None: nothing
         scheduled). Async scheduling dispatches step n + 1 before finishing step n."""
         update_request_states(self.requests, sched)
+        if self.multimodal is not None:
+            self.multimodal.update(sched)
         self.input_batch.update(sched)
         if sched.lora_loads:
             self.load_lora_slots(sched.lora_loads)
@@ -211,6 +216,8 @@ class ModelRunner:
                 batch.write_drafts(slots, [drafts.get(r, ()) for r in req_ids])
         inputs = batch.pack(slots, counts, block_size=self.block_size, num_tokens_padded=num_tokens,
                             num_seqs_padded=num_seqs, num_drafts=num_drafts)
+        if self.multimodal is not None:
+            self.multimodal.fill(inputs, req_ids)
         # The common case reads only the rows; the per-request Python state only where some row needs it.
         full = bool(sched.grammar_bitmask) or bool(batch.may_need_full[slots].any())
         scores_prompt = bool(batch.wants_prompt_logprobs[slots].any())
