@@ -1,6 +1,7 @@
-"""Qwen2.5-VL through the engine on a tiny random checkpoint: greedy tokens equal transformers' generate with one
-and two images, prefills chunked inside an image (a 16-token budget), prefix caching keyed by the image, the
-encoder cache, preemption-free bad input errors, and TP 2 = TP 1 on the fake CPU devices."""
+"""Qwen2.5-VL through LLM.generate and the engine on a tiny random checkpoint: greedy tokens equal transformers'
+generate with one and two images while prefills split inside images (a 16-token budget) and requests are preempted
+(a small KV cache), prefix caching keyed by the image, the encoder cache, bad input refused, and TP 2 = TP 1 on
+the fake CPU devices."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from tests.helpers.vl_models import (
     make_vl_checkpoint,
     random_image,
 )
-from vllm_jax import EngineArgs, SamplingParams
+from vllm_jax import LLM, EngineArgs, SamplingParams
 from vllm_jax.engine.llm_engine import LLMEngine
 
-ARGS = dict(max_model_len=256, num_gpu_blocks_override=96, block_size=8, max_num_seqs=4, max_num_batched_tokens=16)
+# 16-token budget: prefills split inside images; 14 blocks of 8: the three prompts of the greedy test preempt
+ARGS = dict(max_model_len=96, num_gpu_blocks_override=14, block_size=8, max_num_seqs=4, max_num_batched_tokens=16)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
@@ -30,8 +32,13 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoint):
-    return LLMEngine(EngineArgs(model=str(checkpoint[0]), **ARGS).create_config(), warmup=False)
+def llm(checkpoint):
+    return LLM(str(checkpoint[0]), **ARGS)
+
+
+@pytest.fixture(scope="module")
+def engine(llm):
+    return llm.llm_engine
 
 
 def _run(engine, prompts: list[dict]) -> list:
@@ -60,14 +67,16 @@ def _hf_greedy(hf, engine, prompt: str, images: list) -> list[int]:
     return out[0, t.shape[1]:].tolist()
 
 
-def test_greedy_equals_transformers_with_prefills_chunked_inside_images(checkpoint, engine):
+def test_greedy_equals_transformers_with_prefills_chunked_inside_images_and_preemption(checkpoint, llm, engine):
     hf = checkpoint[1]
     big, small, tall = random_image(170, 150, 1), random_image(100, 80, 2), random_image(60, 150, 3)
     cases = [("ab" + PLACEHOLDER + "cd", [big]),  # 36 image tokens: the 16-token budget splits them
              ("x" + PLACEHOLDER + "y" + PLACEHOLDER + "z", [small, tall]),
              ("just text", [])]
     prompts = [{"prompt": p, "multi_modal_data": {"image": imgs}} if imgs else {"prompt": p} for p, imgs in cases]
-    outs = _run(engine, prompts)
+    preemptions = engine.scheduler.num_preemptions_total
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert engine.scheduler.num_preemptions_total > preemptions  # recomputed prompts re-read their images
     for (prompt, images), out in zip(cases, outs):
         assert out.outputs[0].token_ids == _hf_greedy(hf, engine, prompt, images), prompt
 
