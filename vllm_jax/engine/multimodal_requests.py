@@ -38,5 +38,5 @@ class ImagePrompts:
             raise ValueError(f"multi_modal_data has {len(images)} image(s) but model {self.spec.architecture} "
                              "has no vision tower (it reads text only)")
         if self._processor is None:
-            self._processor = load_image_processor(self.model_path)
+            self._processor = load_image_processor(self.model_path, self.spec)
         return process_images(token_ids, images, self.spec, self._processor)

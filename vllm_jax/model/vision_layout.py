@@ -4,10 +4,17 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import numpy as np
+
+# The most patches the encoder takes per image: its dense attention holds [heads, P, P] scores per block (4096
+# patches: 1 GiB of float32 scores at 16 heads), so larger images are resized down to this many by the processor.
+MAX_ENCODER_PATCHES = 4096
+QWEN_DEFAULT_PIXELS = (3136, 12845056)  # Qwen2-VL's processor's min_pixels / max_pixels
 
 
 @jax.tree_util.register_dataclass
@@ -69,3 +76,14 @@ def vision_inputs(pixels: np.ndarray, grids: list[tuple[int, int, int]], merge: 
         window_segment=np.concatenate([np.concatenate(window_of), np.full(pad, -1)]).astype(np.int32),
         image_segment=np.concatenate([np.concatenate(image_of)[patch_order], np.full(pad, -1)]).astype(np.int32),
         merged_order=merged_order)
+
+
+def image_pixel_limits(model_path: str, patch_size: int) -> tuple[int, int]:
+    """(min_pixels, max_pixels) images are resized into: the checkpoint's preprocessor_config.json (`min_pixels` /
+    `max_pixels`, or `size.shortest_edge` / `longest_edge`), max_pixels capped at MAX_ENCODER_PATCHES patches."""
+    path = Path(model_path) / "preprocessor_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    size = config.get("size") or {}
+    low = int(config.get("min_pixels") or size.get("shortest_edge") or QWEN_DEFAULT_PIXELS[0])
+    high = int(config.get("max_pixels") or size.get("longest_edge") or QWEN_DEFAULT_PIXELS[1])
+    return low, min(high, MAX_ENCODER_PATCHES * patch_size ** 2)

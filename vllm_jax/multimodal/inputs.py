@@ -12,6 +12,7 @@ import numpy as np
 
 from vllm_jax.model.mrope import mrope_positions
 from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
+from vllm_jax.model.vision_layout import image_pixel_limits
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,15 @@ def image_hash(image: Any) -> str:
     return h.hexdigest()
 
 
-def load_image_processor(model_path: str) -> Any:
-    """The checkpoint's image processor (its preprocessor_config.json: min_pixels / max_pixels) on the PIL
-    backend: the default torchvision one would make torchvision a dependency."""
+def load_image_processor(model_path: str, spec: Qwen2_5_VLSpec) -> Any:
+    """The checkpoint's image processor on the PIL backend (the default torchvision one would make torchvision a
+    dependency), resizing into its min_pixels / max_pixels with max_pixels capped where the encoder's buckets
+    end (model/vision_layout.py image_pixel_limits)."""
     from transformers import AutoImageProcessor
 
-    return AutoImageProcessor.from_pretrained(model_path, backend="pil")
+    low, high = image_pixel_limits(model_path, spec.vision.patch_size)
+    return AutoImageProcessor.from_pretrained(model_path, backend="pil",
+                                              size={"shortest_edge": low, "longest_edge": high})
 
 
 def process_images(token_ids: list[int], images: list[Any], spec: Qwen2_5_VLSpec,

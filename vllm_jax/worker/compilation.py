@@ -72,6 +72,7 @@ class CompilationManager:
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
         self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
         self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: worker/multimodal_step.py)
+        self.multimodal = None  # a vision-language model's MultimodalStep (engine_builder sets it)
 
     @property
     def num_compilations(self) -> int:

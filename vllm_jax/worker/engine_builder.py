@@ -51,6 +51,7 @@ from vllm_jax.worker.kv_cache import (
     spec_bytes_per_block,
 )
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
+from vllm_jax.worker.multimodal_step import build_multimodal_step
 from vllm_jax.worker.pooling_step import PoolingCompilation, pooling_device_step
 from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
 
@@ -239,8 +240,12 @@ class EngineParts:
             if buckets is not None:  # narrowed: the chains of those token buckets only
                 chains = [pair for pair in chains if pair in buckets]
         manager = PoolingCompilation if config.pooler_config is not None else CompilationManager
-        return manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter, chain_buckets=chains,
-                       eagle=eagle)
+        compilation = manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter,
+                              chain_buckets=chains, eagle=eagle)
+        compilation.multimodal = build_multimodal_step(config, self.spec, step)  # None without a vision tower
+        if compilation.multimodal is not None:
+            compilation.extra_plan = compilation.multimodal.warmup_plan()
+        return compilation
 
 
 def engine_max_rows(config: EngineConfig) -> int:

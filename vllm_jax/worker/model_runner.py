@@ -44,7 +44,6 @@ from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
-from vllm_jax.worker.multimodal_step import build_multimodal_step
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
@@ -126,7 +125,7 @@ class ModelRunner:
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
         # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
-        self.multimodal = build_multimodal_step(self)
+        self.multimodal = self.compilation.multimodal
 
     def load_lora_slots(self, loads: dict) -> None:
         """Write the adapters the scheduler made resident (slot -> LoRARequest) into their device slots."""

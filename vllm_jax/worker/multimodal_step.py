@@ -11,12 +11,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from vllm_jax.model.qwen2_5_vl import encode_images
 from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model.vision_layout import vision_inputs
+from vllm_jax.model.vision_layout import VisionInputs, image_pixel_limits, vision_inputs
+from vllm_jax.worker.device_step import input_signature
 
 MIN_PATCH_BUCKET = 64
 
@@ -79,11 +79,13 @@ class EncoderCache:
 class MultimodalStep:
     """Per runner: the requests' images, the encoder program and cache, and the step's extra arrays."""
 
-    def __init__(self, graphdef: nnx.GraphDef, params: Callable[[], Any], spec: Qwen2_5_VLSpec, dtype,
-                 max_patches: int, cache_tokens: int):
-        self.spec, self.params, self.dtype = spec, params, dtype
+    def __init__(self, device: Any, spec: Qwen2_5_VLSpec, max_patches: int, cache_tokens: int):
+        """`device`: the engine's DeviceStep (its params, and its load_or_compile: the compilation cache, and
+        compile-check's recorder)."""
+        self.device, self.spec = device, spec
         self.buckets = patch_buckets(max_patches, spec.vision.merge_unit)
-        self.encode = jax.jit(partial(encode_images, graphdef))
+        self.encode = jax.jit(partial(encode_images, device.graphdef))
+        self.executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled encoder
         self.cache = EncoderCache(cache_tokens)
         self.requests: dict[str, Any] = {}  # req_id -> MultiModalInputs
         self.num_encoder_calls = 0
@@ -105,14 +107,21 @@ class MultimodalStep:
         grid = (1, v.spatial_merge_size, num_patches // v.spatial_merge_size)
         batch = vision_inputs(np.zeros((num_patches, v.patch_dim), np.float32), [grid], v.spatial_merge_size,
                               v.window_size // v.patch_size, num_patches)
-        jax.block_until_ready(self.encode(self.params(), batch))
+        key = ("vision", input_signature(batch))
+        args = (self.device.params, batch)
+        self.executables[key] = self.device.load_or_compile(key, self.encode, args, args, 0)
+
+    def _run_encoder(self, batch: VisionInputs) -> np.ndarray:
+        """The warmed-up executable of the batch's bucket (jax.jit for one warm-up did not make)."""
+        program = self.executables.get(("vision", input_signature(batch)), self.encode)
+        return np.asarray(program(self.device.params, batch))
 
     def fill(self, inputs: StepInputs, req_ids: list[str]) -> StepInputs:
         """Set the step's M-RoPE positions and image rows: each scheduled token of a request with images takes
         its prompt position triple (past the prompt: index + delta), and each placeholder token its image's
         encoder output row. An image whose first scheduled token is in this step is encoded whole now (or read
         from the cache), so a chunk that splits it finds the rest later."""
-        add_empty_mm_arrays(inputs, self.spec.hidden_size, self.dtype)
+        add_empty_mm_arrays(inputs, self.spec.hidden_size, np.float32)
         qsl = np.asarray(inputs.query_start_loc)
         for i, req_id in enumerate(req_ids):
             mm = self.requests.get(req_id)
@@ -148,35 +157,20 @@ class MultimodalStep:
             raise ValueError(f"an image of {n} patches exceeds the largest encoder bucket ({self.buckets[-1]})")
         batch = vision_inputs(item.pixel_values, [item.grid], v.spatial_merge_size, v.window_size // v.patch_size,
                               bucket)
-        out = np.asarray(self.encode(self.params(), batch))[:item.length]
+        out = self._run_encoder(batch)[:item.length]
         self.num_encoder_calls += 1
         self.cache.put(item.hash, req_id, out)
         return out
 
 
-def max_image_patches(model_path: str, spec: Qwen2_5_VLSpec) -> int:
-    """The most patches one image can have: the checkpoint's preprocessor_config.json max_pixels (or
-    size.longest_edge) over the patch area; Qwen2.5-VL's default 12845056 pixels without one."""
-    import json
-    from pathlib import Path
 
-    path = Path(model_path) / "preprocessor_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    max_pixels = config.get("max_pixels") or (config.get("size") or {}).get("longest_edge") or 12845056
-    return -(-int(max_pixels) // spec.vision.patch_size ** 2)
-
-
-def build_multimodal_step(runner: Any) -> MultimodalStep | None:
-    """The runner's MultimodalStep for a vision-language model (None otherwise); its encoder programs join the
-    warm-up plan. The encoder cache holds max(max_num_batched_tokens, the largest image's tokens) image tokens,
-    vLLM's default encoder cache size."""
-    spec = runner.spec
+def build_multimodal_step(config: Any, spec: Any, device: Any) -> MultimodalStep | None:
+    """The MultimodalStep for a vision-language model over the engine's DeviceStep (None otherwise). Patch buckets
+    reach the processor's max_pixels (capped: vision_layout.image_pixel_limits). The encoder cache holds
+    max(max_num_batched_tokens, the largest image's tokens) image tokens, vLLM's default encoder cache size."""
     if getattr(spec, "vision", None) is None:
         return None
-    config = runner.config
-    max_patches = max_image_patches(config.model_config.source.path, spec)
+    max_patches = -(-image_pixel_limits(config.model_config.source.path, spec.vision.patch_size)[1]
+                    // spec.vision.patch_size ** 2)
     cache_tokens = max(config.scheduler_config.max_num_batched_tokens, max_patches // spec.vision.merge_unit)
-    device = runner.device
-    step = MultimodalStep(device.graphdef, lambda: device.params, spec, np.float32, max_patches, cache_tokens)
-    runner.compilation.extra_plan = step.warmup_plan()
-    return step
+    return MultimodalStep(device, spec, max_patches, cache_tokens)
