@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.errors import EngineSleepingError
-from vllm_jax.engine.multimodal_requests import ImagePrompts
+from vllm_jax.engine.multimodal_requests import ImagePrompts, image_refusal
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
 from vllm_jax.engine.pooling import attach_pooler_outputs, check_pooling_request
 from vllm_jax.lora.request import LoRARequest
@@ -80,7 +80,8 @@ class LLMEngine:
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc)
         self.runner = runner_class(config)(config, devices=devices)
-        self.image_prompts = ImagePrompts(self.runner.spec, mc.source.path)
+        self.image_prompts = ImagePrompts(self.runner.spec, mc.source.path,
+                                          image_refusal(config, getattr(self.runner, "broadcasts", False)))
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
                                                config.cache_config.enable_prefix_caching, mc.max_model_len)

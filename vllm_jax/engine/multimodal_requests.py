@@ -12,9 +12,12 @@ from vllm_jax.multimodal.inputs import MultiModalInputs, load_image_processor, p
 class ImagePrompts:
     """The engine's image processor (loaded at the first image) and the model facts the prompts need."""
 
-    def __init__(self, spec: Any, model_path: str):
+    def __init__(self, spec: Any, model_path: str, refusal: str | None = None):
+        """`refusal`: why this engine takes no images although its model reads them (a multi-host run, the
+        pooling runner), or None."""
         self.spec = spec
         self.model_path = model_path
+        self.refusal = refusal
         self._processor = None
 
     @property
@@ -37,6 +40,17 @@ class ImagePrompts:
         if not self.reads_images:
             raise ValueError(f"multi_modal_data has {len(images)} image(s) but model {self.spec.architecture} "
                              "has no vision tower (it reads text only)")
+        if self.refusal:
+            raise ValueError(f"multi_modal_data: {self.refusal}")
         if self._processor is None:
             self._processor = load_image_processor(self.model_path, self.spec)
         return process_images(token_ids, images, self.spec, self._processor)
+
+
+def image_refusal(config: Any, multi_host: bool) -> str | None:
+    """Why an engine of `config` cannot take images although its model reads them (None: it can)."""
+    if multi_host:
+        return "images are not supported in a multi-host run yet (the encoder runs on one process)"
+    if config.pooler_config is not None:
+        return "images are not supported by the pooling runner"
+    return None
