@@ -70,7 +70,7 @@ def _hf_greedy(hf, engine, prompt: str, images: list) -> list[int]:
 def test_greedy_equals_transformers_with_prefills_chunked_inside_images_and_preemption(checkpoint, llm, engine):
     hf = checkpoint[1]
     big, small, tall = random_image(170, 150, 1), random_image(100, 80, 2), random_image(60, 150, 3)
-    cases = [("ab" + PLACEHOLDER + "cd", [big]),  # 36 image tokens: the 16-token budget splits them
+    cases = [("ab" + PLACEHOLDER + "cd", [big]),  # 30 image tokens: the 16-token budget splits them
              ("x" + PLACEHOLDER + "y" + PLACEHOLDER + "z", [small, tall]),
              ("just text", [])]
     prompts = [{"prompt": p, "multi_modal_data": {"image": imgs}} if imgs else {"prompt": p} for p, imgs in cases]
