@@ -20,9 +20,9 @@ PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 40  # images of 4 .. 40 merged tokens
 
 
-def make_vl_checkpoint(path: Path, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
-    """Save the tiny model (safetensors), tokenizer and preprocessor_config.json to `path`; returns the torch
-    model (float32, eval)."""
+def make_vl_checkpoint(path: Path, seed: int = 0, max_pixels: int = MAX_PIXELS) -> Qwen2_5_VLForConditionalGeneration:
+    """Save the tiny model (safetensors), tokenizer and preprocessor_config.json (images resized into MIN_PIXELS ..
+    `max_pixels`) to `path`; returns the torch model (float32, eval)."""
     config = Qwen2_5_VLConfig(
         text_config=dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -46,12 +46,12 @@ def make_vl_checkpoint(path: Path, seed: int = 0) -> Qwen2_5_VLForConditionalGen
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     assert tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)) == [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
     tokenizer.save_pretrained(path)
-    image_processor().save_pretrained(path)
+    image_processor(max_pixels).save_pretrained(path)
     return model
 
 
-def image_processor() -> Qwen2VLImageProcessorPil:
-    return Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+def image_processor(max_pixels: int = MAX_PIXELS) -> Qwen2VLImageProcessorPil:
+    return Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=max_pixels)
 
 
 def random_image(width: int, height: int, seed: int) -> Image.Image:
