@@ -74,9 +74,11 @@ def test_greedy_equals_transformers_with_prefills_chunked_inside_images_and_pree
              ("x" + PLACEHOLDER + "y" + PLACEHOLDER + "z", [small, tall]),
              ("just text", [])]
     prompts = [{"prompt": p, "multi_modal_data": {"image": imgs}} if imgs else {"prompt": p} for p, imgs in cases]
-    preemptions = engine.scheduler.num_preemptions_total
+    preemptions, compilations = engine.scheduler.num_preemptions_total, engine.runner.num_compilations
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert engine.scheduler.num_preemptions_total > preemptions  # recomputed prompts re-read their images
+    assert engine.runner.num_compilations == compilations  # warm-up compiled the steps with their image arrays
+    assert engine.runner.multimodal.encode._cache_size() == 0  # every image ran a warmed-up encoder executable
     for (prompt, images), out in zip(cases, outs):
         assert out.outputs[0].token_ids == _hf_greedy(hf, engine, prompt, images), prompt
 
