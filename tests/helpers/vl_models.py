@@ -17,6 +17,14 @@ from tests.helpers.tiny_models import EOS_ID, VOCAB_SIZE, byte_tokenizer
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = range(285, 289)  # appended after the byte tokenizer's 285
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+# Qwen2.5-VL's chat format, cut down: each image part (Qwen's "image" / "image_url" / vLLM's "image_pil") renders
+# the placeholder, text parts their text (the byte tokenizer spells <|im_start|> out in bytes)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] in ('image', 'image_url', 'image_pil') %}" + PLACEHOLDER + "{% elif part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 40  # images of 4 .. 40 merged tokens
 
 
@@ -45,6 +53,7 @@ def make_vl_checkpoint(path: Path, seed: int = 0, max_pixels: int = MAX_PIXELS) 
     tokenizer = byte_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     assert tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)) == [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
     image_processor(max_pixels).save_pretrained(path)
     return model
