@@ -308,7 +308,7 @@ class EngineArgs:
 
     def _check_multi_step(self, speculative: SpeculativeConfig | None, pooler: PoolerConfig | None) -> None:
         """--num-scheduler-steps > 1 runs plain decoding only: speculative decoding, LoRA and pooling are refused
-        (docs/decisions.md, "Multi-step decoding")."""
+        (docs/architecture/05-worker.md, "Several decode steps per dispatch")."""
         if self.num_scheduler_steps == 1:
             return
         for name, on in (("speculative_config", speculative is not None), ("enable_lora", self.enable_lora),
