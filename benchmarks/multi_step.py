@@ -6,10 +6,11 @@
 For each K, one engine; for each batch size B, B requests with random prompts generate --output-len tokens
 (ignore_eos, greedy). Decode tok/s counts the tokens after each request's first one, over the time from the step
 that gave the last first token to the end, so prefill is left out. Then --arrivals requests arrive one at a time
-at random moments while B (the largest batch) others decode: a timer thread stamps the arrival, the engine takes
-the request at its next step boundary (as the server's engine loop does), and TTFT is first token - arrival. With
-K > 1 the arrival waits for the chunk in flight (docs/architecture/05-worker.md, "Several decode steps per
-dispatch"), so TTFT grows by at most one chunk's time. Prints one JSON line per (K, B) and per K for TTFT.
+at random moments while min(B, max_num_seqs - 1) others decode (B: the largest batch): a timer thread stamps the
+arrival, the engine takes the request at its next step boundary (as the server's engine loop does), and TTFT is
+first token - arrival. With K > 1 the arrival waits for the chunk in flight (docs/architecture/05-worker.md,
+"Several decode steps per dispatch"), so TTFT grows by at most one chunk's time. Prints one JSON line per (K, B)
+and per K for TTFT.
 """
 
 from __future__ import annotations
@@ -48,16 +49,15 @@ def decode_rate(engine, prompts: list[list[int]], output_len: int) -> dict:
     return {"batch": len(prompts), "decode_tok_s": round(tokens / elapsed, 2), "steps": steps}
 
 
-def mid_chunk_ttft(engine, prompts: list[list[int]], new_prompt: list[int], arrivals: int,
-                   output_len: int) -> list[float]:
-    """TTFT of requests arriving at random moments while `prompts` decode (the decoders are topped up)."""
+def mid_chunk_ttft(engine, prompts: list[list[int]], new_prompt: list[int], arrivals: int) -> list[float]:
+    """TTFT of requests arriving at random moments while `prompts` decode (to the context's end: they outlast
+    the arrivals; the caller leaves a free row so an arrival is admitted at the next step)."""
     from vllm_jax import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     one = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     rng = random.Random(0)
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"bg{i}", prompt, params)
+        engine.add_request(f"bg{i}", prompt, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
     for _ in range(3):
         engine.step()
     ttfts: list[float] = []
@@ -66,18 +66,15 @@ def mid_chunk_ttft(engine, prompts: list[list[int]], new_prompt: list[int], arri
         timer = threading.Timer(rng.uniform(0.0, 0.2), lambda: arrived.append(time.perf_counter()))
         timer.start()
         added = None
-        while added is None or len(ttfts) <= n:
+        while len(ttfts) <= n:
             if added is None and len(arrived) > n:
                 added = arrived[n]
                 engine.add_request(f"new{n}", new_prompt, one)
             for out in engine.step():
                 if out.request_id == f"new{n}" and out.outputs[0].token_ids and len(ttfts) <= n:
                     ttfts.append(time.perf_counter() - added)
-            if engine.scheduler.num_running < len(prompts):  # keep the decoders running
-                engine.add_request(f"bg{n}-{time.perf_counter()}", prompts[0], params)
         timer.join()
-    for req_id in list(engine.scheduler.requests):
-        engine.abort_request(req_id)
+    engine.abort_request([f"bg{i}" for i in range(len(prompts))])
     while engine.has_work():
         engine.step()
     return ttfts
@@ -107,10 +104,10 @@ def main() -> None:
             row = decode_rate(engine, prompts, ns.output_len)
             print(json.dumps({"num_scheduler_steps": k, **row}), flush=True)
         if ns.arrivals:
-            prompts = [rng.integers(3, vocab, ns.input_len).tolist() for _ in range(max(ns.batches))]
-            ttfts = mid_chunk_ttft(engine, prompts, rng.integers(3, vocab, ns.input_len).tolist(), ns.arrivals,
-                                   ns.output_len)
-            print(json.dumps({"num_scheduler_steps": k, "arrivals": len(ttfts),
+            decoders = min(max(ns.batches), engine.config.scheduler_config.max_num_seqs - 1)
+            prompts = [rng.integers(3, vocab, ns.input_len).tolist() for _ in range(decoders)]
+            ttfts = mid_chunk_ttft(engine, prompts, rng.integers(3, vocab, ns.input_len).tolist(), ns.arrivals)
+            print(json.dumps({"num_scheduler_steps": k, "decoding": decoders, "arrivals": len(ttfts),
                               "ttft_ms_mean": round(1000 * float(np.mean(ttfts)), 1),
                               "ttft_ms_max": round(1000 * float(np.max(ttfts)), 1)}), flush=True)
         del llm, engine

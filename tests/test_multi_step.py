@@ -29,8 +29,9 @@ def checkpoint(tmp_path_factory):
 def engines(checkpoint):
     """K -> an engine whose dispatches record each step's (num_steps, whether a constrained request is in it)."""
     out = {}
-    for k in (1, 4, 8):
-        llm = LLM(checkpoint, num_scheduler_steps=k, **ARGS)
+    for k in (1, 4, 8, "4-sync"):  # async scheduling on (the default), and off for K = 4
+        steps = 4 if k == "4-sync" else k
+        llm = LLM(checkpoint, num_scheduler_steps=steps, async_scheduling=k != "4-sync", **ARGS)
         runner = llm.llm_engine.runner
         runner.steps_seen = []
         dispatch = runner.dispatch
@@ -91,7 +92,7 @@ def test_chunks_give_the_tokens_and_logprobs_of_one_step_at_a_time(engines):
     want_tokens, want_values = _summary(engines[1].generate(prompts, params, use_tqdm=False))
     reasons = {c[2] for out in want_tokens for c in out}
     assert {"stop", "length"} <= reasons
-    for k in (4, 8):
+    for k in (4, 8, "4-sync"):
         llm = engines[k]
         seen = llm.llm_engine.runner.steps_seen
         seen.clear()
@@ -99,7 +100,7 @@ def test_chunks_give_the_tokens_and_logprobs_of_one_step_at_a_time(engines):
         got_tokens, got_values = _summary(llm.generate(prompts, params, use_tqdm=False))
         assert got_tokens == want_tokens
         np.testing.assert_allclose(got_values, want_values, atol=1e-5)
-        assert {n for n, _ in seen} == {1, k}  # chunks ran, and one-token steps for prompts and the stop string
+        assert {n for n, _ in seen} == {1, 4 if k == "4-sync" else k}  # chunks ran, and one-token steps for prompts and the stop string
         assert llm.llm_engine.scheduler.num_preemptions_total > preempted  # the tiny cache preempted (between chunks)
         assert llm.llm_engine.runner.num_compilations == len(llm.llm_engine.runner.warmup_plan())  # none after
         _assert_drained(llm)
@@ -143,3 +144,56 @@ def test_streaming_delivers_each_chunk_as_it_comes(engines):
 def test_unsupported_settings_are_refused_by_name(checkpoint, extra, message):
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=checkpoint, **{**ARGS, **extra}).create_config()
+
+
+def _scheduler(num_blocks: int):
+    from vllm_jax.config import SchedulerConfig
+    from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
+    from vllm_jax.scheduler.scheduler import Scheduler
+
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, enable_chunked_prefill=True,
+                             policy="fcfs", min_token_bucket=4, min_seq_bucket=4, num_scheduler_steps=4)
+    return Scheduler(config, KVCacheManager(num_blocks, 4, True, 64), 4)
+
+
+def _decoding(scheduler, req_id: str, prompt_len: int, **params):
+    """A request admitted, its prompt run, its first token sampled: it decodes from now on."""
+    from vllm_jax.scheduler.output import ModelRunnerOutput
+    from vllm_jax.scheduler.request import Request
+
+    params = SamplingParams(**{"max_tokens": 10, "ignore_eos": True, **params})
+    prompt = [100 * ord(req_id) + i for i in range(prompt_len)]  # no prefix shared with another request
+    request = Request(request_id=req_id, prompt_token_ids=prompt, sampling_params=params, eos_token_id=2,
+                      arrival_time=0.0, seed=0)
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    assert out.num_steps == 1  # a prompt never runs in a chunk
+    ids = list(out.num_scheduled_tokens)  # a request decoding already samples too
+    scheduler.update_from_output(out, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7]] * len(ids)))
+    return request
+
+
+def test_a_chunk_takes_its_slots_up_front_and_never_preempts_for_them():
+    from vllm_jax.scheduler.output import ModelRunnerOutput
+
+    scheduler = _scheduler(num_blocks=8)  # 7 usable blocks of 4 tokens
+    request = _decoding(scheduler, "a", prompt_len=7, max_tokens=6)  # 8 tokens known, 7 computed
+    out = scheduler.schedule()
+    assert (out.num_steps, out.step_limits) == (4, {"a": 4})  # min(K, 5 more tokens)
+    assert request.num_computed_tokens == 11 and len(scheduler.kv_cache_manager.get_block_ids("a")) == 3
+    scheduler.update_from_output(out, ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[8, 9, 10, 11]]))
+    out = scheduler.schedule()
+    assert out.num_steps == 1  # one token left: a one-token step
+    scheduler.update_from_output(out, ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[12]]))
+    assert request.is_finished and scheduler.kv_cache_manager.num_free_blocks == 7
+    # Too few free blocks for the chunk's slots: a one-token step, nobody preempted.
+    scheduler = _scheduler(num_blocks=6)  # 5 usable blocks
+    _decoding(scheduler, "b", prompt_len=7, max_tokens=9)
+    _decoding(scheduler, "c", prompt_len=7, max_tokens=5)  # b: 9 tokens (3 blocks), c: 8 (2 blocks)
+    out = scheduler.schedule()
+    assert scheduler.kv_cache_manager.num_free_blocks == 0
+    assert out.num_steps == 1 and not out.preempted_req_ids and sum(out.num_scheduled_tokens.values()) == 2
+    # A stop string makes its request (and so its steps) one token a time.
+    scheduler = _scheduler(num_blocks=16)
+    _decoding(scheduler, "c", prompt_len=5, stop=["x"])
+    assert scheduler.schedule().num_steps == 1
