@@ -100,7 +100,8 @@ def test_chunks_give_the_tokens_and_logprobs_of_one_step_at_a_time(engines):
         got_tokens, got_values = _summary(llm.generate(prompts, params, use_tqdm=False))
         assert got_tokens == want_tokens
         np.testing.assert_allclose(got_values, want_values, atol=1e-5)
-        assert {n for n, _ in seen} == {1, 4 if k == "4-sync" else k}  # chunks ran, and one-token steps for prompts and the stop string
+        # chunks ran, and one-token steps for prompts and the stop string
+        assert {n for n, _ in seen} == {1, 4 if k == "4-sync" else k}
         assert llm.llm_engine.scheduler.num_preemptions_total > preempted  # the tiny cache preempted (between chunks)
         assert llm.llm_engine.runner.num_compilations == len(llm.llm_engine.runner.warmup_plan())  # none after
         _assert_drained(llm)
