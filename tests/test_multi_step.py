@@ -195,7 +195,11 @@ def test_a_chunk_takes_its_slots_up_front_and_never_preempts_for_them():
     out = scheduler.schedule()
     assert scheduler.kv_cache_manager.num_free_blocks == 0
     assert out.num_steps == 1 and not out.preempted_req_ids and sum(out.num_scheduled_tokens.values()) == 2
-    # A stop string makes its request (and so its steps) one token a time.
+    # A stop string, or more stop ids than the device checks, makes its request (and its steps) one token a time.
+    for params in ({"stop": ["x"]}, {"stop_token_ids": list(range(100, 109))}):
+        scheduler = _scheduler(num_blocks=16)
+        _decoding(scheduler, "c", prompt_len=5, **params)
+        assert scheduler.schedule().num_steps == 1
     scheduler = _scheduler(num_blocks=16)
-    _decoding(scheduler, "c", prompt_len=5, stop=["x"])
-    assert scheduler.schedule().num_steps == 1
+    _decoding(scheduler, "c", prompt_len=5, stop_token_ids=list(range(100, 108)))
+    assert scheduler.schedule().num_steps == 4

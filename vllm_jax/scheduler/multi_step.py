@@ -34,9 +34,12 @@ def decodes_on_device(request: Request) -> bool:
     `needs_host_tokens`), stop strings (the output processor matches text), logit_bias / allowed_token_ids (the
     full sampler variant's [S, V] inputs), an adapter, and more stop ids than the device checks."""
     params = request.sampling_params
-    return not (request.needs_host_tokens or request.grammar is not None or params.stop
-                or params.logit_bias or params.allowed_token_ids is not None or request.lora_request is not None
-                or len(device_stop_ids(params)) > MAX_DEVICE_STOP_IDS)
+    if (request.needs_host_tokens or request.grammar is not None or params.stop or params.logit_bias
+            or params.allowed_token_ids is not None or request.lora_request is not None):
+        return False
+    # the sum bounds the union: the set is built only for a request with many stop ids (this runs every step)
+    num_ids = len(params.stop_token_ids or ()) + len(params.all_stop_token_ids or ())
+    return num_ids <= MAX_DEVICE_STOP_IDS or len(device_stop_ids(params)) <= MAX_DEVICE_STOP_IDS
 
 
 def chunk_limits(plan: StepPlan, num_steps: int, max_model_len: int, manager: KVCacheManager) -> dict[str, int] | None:
