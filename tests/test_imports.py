@@ -31,7 +31,7 @@ ALLOWED = {
     "sharding": {"pallas_kernels"},
     "metrics": set(),
     "aot": {"attention", "pallas_kernels", "sharding", "model", "worker"},
-    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora"},
+    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal"},
     "reasoning": set(),
     "spec_decode": set(),
     "sampling_params": set(),

@@ -95,6 +95,8 @@ ENGINE_FLAG_HELP = {
                     "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": "
                     "[\"no\", \"yes\"], \"is_original_qwen3_reranker\": true}'",
     "convert": "the pooling task: auto, embed, classify or reward (docs/pooling.md)",
+    "num_scheduler_steps": "decode tokens per dispatch (1, 2, 4, 8, 16 or 32) when every scheduled request decodes "
+                           "without host-side sampling state (stop strings, grammars, penalties fall back to 1)",
     "pooler_config": "the pooler as JSON, vLLM's keys, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true, "
                      "\"dimensions\": 256}' (default: the checkpoint's)",
 }

@@ -216,10 +216,12 @@ class LLMEngine:
 
     def _waits_for_host(self) -> bool:
         """Whether the next step must wait for the one in flight: a running request's next inputs need its
-        newest token on the host (structured outputs, penalties, bad words, min_tokens), or nobody could be
-        scheduled anyway."""
+        newest token on the host (structured outputs, penalties, bad words, min_tokens), nobody could be
+        scheduled anyway, or a multi-step chunk is in flight or could come next (its requests' tokens must be on
+        the host: docs/architecture/02-engine.md, "Multi-step decoding and async scheduling")."""
         running = self.scheduler.running
-        return not (running or self.scheduler.waiting) or any(r.needs_host_tokens for r in running)
+        return (not (running or self.scheduler.waiting) or any(r.needs_host_tokens for r in running)
+                or self._in_flight.scheduled.num_steps > 1 or self.scheduler.next_step_may_chunk())
 
     def _finish(self, dispatched: _Dispatched, scheduled: list[SchedulerOutput]) -> list[RequestOutput]:
         runner_out = self.runner.finish(dispatched.flight)

@@ -44,6 +44,7 @@ from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
+from vllm_jax.worker.multi_step import ChunkInFlight, dispatch_chunk, finish_chunk
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
@@ -126,6 +127,8 @@ class ModelRunner:
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
         # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
         self.multimodal = self.compilation.multimodal
+        if self.broadcasts and sc.num_scheduler_steps > 1:
+            raise ValueError("num_scheduler_steps > 1 is not supported in a multi-host run yet")
 
     def load_lora_slots(self, loads: dict) -> None:
         """Write the adapters the scheduler made resident (slot -> LoRARequest) into their device slots."""
@@ -173,7 +176,7 @@ class ModelRunner:
         """One step, start to finish."""
         return self.finish(self.dispatch(sched))
 
-    def dispatch(self, sched: SchedulerOutput) -> InFlightStep | None:
+    def dispatch(self, sched: SchedulerOutput) -> InFlightStep | ChunkInFlight | None:
         """Apply the scheduler's changes and launch the step on the device without waiting for it (None: nothing
         scheduled). Async scheduling dispatches step n + 1 before finishing step n."""
         update_request_states(self.requests, sched)
@@ -184,15 +187,19 @@ class ModelRunner:
             self.load_lora_slots(sched.lora_loads)
         if not sched.num_scheduled_tokens:
             return None
+        if sched.num_steps > 1:  # docs/architecture/05-worker.md, "Several decode steps per dispatch"
+            return dispatch_chunk(self, sched)
         step = self._prepare(sched)
         flight = InFlightStep(step, self._launch(step.payload))
         step.aux_hidden = self.device.aux_hidden
         return flight
 
-    def finish(self, flight: InFlightStep | None) -> ModelRunnerOutput:
+    def finish(self, flight: InFlightStep | ChunkInFlight | None) -> ModelRunnerOutput:
         """Wait for a dispatched step's result and report it."""
         if flight is None:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        if isinstance(flight, ChunkInFlight):
+            return finish_chunk(self, flight)
         return self._to_output(flight.step, self.device.fetch(flight.result))
 
     def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
