@@ -203,3 +203,11 @@ def test_a_chunk_takes_its_slots_up_front_and_never_preempts_for_them():
     scheduler = _scheduler(num_blocks=16)
     _decoding(scheduler, "c", prompt_len=5, stop_token_ids=list(range(100, 108)))
     assert scheduler.schedule().num_steps == 4
+
+
+def test_a_vision_language_model_is_refused_by_name(tmp_path):
+    from tests.helpers.vl_models import make_vl_checkpoint
+
+    make_vl_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="vision-language model"):
+        EngineArgs(model=str(tmp_path), **{**ARGS, "num_scheduler_steps": 4}).create_config()
