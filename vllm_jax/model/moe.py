@@ -60,6 +60,7 @@ from vllm_jax.model.layers import (
     layer_param_values,
     linear_params,
 )
+from vllm_jax.model.lora_layers import bundle_lora
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import Quantization, scale_name
 
@@ -231,6 +232,7 @@ class MoeLM(DecoderLM):
             def step(layer_input, layer_index, hidden, kv_cache, is_moe=is_moe, names=names):
                 mlp_index, window = layer_input
                 w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
+                w = bundle_lora(w, ctx.lora, ctx.lora_mask, layer_index)
                 mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in names})
                 return self._block(ctx, w, mlp, hidden, kv_cache, layer_index, window)
 

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.lora.adapter import LoRAAdapter, TargetShapes
-from vllm_jax.lora.config import SUPPORTED_TARGETS, LoRAConfig
+from vllm_jax.lora.config import ATTENTION_TARGETS, SUPPORTED_TARGETS, LoRAConfig
 from vllm_jax.model.spec import DecoderSpec
 
 
@@ -31,6 +31,9 @@ def target_shapes(spec: DecoderSpec) -> TargetShapes:
     h, i = spec.hidden_size, spec.intermediate_size
     features = {"q_proj": (h, spec.q_size), "k_proj": (h, spec.kv_size), "v_proj": (h, spec.kv_size),
                 "o_proj": (spec.q_size, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    if getattr(spec, "num_experts", None) is not None:  # MoE: attention (docs/architecture/11-lora.md,
+        # "Mixture-of-experts models")
+        return TargetShapes(spec.num_layers, {name: features[name] for name in ATTENTION_TARGETS})
     return TargetShapes(spec.num_layers, {name: features[name] for name in SUPPORTED_TARGETS})
 
 
