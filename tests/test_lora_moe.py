@@ -1,18 +1,23 @@
 """LoRA on mixture-of-experts models (docs/architecture/11-lora.md, "Mixture-of-experts models").
 
-The oracle is transformers + peft on tiny random Mixtral and Qwen3-MoE: attention adapters made by peft, each
-request's greedy tokens in a batch mixing base and adapter requests equal peft's with that adapter alone. One engine
-per model, no warm-up (only the programs this workload runs compile)."""
+The oracle is transformers + peft on tiny random Mixtral and Qwen3-MoE: attention adapters made by peft; expert
+adapters in PEFT's per-expert layout (`experts.{e}.w1` / `experts.{e}.gate_proj` ..., one A/B per expert), which
+peft cannot make on transformers 5's fused expert tensors, written here and checked against transformers running
+the base model with each expert's B A scaling merged into its weights. Each request's greedy tokens in a batch mixing
+base and adapter requests equal the reference's with that adapter alone. One engine per model, no warm-up (only the
+programs this workload runs compile)."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from safetensors.numpy import save_file
 
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import EngineArgs, LoRARequest, SamplingParams
@@ -30,6 +35,32 @@ def peft_adapter(base, path: Path, seed: int, r: int, targets: list[str]):
                                                            init_lora_weights=False)).eval()
     model.save_pretrained(path)
     return model
+
+
+def expert_adapter(base, arch: str, path: Path, seed: int, r: int):
+    """A random adapter on every expert's gate / up / down in PEFT's per-expert layout (Mixtral's w1 / w3 / w2
+    under block_sparse_moe, Qwen3-MoE's gate_proj / up_proj / down_proj under mlp), saved to `path`; the base model
+    with the deltas merged (the reference)."""
+    rng = np.random.default_rng(seed)
+    names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}.get(arch, ("mlp", "gate_proj", "up_proj", "down_proj"))
+    scaling, merged, tensors = 2.0, copy.deepcopy(base), {}
+    for layer_index, layer in enumerate(merged.model.layers):
+        experts = layer.mlp.experts
+        size = experts.down_proj.shape[-1]
+        with torch.no_grad():
+            for e in range(experts.gate_up_proj.shape[0]):
+                for module, rows in zip(names[1:], (slice(0, size), slice(size, 2 * size), None)):
+                    w = experts.gate_up_proj[e, rows] if rows is not None else experts.down_proj[e]
+                    a = rng.normal(0, 0.3, (r, w.shape[1])).astype(np.float32)
+                    b = rng.normal(0, 0.3, (w.shape[0], r)).astype(np.float32)
+                    w += torch.from_numpy(scaling * b @ a)
+                    key = f"base_model.model.model.layers.{layer_index}.{names[0]}.experts.{e}.{module}"
+                    tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": scaling * r,
+                                                          "target_modules": list(names[1:])}))
+    return merged
 
 
 def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
@@ -51,10 +82,11 @@ def moe(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"lora_{request.param}")
     base = make_tiny_checkpoint(request.param, root / "base", seed=3)
     refs = {None: base, "A": peft_adapter(base, root / "A", 1, 8, ["q_proj", "v_proj", "o_proj"]),
-            "B": peft_adapter(base, root / "B", 2, 4, ["k_proj", "q_proj"])}
+            "B": peft_adapter(base, root / "B", 2, 4, ["k_proj", "q_proj"]),
+            "E": expert_adapter(base, request.param, root / "E", 3, 4)}
     engine = LLMEngine(EngineArgs(model=str(root / "base"), enable_lora=True, max_loras=2, max_lora_rank=8,
                                   **ENGINE).create_config(), warmup=False, show_progress=False)
-    loras = {None: None, **{n: LoRARequest(n, i, str(root / n)) for i, n in enumerate("AB", start=1)}}
+    loras = {None: None, **{n: LoRARequest(n, i, str(root / n)) for i, n in enumerate("ABE", start=1)}}
     return engine, refs, loras
 
 
@@ -65,3 +97,12 @@ def test_attention_adapters_in_a_mixed_batch_match_peft(moe):
     out = greedy(engine, ps, [loras[n] for n in names])
     assert out == [hf_greedy(refs[n], p, MAX_TOKENS) for n, p in zip(names, ps)]
     assert out[0] != hf_greedy(refs[None], ps[0], MAX_TOKENS)  # the adapter matters
+
+
+def test_expert_adapters_in_peft_per_expert_layout_match_the_merged_model(moe):
+    engine, refs, loras = moe
+    names = ["E", None, "A", "E"]
+    ps = prompts(5, (7, 4, 10, 12))
+    out = greedy(engine, ps, [loras[n] for n in names])
+    assert out == [hf_greedy(refs[n], p, MAX_TOKENS) for n, p in zip(names, ps)]
+    assert out[0] != hf_greedy(refs[None], ps[0], MAX_TOKENS)
