@@ -9,100 +9,54 @@ programs this workload runs compile)."""
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
-
-import numpy as np
 import pytest
-import torch
-from peft import LoraConfig, get_peft_model
-from safetensors.numpy import save_file
 
-from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
-from vllm_jax import EngineArgs, LoRARequest, SamplingParams
-from vllm_jax.engine.llm_engine import LLMEngine
-
-MAX_TOKENS = 8
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-ENGINE = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=4, max_num_batched_tokens=32)
-
-
-def peft_adapter(base, path: Path, seed: int, r: int, targets: list[str]):
-    """A random PEFT adapter (lora_B not zero) on a copy of `base`, saved to `path`; the peft model."""
-    torch.manual_seed(seed)
-    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets,
-                                                           init_lora_weights=False)).eval()
-    model.save_pretrained(path)
-    return model
-
-
-def expert_adapter(base, arch: str, path: Path, seed: int, r: int):
-    """A random adapter on every expert's gate / up / down in PEFT's per-expert layout (Mixtral's w1 / w3 / w2
-    under block_sparse_moe, Qwen3-MoE's gate_proj / up_proj / down_proj under mlp), saved to `path`; the base model
-    with the deltas merged (the reference)."""
-    rng = np.random.default_rng(seed)
-    names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}.get(arch, ("mlp", "gate_proj", "up_proj", "down_proj"))
-    scaling, merged, tensors = 2.0, copy.deepcopy(base), {}
-    for layer_index, layer in enumerate(merged.model.layers):
-        experts = layer.mlp.experts
-        size = experts.down_proj.shape[-1]
-        with torch.no_grad():
-            for e in range(experts.gate_up_proj.shape[0]):
-                for module, rows in zip(names[1:], (slice(0, size), slice(size, 2 * size), None)):
-                    w = experts.gate_up_proj[e, rows] if rows is not None else experts.down_proj[e]
-                    a = rng.normal(0, 0.3, (r, w.shape[1])).astype(np.float32)
-                    b = rng.normal(0, 0.3, (w.shape[0], r)).astype(np.float32)
-                    w += torch.from_numpy(scaling * b @ a)
-                    key = f"base_model.model.model.layers.{layer_index}.{names[0]}.experts.{e}.{module}"
-                    tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": scaling * r,
-                                                          "target_modules": list(names[1:])}))
-    return merged
-
-
-def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, VOCAB_SIZE, n).tolist() for n in lengths]
-
-
-def greedy(engine: LLMEngine, ps: list[list[int]], loras: list[LoRARequest | None]) -> list[list[int]]:
-    for i, (p, lora) in enumerate(zip(ps, loras)):
-        engine.add_request(str(i), p, GREEDY, lora_request=lora)
-    tokens: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        tokens.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
-    return [tokens[str(i)] for i in range(len(ps))]
+from tests.helpers.lora_moe_models import MAX_TOKENS, greedy, make_engine, make_models, prompts
+from tests.helpers.tiny_models import hf_greedy
 
 
 @pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
 def moe(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"lora_{request.param}")
-    base = make_tiny_checkpoint(request.param, root / "base", seed=3)
-    refs = {None: base, "A": peft_adapter(base, root / "A", 1, 8, ["q_proj", "v_proj", "o_proj"]),
-            "B": peft_adapter(base, root / "B", 2, 4, ["k_proj", "q_proj"]),
-            "E": expert_adapter(base, request.param, root / "E", 3, 4)}
-    engine = LLMEngine(EngineArgs(model=str(root / "base"), enable_lora=True, max_loras=2, max_lora_rank=8,
-                                  **ENGINE).create_config(), warmup=False, show_progress=False)
-    loras = {None: None, **{n: LoRARequest(n, i, str(root / n)) for i, n in enumerate("ABE", start=1)}}
+    refs = make_models(root, request.param)
+    engine, loras = make_engine(root)
     return engine, refs, loras
 
 
-def test_attention_adapters_in_a_mixed_batch_match_peft(moe):
+def test_attention_and_expert_adapters_in_a_mixed_batch_match_the_references(moe):
+    """Base, two attention adapters and an expert adapter in one batch (two slots: one adapter waits for a
+    slot): each request gets its reference's tokens alone, and the adapters matter."""
     engine, refs, loras = moe
-    names = ["A", None, "B", "A"]
-    ps = prompts(4, (6, 11, 5, 9))
+    names = ["A", None, "E", "B", "E"]
+    ps = prompts(4, (6, 11, 5, 9, 12))
     out = greedy(engine, ps, [loras[n] for n in names])
     assert out == [hf_greedy(refs[n], p, MAX_TOKENS) for n, p in zip(names, ps)]
-    assert out[0] != hf_greedy(refs[None], ps[0], MAX_TOKENS)  # the adapter matters
+    base = [hf_greedy(refs[None], p, MAX_TOKENS) for p in ps[2:4]]
+    assert base[0] != out[2] and base[1] != out[3]
+    assert engine.scheduler.lora_slots.num_pinned == 0
 
 
-def test_expert_adapters_in_peft_per_expert_layout_match_the_merged_model(moe):
-    engine, refs, loras = moe
-    names = ["E", None, "A", "E"]
-    ps = prompts(5, (7, 4, 10, 12))
-    out = greedy(engine, ps, [loras[n] for n in names])
-    assert out == [hf_greedy(refs[n], p, MAX_TOKENS) for n, p in zip(names, ps)]
-    assert out[0] != hf_greedy(refs[None], ps[0], MAX_TOKENS)
+def test_unsupported_expert_layouts_are_named(tmp_path):
+    """The fused 3-D experts layout, an expert the model lacks, and expert tensors for a dense model: clear
+    errors naming the tensor."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from vllm_jax.lora.adapter import TargetShapes, load_peft_adapter
+    from vllm_jax.lora.request import LoRARequest
+
+    moe = TargetShapes(2, {"q_proj": (8, 8), "experts_gate": (8, 4)}, num_experts=2)
+    dense = TargetShapes(2, {"q_proj": (8, 8)})
+    prefix = "base_model.model.model.layers.0.mlp.experts"
+    cases = [(f"{prefix}.lora_A.weight", moe, "fused (3-D) experts layout"),
+             (f"{prefix}.2.gate_proj.lora_A.weight", moe, "names expert 2, but the model has 2"),
+             (f"{prefix}.0.gate_proj.lora_A.weight", dense, "the model has no experts")]
+    for i, (key, shapes, message) in enumerate(cases):
+        path = tmp_path / str(i)
+        path.mkdir()
+        save_file({key: np.zeros((2, 8), np.float32)}, str(path / "adapter_model.safetensors"))
+        (path / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4}))
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_peft_adapter(LoRARequest("x", 1, str(path)), shapes, 8)

@@ -156,9 +156,6 @@ def _layout(name: str, tensors: dict[str, np.ndarray], shapes: TargetShapes, ran
 
 def _parse_key(name: str, key: str, shapes: TargetShapes) -> tuple[int, str, int | None, str]:
     """A tensor name -> (layer, target, expert or None, "A" | "B"); ValueError for a name outside the layouts."""
-    match = _KEY.match(key)
-    if match is not None:
-        return int(match[1]), match[2], None, match[3]
     match = _EXPERT_KEY.match(key)
     if match is not None:
         if not shapes.num_experts:
@@ -174,5 +171,8 @@ def _parse_key(name: str, key: str, shapes: TargetShapes) -> tuple[int, str, int
     if ".experts." in key:
         raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is in a fused (3-D) experts layout, which is not "
                          "supported: expert adapters need PEFT's per-expert layout (experts.{e}.w1 / gate_proj ...)")
+    match = _KEY.match(key)
+    if match is not None:
+        return int(match[1]), match[2], None, match[3]
     raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA A/B weight of a layer's "
                      f"{'/'.join(SUPPORTED_TARGETS)} (the model has no such target module)")

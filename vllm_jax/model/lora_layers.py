@@ -104,7 +104,12 @@ class ExpertLoRA:
             b_rows = jnp.transpose(b[1:], (1, 0, 2, 3)).reshape(e, n * r, b.shape[-1])
             return jax.lax.ragged_dot(xa.astype(b.dtype), b_rows, group_sizes, preferred_element_type=jnp.float32)
 
+        # inside expert parallelism's shard_map the product varies over the expert axis: so must the zeros
+        varying = tuple(frozenset().union(*(jax.typeof(v).manual_axis_type.varying
+                                            for v in (xs, a, b, group_sizes, row_token, self.one_hot))))
+
         def nothing(xs: jax.Array) -> jax.Array:
-            return jnp.zeros((xs.shape[0], b.shape[-1]), jnp.float32)
+            zeros = jnp.zeros((xs.shape[0], b.shape[-1]), jnp.float32)
+            return jax.lax.pcast(zeros, varying, to="varying") if varying else zeros
 
         return jax.lax.cond(self.active, product, nothing, xs)
