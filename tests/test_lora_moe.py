@@ -60,3 +60,12 @@ def test_unsupported_expert_layouts_are_named(tmp_path):
         (path / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4}))
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             load_peft_adapter(LoRARequest("x", 1, str(path)), shapes, 8)
+
+
+def test_other_moe_families_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from vllm_jax.worker.engine_builder import check_lora_supported
+
+    with pytest.raises(ValueError, match="LoRA on DeepseekV3ForCausalLM is not supported yet"):
+        check_lora_supported(SimpleNamespace(num_experts=4, architecture="DeepseekV3ForCausalLM"))
