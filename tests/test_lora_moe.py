@@ -1,11 +1,12 @@
 """LoRA on mixture-of-experts models (docs/architecture/11-lora.md, "Mixture-of-experts models").
 
-The oracle is transformers + peft on tiny random Mixtral and Qwen3-MoE: attention adapters made by peft; expert
-adapters in PEFT's per-expert layout (`experts.{e}.w1` / `experts.{e}.gate_proj` ..., one A/B per expert), which
-peft cannot make on transformers 5's fused expert tensors, written here and checked against transformers running
-the base model with each expert's B A scaling merged into its weights. Each request's greedy tokens in a batch mixing
-base and adapter requests equal the reference's with that adapter alone. One engine per model, no warm-up (only the
-programs this workload runs compile)."""
+The oracle is transformers + peft on tiny random Mixtral and Qwen3-MoE: adapters made by peft on attention and on
+the fused experts tensors (target_parameters: the fused 3-D layout); expert adapters in PEFT's per-expert layout
+(`experts.{e}.w1` / `experts.{e}.gate_proj` ..., one A/B per expert), which peft cannot make on transformers 5's
+fused expert tensors, written here and checked against transformers running the base model with each expert's
+B A scaling merged into its weights. Each request's greedy tokens in a batch mixing base and adapter requests equal
+the reference's with that adapter alone. One engine per model, no warm-up (only the programs this workload runs
+compile)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ def moe(request, tmp_path_factory):
 
 
 def test_attention_and_expert_adapters_in_a_mixed_batch_match_the_references(moe):
-    """Base, two attention adapters and an expert adapter in one batch (two slots: one adapter waits for a
-    slot): each request gets its reference's tokens alone, and the adapters matter."""
+    """Base, an attention adapter, a per-expert one and a fused-experts one in one batch (two slots: one adapter
+    waits for a slot): each request gets its reference's tokens alone, and the adapters matter."""
     engine, refs, loras = moe
-    names = ["A", None, "E", "B", "E"]
+    names = ["A", None, "E", "F", "E"]
     ps = prompts(4, (6, 11, 5, 9, 12))
     out = greedy(engine, ps, [loras[n] for n in names])
     assert out == [hf_greedy(refs[n], p, MAX_TOKENS) for n, p in zip(names, ps)]
@@ -37,8 +38,8 @@ def test_attention_and_expert_adapters_in_a_mixed_batch_match_the_references(moe
 
 
 def test_unsupported_expert_layouts_are_named(tmp_path):
-    """The fused 3-D experts layout, an expert the model lacks, and expert tensors for a dense model: clear
-    errors naming the tensor."""
+    """A fused experts pair missing B, an experts tensor of no layout, an expert the model lacks, and expert
+    tensors for a dense model: clear errors naming the tensor."""
     import json
 
     import numpy as np
@@ -50,7 +51,8 @@ def test_unsupported_expert_layouts_are_named(tmp_path):
     moe = TargetShapes(2, {"q_proj": (8, 8), "experts_gate": (8, 4)}, num_experts=2)
     dense = TargetShapes(2, {"q_proj": (8, 8)})
     prefix = "base_model.model.model.layers.0.mlp.experts"
-    cases = [(f"{prefix}.lora_A.weight", moe, "fused (3-D) experts layout"),
+    cases = [(f"{prefix}.lora_A.weight", moe, "fused experts tensor (lora_A/B) has lora_A only"),
+             (f"{prefix}.gate.lora_A.weight", moe, "in no experts layout read here"),
              (f"{prefix}.2.gate_proj.lora_A.weight", moe, "names expert 2, but the model has 2"),
              (f"{prefix}.0.gate_proj.lora_A.weight", dense, "the model has no experts")]
     for i, (key, shapes, message) in enumerate(cases):

@@ -1,7 +1,7 @@
 """LoRA on a MoE model under tensor and expert parallelism (docs/architecture/11-lora.md, "Mixture-of-experts
 models"), on 2 of the session's fake CPU devices: TP 2 and TP 2 with EP give, for a batch mixing the base model, an
-attention adapter and an expert adapter, the reference's greedy tokens (what TP 1 gives: tests/test_lora_moe.py),
-with the expert slots split like the experts."""
+attention adapter and expert adapters (per-expert and fused layouts), the reference's greedy tokens (what TP 1
+gives: tests/test_lora_moe.py), with the expert slots split like the experts."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _spec(array) -> list:
 def test_tp2_and_expert_parallel_equal_the_reference(tmp_path, expert_parallel):
     refs = make_models(tmp_path, "qwen3_moe")
     engine, loras = make_engine(tmp_path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
-    names = ["E", "A", None, "E"]
+    names = ["E", "A", None, "F"]
     ps = prompts(6, (5, 9, 7, 12))
     assert greedy(engine, ps, [loras[n] for n in names]) == [hf_greedy(refs[n], p, MAX_TOKENS)
                                                              for n, p in zip(names, ps)]

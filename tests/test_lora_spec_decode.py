@@ -158,8 +158,8 @@ def test_sampled_adapter_output_keeps_the_targets_distribution(setup):
     """#37 item 1, bounded: an adapter request restricted to 4 tokens (allowed_token_ids: the full sampler variant
     verifies) continuing a prompt of those tokens, so n-gram proposals are often accepted: each output position's
     empirical distribution with speculation matches the one without (two-sample chi-square, as
-    tests/test_spec_decode.py's test for the base model; 160 samples a side (~7 s with the module's engines compiled) catch a
-    gross bias, not a subtle one)."""
+    tests/test_spec_decode.py's test for the base model; 160 samples a side, ~7 s with the module's engines
+    compiled, catch a gross bias, not a subtle one)."""
     from scipy import stats as scipy_stats  # jax depends on scipy
 
     allowed, num = [11, 57, 130, 201], 160

@@ -1,5 +1,6 @@
 """Adapters and engines for the LoRA-on-MoE tests (tests/test_lora_moe.py, test_lora_moe_tp.py): random peft
-attention adapters, random expert adapters in PEFT's per-expert layout with their merged reference, greedy runs."""
+adapters (attention, and the fused experts tensors through target_parameters), random expert adapters in PEFT's
+per-expert layout with their merged reference, greedy runs."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 ENGINE = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=4, max_num_batched_tokens=32)
 
 
-def peft_adapter(base, path: Path, seed: int, r: int, targets: list[str]):
-    """A random PEFT adapter (lora_B not zero) on a copy of `base`, saved to `path`; the peft model."""
+def peft_adapter(base, path: Path, seed: int, r: int, targets: list[str], parameters: list[str] | None = None):
+    """A random PEFT adapter (lora_B not zero) on a copy of `base`, saved to `path`; the peft model. `parameters`:
+    peft's target_parameters (the fused experts tensors)."""
     torch.manual_seed(seed)
     model = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets,
+                                                           target_parameters=parameters,
                                                            init_lora_weights=False)).eval()
     model.save_pretrained(path)
     return model
@@ -71,16 +74,18 @@ def greedy(engine: LLMEngine, ps: list[list[int]], loras: list[LoRARequest | Non
 
 
 def make_models(root: Path, arch: str) -> dict:
-    """The base checkpoint and three adapters under `root`: A and B on attention (peft), E on the experts; the
-    references by name (None: the base model)."""
+    """The base checkpoint and three adapters under `root`: A on attention (peft), E on the experts in the
+    per-expert layout, F (peft) on k_proj and the fused experts tensors; the references by name (None: the base
+    model)."""
     base = make_tiny_checkpoint(arch, root / "base", seed=3)
     return {None: base, "A": peft_adapter(base, root / "A", 1, 8, ["q_proj", "v_proj", "o_proj"]),
-            "B": peft_adapter(base, root / "B", 2, 4, ["k_proj", "q_proj"]),
-            "E": expert_adapter(base, arch, root / "E", 3, 4)}
+            "E": expert_adapter(base, arch, root / "E", 3, 4),
+            "F": peft_adapter(base, root / "F", 2, 4, ["k_proj"], ["mlp.experts.gate_up_proj",
+                                                                   "mlp.experts.down_proj"])}
 
 
 def make_engine(root: Path, **args) -> tuple[LLMEngine, dict]:
     """An engine on root/base with two adapter slots (no warm-up) and the LoRARequests by name."""
     engine = LLMEngine(EngineArgs(model=str(root / "base"), enable_lora=True, max_loras=2, max_lora_rank=8,
                                   **ENGINE, **args).create_config(), warmup=False, show_progress=False)
-    return engine, {None: None, **{n: LoRARequest(n, i, str(root / n)) for i, n in enumerate("ABE", start=1)}}
+    return engine, {None: None, **{n: LoRARequest(n, i, str(root / n)) for i, n in enumerate("AEF", start=1)}}

@@ -27,6 +27,10 @@ _KEY = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:self_attn|
 # PEFT's per-expert layout (one A/B per expert: Mixtral's w1/w3/w2, Qwen3-MoE's gate/up/down_proj) and its target
 _EXPERT_KEY = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
                          r"(\w+)\.lora_([AB])\.weight$")
+# the fused 3-D layout: PEFT's target_parameters on transformers 5's experts.gate_up_proj [E, 2I, H] and
+# experts.down_proj [E, H, I], one A [r * E, in] / B [out, r * E] per tensor (nested: base_layer for the first)
+_FUSED_KEY = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
+                        r"((?:base_layer\.)*)lora_([AB])\.weight$")
 EXPERT_TARGETS = {"w1": "experts_gate", "gate_proj": "experts_gate", "w3": "experts_up", "up_proj": "experts_up",
                   "w2": "experts_down", "down_proj": "experts_down"}
 
@@ -123,7 +127,10 @@ def _layout(name: str, tensors: dict[str, np.ndarray], shapes: TargetShapes, ran
             scaling: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The tensors as per-target [L, in, r] / [L, r, out] arrays, every key and shape checked."""
     found: dict[tuple[str, int, int | None], dict[str, np.ndarray]] = {}
+    found |= _split_fused_experts(name, tensors, shapes, rank)
     for key, value in tensors.items():
+        if _FUSED_KEY.match(key):
+            continue
         layer, module, expert, which = _parse_key(name, key, shapes)
         if module not in shapes.features:
             raise ValueError(f"LoRA adapter {name!r}: target module {module!r} is not in the model (supported: "
@@ -154,6 +161,46 @@ def _layout(name: str, tensors: dict[str, np.ndarray], shapes: TargetShapes, ran
     return weights
 
 
+def _split_fused_experts(name: str, tensors: dict[str, np.ndarray], shapes: TargetShapes,
+                         rank: int) -> dict[tuple[str, int, int], dict[str, np.ndarray]]:
+    """The fused layout's pairs as per-expert A/B, PEFT's ParamWrapper rule: expert e's A is rows e*r..(e+1)*r of
+    A, its B columns e, e+E, ... of B (B reshaped [out, r, E]); gate_up's B rows split into gate then up (the
+    order transformers 5 chunks them in). Which tensor a pair wraps is read off its shape."""
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for key, value in tensors.items():
+        match = _FUSED_KEY.match(key)
+        if match is not None:
+            pairs.setdefault((int(match[1]), match[2]), {})[match[3]] = value
+    if pairs and not shapes.num_experts:
+        raise ValueError(f"LoRA adapter {name!r}: it has fused expert tensors, but the model has no experts")
+    out: dict[tuple[str, int, int], dict[str, np.ndarray]] = {}
+    e = shapes.num_experts
+    h, i = shapes.features["experts_gate"] if e else (0, 0)
+    for (layer, nesting), pair in pairs.items():
+        where = f"layer {layer} fused experts tensor ({nesting or ''}lora_A/B)"
+        if set(pair) != {"A", "B"}:
+            raise ValueError(f"LoRA adapter {name!r}: {where} has lora_{''.join(pair)} only")
+        a, b = pair["A"], pair["B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank * e or b.shape[1] != rank * e:
+            raise ValueError(f"LoRA adapter {name!r}: {where} has lora_A {list(a.shape)} and lora_B "
+                             f"{list(b.shape)}; the fused layout needs r * experts = {rank * e} rows of A and "
+                             "columns of B")
+        fin, fout = a.shape[1], b.shape[0]
+        if (fin, fout) == (h, 2 * i):
+            parts = {"experts_gate": slice(0, i), "experts_up": slice(i, 2 * i)}
+        elif (fin, fout) == (i, h):
+            parts = {"experts_down": slice(None)}
+        else:
+            raise ValueError(f"LoRA adapter {name!r}: {where} maps {fin} to {fout} features, which is neither the "
+                             f"experts' gate_up_proj ({h} -> {2 * i}) nor their down_proj ({i} -> {h})")
+        a_experts = a.reshape(e, rank, fin)
+        b_experts = b.reshape(fout, rank, e)
+        for expert in range(e):
+            for module, rows in parts.items():
+                out[(module, layer, expert)] = {"A": a_experts[expert], "B": b_experts[rows, :, expert]}
+    return out
+
+
 def _parse_key(name: str, key: str, shapes: TargetShapes) -> tuple[int, str, int | None, str]:
     """A tensor name -> (layer, target, expert or None, "A" | "B"); ValueError for a name outside the layouts."""
     match = _EXPERT_KEY.match(key)
@@ -169,8 +216,8 @@ def _parse_key(name: str, key: str, shapes: TargetShapes) -> tuple[int, str, int
                              f"{shapes.num_experts}")
         return layer, EXPERT_TARGETS[module], expert, which
     if ".experts." in key:
-        raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is in a fused (3-D) experts layout, which is not "
-                         "supported: expert adapters need PEFT's per-expert layout (experts.{e}.w1 / gate_proj ...)")
+        raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is in no experts layout read here (PEFT's "
+                         "per-expert experts.{e}.w1 / gate_proj ..., or the fused experts.lora_A / lora_B)")
     match = _KEY.match(key)
     if match is not None:
         return int(match[1]), match[2], None, match[3]
