@@ -152,3 +152,29 @@ def test_a_head_reading_the_target_embedding_follows_it_through_sleep(setup):
     np.testing.assert_array_equal(np.asarray(head.embed_tokens), values)
     np.testing.assert_array_equal(np.asarray(head.params["w"].get_value()), [0.0, 1.0, 2.0])
     assert not np.asarray(head.kv_cache).any()
+
+
+def test_sampled_adapter_output_keeps_the_targets_distribution(setup):
+    """#37 item 1, bounded: an adapter request restricted to 4 tokens (allowed_token_ids: the full sampler variant
+    verifies) continuing a prompt of those tokens, so n-gram proposals are often accepted: each output position's
+    empirical distribution with speculation matches the one without (two-sample chi-square, as
+    tests/test_spec_decode.py's test for the base model; 160 samples a side, ~7 s with the module's engines
+    compiled, catch a gross bias, not a subtle one)."""
+    from scipy import stats as scipy_stats  # jax depends on scipy
+
+    allowed, num = [11, 57, 130, 201], 160
+    prompt = [11, 57, 11, 57]
+    llms = {"off": setup["off"], "on": engine(setup, "ngram")}
+    seeds = {"off": 1000, "on": 50_000}  # independent samples: the same seeds would share their noise
+    counts = llms["on"].llm_engine.scheduler.spec_decode_counts
+    drafts, accepted = counts.num_drafts, counts.num_accepted_tokens
+    samples = {mode: np.array([o.outputs[0].token_ids for o in llm.generate(
+        [prompt] * num, [SamplingParams(temperature=1.0, allowed_token_ids=allowed, seed=seeds[mode] + i,
+                                        max_tokens=4, ignore_eos=True) for i in range(num)],
+        use_tqdm=False, lora_request=setup["lora"]["A"])]) for mode, llm in llms.items()}
+    assert counts.num_drafts - drafts >= num // 2 and counts.num_accepted_tokens - accepted > num // 8
+    for position in range(4):
+        table = np.array([[np.sum(samples[mode][:, position] == t) for t in allowed] for mode in ("off", "on")])
+        table = table[:, table.sum(axis=0) > 0]
+        assert scipy_stats.chi2_contingency(table)[1] > 1e-3, (position, table)
+    check_idle(llms["on"])

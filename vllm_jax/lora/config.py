@@ -9,6 +9,7 @@ from vllm_jax.lora.request import LoRARequest
 
 # PEFT module names the dense decoders here can carry an adapter on (HF names of the layers' linears).
 SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION_TARGETS = SUPPORTED_TARGETS[:4]
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from vllm_jax.model.layers import (
     layer_param_values,
     linear_params,
 )
+from vllm_jax.model.lora_layers import ExpertLoRA, bundle_lora
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import Quantization, scale_name
 
@@ -86,20 +87,29 @@ def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
 def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, w_gate: jax.Array,
                        w_up: jax.Array, w_down: jax.Array, expert_offset: jax.Array | int = 0,
                        scales: ExpertScales | None = None,
-                       activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
+                       activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
+                       lora: ExpertLoRA | None = None) -> jax.Array:
     """sum_k weights[t, k] * FFN_{expert_ids[t, k]}(x[t]) over the experts held here -> float32 [T, hidden].
 
     x [T, H]; weights [T, k] float32; expert_ids [T, k]; w_gate, w_up [E_here, H, I]; w_down [E_here, I, H],
     holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to other experts add 0.
     `scales`: the weights are quantized values and these their per-expert channel scales (weight-only).
     `activation` applies to the gate: SiLU (SwiGLU: Mixtral, Qwen3-MoE, DeepSeek), tanh-GELU (GeGLU: Gemma 4).
+    `lora`: the experts' adapter slots (held here), each row's delta added to gate, up and down.
     """
     groups = ExpertGroups.of(expert_ids, w_gate.shape[0], expert_offset)
-    xs = x[groups.order // expert_ids.shape[1]]  # [T*k, H], grouped by expert
+    row_token = groups.order // expert_ids.shape[1]
+    xs = x[row_token]  # [T*k, H], grouped by expert
     s_gate, s_up, s_down = scales if scales is not None else (None, None, None)
-    gate = _grouped_matmul(xs, w_gate, s_gate, groups.sizes, groups.row_expert)
-    up = _grouped_matmul(xs, w_up, s_up, groups.sizes, groups.row_expert)
-    out = _grouped_matmul(activation(gate) * up, w_down, s_down, groups.sizes, groups.row_expert)
+
+    def project(which: int, rows: jax.Array, w: jax.Array, scale: jax.Array | None) -> jax.Array:
+        y = _grouped_matmul(rows, w, scale, groups.sizes, groups.row_expert)
+        if lora is None:
+            return y
+        return (y.astype(jnp.float32) + lora.delta(which, rows, groups.sizes, row_token)).astype(rows.dtype)
+
+    gate, up = project(0, xs, w_gate, s_gate), project(1, xs, w_up, s_up)
+    out = project(2, activation(gate) * up, w_down, s_down)
     return groups.combine(out, weights)
 
 
@@ -145,20 +155,23 @@ def _grouped_matmul(xs: jax.Array, w: jax.Array, scale: jax.Array | None, group_
 def expert_parallel_ffn(mesh: Mesh, axis: str, x: jax.Array, weights: jax.Array, expert_ids: jax.Array,
                         w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
                         scales: ExpertScales | None = None,
-                        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
-    """`grouped_expert_ffn` with the expert axis of the weights (and their scales) split over `mesh` axis `axis`:
-    tokens and routing are replicated, each device runs its own experts, a psum combines the partial outputs."""
+                        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
+                        lora: ExpertLoRA | None = None) -> jax.Array:
+    """`grouped_expert_ffn` with the expert axis of the weights (and their scales, and the adapter slots' axis 1)
+    split over `mesh` axis `axis`: tokens and routing are replicated, each device runs its own experts, a psum
+    combines the partial outputs."""
 
-    def local(x, weights, expert_ids, w_gate, w_up, w_down, *scales):
+    def local(x, weights, expert_ids, lora, w_gate, w_up, w_down, *scales):
         offset = jax.lax.axis_index(axis) * w_gate.shape[0]
         partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset, scales or None,
-                                         activation)
+                                         activation, lora)
         return jax.lax.psum(partial_out, axis)
 
     extra = tuple(scales) if scales is not None else ()
     experts = P(axis)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P()) + (experts,) * (3 + len(extra)),
-                         out_specs=P())(x, weights, expert_ids, w_gate, w_up, w_down, *extra)
+    lora_specs = None if lora is None else ExpertLoRA((P(None, axis),) * 3, (P(None, axis),) * 3, P(), P())
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), lora_specs) + (experts,) * (3 + len(extra)),
+                         out_specs=P())(x, weights, expert_ids, lora, w_gate, w_up, w_down, *extra)
 
 
 class MoeLayers(nnx.Module):
@@ -208,13 +221,14 @@ class MoeLM(DecoderLM):
         weights, ids = route(x, w["router"], spec.num_experts_per_tok, spec.norm_topk_prob,
                              spec.round_router_weights)
         experts = tuple(w[name] for name in EXPERT_PARAMS)
-        scales = None
+        scales, lora = None, w.get("expert_lora")
         if isinstance(experts[0], QuantizedWeight):
             experts, scales = tuple(e.values for e in experts), tuple(e.scale for e in experts)
         if self.expert_mesh is not None and self.expert_mesh.shape[self.expert_axis] > 1:
-            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts, scales)
+            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts, scales,
+                                      lora=lora)
         else:
-            out = grouped_expert_ffn(x, weights, ids, *experts, scales=scales)
+            out = grouped_expert_ffn(x, weights, ids, *experts, scales=scales, lora=lora)
         return out.astype(x.dtype)
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
@@ -231,7 +245,11 @@ class MoeLM(DecoderLM):
             def step(layer_input, layer_index, hidden, kv_cache, is_moe=is_moe, names=names):
                 mlp_index, window = layer_input
                 w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
-                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in names})
+                w = bundle_lora(w, ctx.lora, ctx.lora_mask, layer_index)
+                mlp_w = {name: params[name][mlp_index] for name in names}
+                if is_moe and ctx.lora and "experts_gate" in ctx.lora:  # the experts' adapter slots, global index
+                    mlp_w["expert_lora"] = ExpertLoRA.of(ctx.lora, ctx.lora_mask, layer_index, EXPERT_PARAMS)
+                mlp = self._mlp(is_moe, mlp_w)
                 return self._block(ctx, w, mlp, hidden, kv_cache, layer_index, window)
 
             windows = [self.spec.sliding_windows[i] for i in layer_ids]

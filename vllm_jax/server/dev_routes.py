@@ -34,11 +34,8 @@ def add_dev_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     async def engine_call(name: str, *args, **kwargs):
         ctx.require_ready()
-        method = getattr(ctx.engine, name, None)
-        if method is None:
-            raise bad_request(f"/{name} is not supported with data parallelism yet")
-        try:
-            return await method(*args, **kwargs)
+        try:  # a data-parallel engine sends each call to every replica (engine/data_parallel.py)
+            return await getattr(ctx.engine, name)(*args, **kwargs)
         except (ValueError, RuntimeError) as exc:  # a bad argument, requests in flight, no sleep mode
             raise bad_request(str(exc)) from exc
 

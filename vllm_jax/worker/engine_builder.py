@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
+from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
@@ -356,10 +357,11 @@ def _layer_of(value: jax.Array | jax.ShapeDtypeStruct, i: int) -> jax.Array | ja
 
 
 def check_lora_supported(spec: DecoderSpec) -> None:
-    """LoRA runs on the dense decoders, in one process (docs/architecture/11-lora.md, "LoRA adapters")."""
-    if getattr(spec, "num_experts", None) is not None:
-        raise ValueError(f"enable_lora: {spec.architecture} is a mixture-of-experts model, which LoRA "
-                         "does not support yet")
+    """LoRA runs on the dense decoders and on Mixtral / Qwen3-MoE, in one process (docs/architecture/11-lora.md,
+    "Mixture-of-experts models")."""
+    if getattr(spec, "num_experts", None) is not None and type(spec) is not MoeSpec:
+        raise ValueError(f"enable_lora: LoRA on {spec.architecture} is not supported yet (of the "
+                         "mixture-of-experts models, Mixtral and Qwen3-MoE take adapters)")
     if jax.process_count() > 1:
         raise ValueError("enable_lora is not supported in a multi-host run yet")
 

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.lora.adapter import LoRAAdapter, TargetShapes
-from vllm_jax.lora.config import SUPPORTED_TARGETS, LoRAConfig
+from vllm_jax.lora.config import ATTENTION_TARGETS, SUPPORTED_TARGETS, LoRAConfig
 from vllm_jax.model.spec import DecoderSpec
 
 
@@ -31,17 +31,24 @@ def target_shapes(spec: DecoderSpec) -> TargetShapes:
     h, i = spec.hidden_size, spec.intermediate_size
     features = {"q_proj": (h, spec.q_size), "k_proj": (h, spec.kv_size), "v_proj": (h, spec.kv_size),
                 "o_proj": (spec.q_size, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    if getattr(spec, "num_experts", None) is not None:  # MoE: attention and the experts, one A/B per expert
+        # (docs/architecture/11-lora.md, "Mixture-of-experts models")
+        e = spec.intermediate_size  # an expert's FFN width (MoeSpec)
+        experts = {"experts_gate": (h, e), "experts_up": (h, e), "experts_down": (e, h)}
+        return TargetShapes(spec.num_layers, {name: features[name] for name in ATTENTION_TARGETS} | experts,
+                            spec.num_experts)
     return TargetShapes(spec.num_layers, {name: features[name] for name in SUPPORTED_TARGETS})
 
 
 def _base_axes(params: nnx.State, name: str) -> tuple:
-    """The mesh axes of a base weight's (in, out) dims, read off its placed array (stacked or per layer)."""
+    """The mesh axes of a base weight's (expert,) in and out dims, read off its placed array (stacked or per
+    layer; an expert weight is [(L,) E, in, out])."""
     value = params["layers"][name].get_value()
     array = value[0] if isinstance(value, tuple) else value
     sharding = getattr(array, "sharding", None)
     spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
     spec = spec + (None,) * (len(array.shape) - len(spec))  # a PartitionSpec may leave out trailing dims
-    return spec[-2], spec[-1]
+    return spec[-3:] if name.startswith("experts_") else spec[-2:]
 
 
 class LoRASlotArrays:
@@ -55,11 +62,12 @@ class LoRASlotArrays:
         self.shardings: dict[str, tuple[NamedSharding, NamedSharding]] = {}
         arrays = {}
         for name, (fin, fout) in shapes.features.items():
-            in_axis, out_axis = _base_axes(params, name)
-            a_sharding = NamedSharding(mesh, PartitionSpec(None, None, in_axis, None))
-            b_sharding = NamedSharding(mesh, PartitionSpec(None, None, None, out_axis))
+            *expert_axis, in_axis, out_axis = _base_axes(params, name)  # an expert target: [L, N, E, in / R, ...]
+            experts = shapes.lead(name)[1:]
+            a_sharding = NamedSharding(mesh, PartitionSpec(None, None, *expert_axis, in_axis, None))
+            b_sharding = NamedSharding(mesh, PartitionSpec(None, None, *expert_axis, None, out_axis))
             self.shardings[name] = (a_sharding, b_sharding)
-            a_shape, b_shape = (layers, n, fin, r), (layers, n, r, fout)
+            a_shape, b_shape = (layers, n, *experts, fin, r), (layers, n, *experts, r, fout)
             if abstract:
                 arrays[name] = (jax.ShapeDtypeStruct(a_shape, self.dtype, sharding=a_sharding),
                                 jax.ShapeDtypeStruct(b_shape, self.dtype, sharding=b_sharding))
@@ -83,15 +91,16 @@ class LoRASlotArrays:
     def host_values(self, adapter: LoRAAdapter | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Every target's [L, in, R] / [L, R, out] for one slot: the adapter's, rank zero-padded to R; zeros for
         targets it leaves alone (and for None: an emptied slot)."""
-        layers, r = self.shapes.num_layers, self.rank
+        r = self.rank
         values = {}
         for name, (fin, fout) in self.shapes.features.items():
-            a = np.zeros((layers, fin, r), self.dtype)
-            b = np.zeros((layers, r, fout), self.dtype)
+            lead = self.shapes.lead(name)
+            a = np.zeros(lead + (fin, r), self.dtype)
+            b = np.zeros(lead + (r, fout), self.dtype)
             if adapter is not None and name in adapter.weights:
                 wa, wb = adapter.weights[name]
-                a[:, :, :wa.shape[2]] = wa
-                b[:, :wb.shape[1], :] = wb
+                a[..., :wa.shape[-1]] = wa
+                b[..., :wb.shape[-2], :] = wb
             values[name] = (a, b)
         return values
 
