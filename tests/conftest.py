@@ -75,3 +75,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.path.stem
         function = getattr(item, "originalname", item.name)
         item.add_marker(getattr(pytest.mark, tier_of(module, function)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`VLLM_JAX_COMPILE_REPORT=DIR`: write where each module's compile time went (tests/helpers/compile_report.py)."""
+    out_dir = os.environ.get("VLLM_JAX_COMPILE_REPORT")
+    if out_dir:
+        from pathlib import Path
+
+        from tests.helpers.compile_report import CompileReport
+
+        config.pluginmanager.register(CompileReport(Path(out_dir)), "vllm_jax_compile_report")

@@ -30,6 +30,7 @@ import pytest
 
 from tests.helpers.http_checks import error_body, metric, openai_error
 from tests.helpers.live_server import LETTERS, MODEL, Served, serve, tiny_checkpoint, tiny_engine_args, wait_healthy
+from tests.helpers.processes import unoptimized
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
@@ -219,7 +220,7 @@ def test_sigterm_drains_the_stream_in_flight_refuses_new_requests_and_exits_0(ch
     command += ["serve", str(checkpoint), "--port", str(port), "--shutdown-timeout", "5", "--max-model-len", "256",
                 "--block-size", "8", "--num-gpu-blocks-override", "40", "--max-num-seqs", "4",
                 "--max-num-batched-tokens", "32", "--uvicorn-log-level", "warning"]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = unoptimized({**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)  # never blocks on a full pipe

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.helpers.multidevice_checks import run_check
-from tests.helpers.processes import REPO, last_json
+from tests.helpers.processes import REPO, last_json, unoptimized
 from vllm_jax.sharding.rules import param_partition_spec
 
 
@@ -79,7 +79,8 @@ def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.multihost_process", str(rank), str(port),
-                               str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=unoptimized())
              for rank in (0, 1)]
     try:
         outs = [p.communicate(timeout=600) for p in procs]

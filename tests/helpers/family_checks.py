@@ -11,7 +11,9 @@ MAX_TOKENS = 32
 # 8-token blocks, 8 per 64-token request (within Phi-3's tiny original context: short LongRoPE factors, as
 # transformers' generate uses for these lengths): 12 blocks hold one request and a half, so seven prompts with 32
 # new tokens each preempt
-ENGINE = dict(max_model_len=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, num_gpu_blocks_override=12)
+# One bucket each: every step compiles to the same programs (docs/contributing/testing.md, "Compile time").
+ENGINE = dict(max_model_len=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, num_gpu_blocks_override=12,
+              min_token_bucket=32, min_seq_bucket=8)
 
 
 def engine_prompts() -> list[list[int]]:

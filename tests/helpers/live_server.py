@@ -64,10 +64,14 @@ def tiny_checkpoint(root: Path) -> Path:
 
 
 def tiny_engine_args(checkpoint: Path, **overrides: Any) -> EngineArgs:
-    """Small enough to warm up fast on CPU; `overrides` replace any of the defaults."""
-    defaults = dict(max_model_len=MAX_MODEL_LEN, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8,
-                    max_num_batched_tokens=32)
-    return EngineArgs(model=str(checkpoint), **{**defaults, **overrides})
+    """Small enough to warm up fast on CPU; `overrides` replace any of the defaults. One token bucket and one
+    sequence bucket unless overridden: a tiny model runs a padded step in microseconds, and each bucket is one
+    more set of programs to compile (docs/contributing/testing.md, "Compile time")."""
+    args = {**dict(max_model_len=MAX_MODEL_LEN, block_size=8, num_gpu_blocks_override=64, max_num_seqs=8,
+                   max_num_batched_tokens=32), **overrides}
+    args.setdefault("min_token_bucket", args["max_num_batched_tokens"])
+    args.setdefault("min_seq_bucket", args["max_num_seqs"])
+    return EngineArgs(model=str(checkpoint), **args)
 
 
 def serve(engine: AsyncLLM, *, model_names: Sequence[str] = (MODEL,), shutdown_timeout: float = 0.0,

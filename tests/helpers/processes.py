@@ -4,6 +4,7 @@ compilation cache, the two jax.distributed processes): run python from the repos
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+def unoptimized(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (None: this process's environment) with XLA's optimizations off, as in the test process
+    (tests/conftest.py): these processes are tested for what they do (restarts over a cache, two jax processes, a
+    benchmark's report, a drain on SIGTERM), not for the speed of their programs; programs compiled optimized are
+    checked by tests/test_default_model.py, .ci/smoke and .ci/aot_check."""
+    return {**(os.environ if env is None else env), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+
+
 def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python ARGS` in the repository root (so `benchmarks/...` and `tests.helpers...` resolve), its output
-    captured; fails the test with the output's tail unless it exits 0."""
+    captured, XLA's optimizations off (`unoptimized`); fails the test with the output's tail unless it exits 0."""
     proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+                          env=unoptimized(env))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
