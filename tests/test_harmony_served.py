@@ -143,6 +143,13 @@ def test_scripted_chat_commentary_calls_are_tool_calls_whole_and_streamed_and_re
     assert (direct.content, direct.model_extra.get("reasoning")) == (None, None)
     assert [(c.function.name, json.loads(c.function.arguments)) for c in direct.tool_calls] == [
         ("get_weather", {"city": "Rome"})]
+    # tool_choice "required": the grammar starts after the analysis's <|end|> (the reasoning gate), so the
+    # constrained list follows it with no header
+    script.next('<|channel|>analysis<|message|>Hm.<|end|>[{"name": "get_weather", "parameters": {"city": "Rome"}}]')
+    forced = _chat(client, tools=CHAT_TOOLS, tool_choice="required").choices[0].message
+    assert (forced.content, forced.model_extra["reasoning"]) == (None, "Hm.")
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in forced.tool_calls] == [
+        ("get_weather", {"city": "Rome"})]
     script.next("<|channel|>final<|message|>18C.")
     history = [*ASK, {"role": "assistant", "content": None, "reasoning": "Use the tool.",
                       "tool_calls": [call.model_dump()]},
