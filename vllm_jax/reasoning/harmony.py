@@ -15,7 +15,7 @@ gpt-oss may also skip the analysis and open its first message with another chann
 no reasoning and the content is that message with the header's `<|start|>assistant` (in the prompt) put back, so
 the final header is dropped and the tool parser finds the call as it would after an analysis.
 The openai-harmony package would need its tiktoken vocabulary downloaded; reading the decoded text needs nothing
-(docs/responses.md, section "gpt-oss (harmony)").
+(docs/responses.md, "gpt-oss (harmony)").
 """
 
 from __future__ import annotations
