@@ -37,6 +37,12 @@ def _streamed(text: str, size: int, thinking: bool = True) -> tuple[str, str]:
     (ANSWER, ("The user wants the weather.", "It is sunny.")),
     ("<|channel|>analysis<|message|>Cut off while thi", ("Cut off while thi", None)),
     (CALL, ("Use the tool.", CALL.split("<|end|>", 1)[1])),  # a call is left whole for the tool parser
+    # no analysis: the first message is another channel, or names its recipient first (no reasoning then)
+    ("<|channel|>final<|message|>Sunny.<|return|>", (None, "Sunny.")),
+    (CALL.split("<|start|>assistant", 1)[1], (None, CALL.split("<|end|>", 1)[1])),
+    (" to=functions.f<|channel|>commentary json<|message|>{}", (None, "<|start|>assistant to=functions.f"
+                                                                 "<|channel|>commentary json<|message|>{}")),
+    ("today", ("today", None)),  # no harmony header at all: the think-tag rule (cut off while thinking)
 ])
 def test_reasoning_is_the_analysis_channel_and_content_the_final_one_whole_and_streamed(text: str, expected: tuple):
     assert PARSER.split(text) == expected

@@ -23,7 +23,6 @@ from starlette.testclient import TestClient
 from tests.helpers.live_server import MODEL, Served, serve, tiny_checkpoint, tiny_engine_args
 from tests.helpers.scripted_outputs import ScriptedOutputs
 from vllm_jax.engine.async_llm import AsyncLLM
-from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.server.api_server import build_app
 
 # Shows what the chat template is given: roles, content, calls (arguments as objects), results and reasoning.
@@ -285,43 +284,3 @@ def test_model_openai_agents_sdk_completes_a_tool_round_trip(served: Served, scr
     result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=3)
     assert seen == ["Paris"]
     assert result.final_output == "It is 18C."
-
-
-HARMONY_CALL = ("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant<|channel|>commentary "
-                'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}')
-HARMONY_ANSWER = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Sunny."
-
-
-def _sse(http: TestClient, path: str, body: dict) -> list[dict]:
-    with http.stream("POST", path, json={"model": MODEL, "stream": True, **body}) as response:
-        lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
-    return [json.loads(line) for line in lines if line != "[DONE]"]
-
-
-def test_scripted_harmony_on_chat_and_responses_whole_and_streamed(served: Served, script: ScriptedOutputs):
-    """gpt-oss's parsers (--reasoning-parser openai_gptoss --tool-call-parser openai) on a second app over the same
-    engine: the scripted text is what gpt-oss writes, special tokens kept."""
-    app = build_app(served.engine, served_model_names=[MODEL], api_key=None, chat_template=TEMPLATE,
-                    enable_auto_tool_choice=True, tool_call_parser="openai")
-    app.state.serving.reasoning_parser = get_reasoning_parser("openai_gptoss")  # the engine's is qwen3
-    ask = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [{"type": "function", "function": WEATHER}]}
-    with TestClient(app) as http:
-        script.next(HARMONY_CALL, HARMONY_ANSWER, HARMONY_CALL, HARMONY_ANSWER)
-        chat = http.post("/v1/chat/completions", json={"model": MODEL, **ask}).json()["choices"][0]
-        assert script.requests[-1][1].skip_special_tokens is False  # the markers reach the parsers
-        message = chat["message"]
-        assert (chat["finish_reason"], message["reasoning"], message["content"]) == ("tool_calls", "Use the tool.",
-                                                                                      None)
-        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
-            ("get_weather", {"city": "Paris"})]
-        chunks = _sse(http, "/v1/chat/completions", ask)
-        deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
-        assert "".join(d.get("content") or "" for d in deltas) == "Sunny."
-        assert "".join(d.get("reasoning") or "" for d in deltas) == "Easy."
-        response = http.post("/v1/responses", json={"model": MODEL, "input": "Weather?", "tools": [WEATHER]}).json()
-        assert [(item["type"], item.get("name")) for item in response["output"]] == [
-            ("reasoning", None), ("function_call", "get_weather")]
-        events = _sse(http, "/v1/responses", {"input": "Weather?"})
-        assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Sunny."
-        assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "Easy."
-        assert events[-1]["response"]["output"][-1]["content"][0]["text"] == "Sunny."
