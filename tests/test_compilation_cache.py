@@ -22,7 +22,7 @@ import json, sys
 from vllm_jax import LLM, SamplingParams
 kwargs = json.loads(sys.argv[2])
 llm = LLM(sys.argv[1], max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=8,
-          max_num_batched_tokens=32, **kwargs)
+          max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=8, **kwargs)  # one bucket: fewer programs
 runner = llm.llm_engine.runner
 store = runner.device.store
 warm = {"compiled": runner.num_compilations, "loaded": store.loaded if store else 0,
