@@ -23,7 +23,8 @@ MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_moe_tp", "te
 
 SERVED_MODULES = frozenset({
     "test_api_fuzz", "test_bad_input", "test_benchmarks", "test_cli", "test_compilation_cache",
-    "test_default_model", "test_dev_routes", "test_faults", "test_harmony_served", "test_lora_server", "test_package",
+    "test_default_model", "test_dev_routes", "test_faults", "test_harmony_served", "test_lora_server",
+    "test_mixed_soak", "test_package",
     "test_pooling_server",
     "test_responses_api", "test_security",
     "test_server",
