@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vllm_jax"
 LEAVES = {"config", "config_pooling", "sampling_params", "pooling_params", "outputs", "logger", "utils"}
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
-    "server": {"engine", "metrics", "scheduler", "reasoning", "lora"},
+    "server": {"engine", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
     "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
                "reasoning", "lora"},
     "scheduler": {"paged_kv", "structured_output", "lora"},
@@ -30,7 +30,8 @@ ALLOWED = {
     "sharding": {"pallas_kernels"},
     "metrics": set(),
     "aot": {"attention", "pallas_kernels", "sharding", "model", "worker"},
-    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora"},
+    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal"},
+    "multimodal": set(),
     "reasoning": set(),
     "spec_decode": set(),
     "sampling_params": set(),
