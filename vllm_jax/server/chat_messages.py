@@ -21,12 +21,11 @@ class ImageURL(OpenAIRequestModel):
 
 class ContentPart(OpenAIRequestModel):
     """A content part: text, or an image as OpenAI's `image_url` (an object, or a bare URL as some clients send).
-    `image_pil` is the offline API's; over HTTP it is refused by name."""
+    The offline API's `image_pil` type is refused by name over HTTP (multimodal/chat_parts.py)."""
 
     type: str
     text: str | None = None
     image_url: ImageURL | str | None = None
-    image_pil: Any = None
 
 
 class FunctionCallParam(OpenAIRequestModel):
