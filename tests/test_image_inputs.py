@@ -291,6 +291,10 @@ def test_prepare_chat_renders_one_placeholder_per_image_and_hands_the_images_ove
     assert prompt["prompt_token_ids"] == chat.prompt_ids
     assert [img.size for img in prompt["multi_modal_data"]["image"]] == [(2, 2), (5, 3)]
     assert all(img.mode == "RGB" for img in prompt["multi_modal_data"]["image"])
+    assert chat.params.max_tokens == 4
+    no_limit = asyncio.run(prepare_chat(ctx, ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": [image_part(data_url(encoded()))]}]})))
+    assert no_limit.params.max_tokens is None  # the rest of the context: the engine counts the image's tokens
     text_only = asyncio.run(prepare_chat(ctx, _chat_body("plain")))
     assert text_only.engine_prompt == text_only.prompt_ids  # no images: token ids, as before
 

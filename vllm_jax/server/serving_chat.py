@@ -71,6 +71,9 @@ async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> Prep
                                            continue_final_message=body.continue_final_message,
                                            template_kwargs=body.chat_template_kwargs, tools=body.template_tools())
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
+    if images and body.max_completion_tokens is None and body.max_tokens is None:
+        # the rest of the context, counted by the engine once it expanded each image's placeholder
+        params = dataclasses.replace(params, max_tokens=None)
     rules = ChatOutputRules.for_request(body, ctx.tool_parser, ctx.reasoning_parser,
                                         constrained=params.structured_outputs is not None)
     if rules.keeps_special_tokens:
