@@ -78,8 +78,9 @@ def vision_tokenizer():
     return tok
 
 
-def build_checkpoint(path: Path, shape: dict, seed: int = 0) -> None:
-    """A random Qwen2.5-VL of `shape`, its tokenizer and its PIL image processor, saved to `path`."""
+def build_checkpoint(path: Path, shape: dict, seed: int = 0, max_pixels: int = 448 * 448) -> None:
+    """A random Qwen2.5-VL of `shape`, its tokenizer and its PIL image processor, saved to `path`. `max_pixels`
+    bounds an image's patches (and with them the vision encoder's largest bucket): 448x448 by default."""
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -104,7 +105,8 @@ def build_checkpoint(path: Path, shape: dict, seed: int = 0) -> None:
     torch.manual_seed(seed)
     Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(path)
     tok.save_pretrained(path)
-    Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2).save_pretrained(path)
+    Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=56 * 56,
+                             max_pixels=max_pixels).save_pretrained(path)
 
 
 def random_images(n: int, size: int, seed: int) -> list[Any]:
@@ -261,7 +263,7 @@ def main() -> None:
                               "max_tokens": ns.max_tokens, "shape": "tiny" if ns.tiny else "small"}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "qwen2_5_vl"
-        build_checkpoint(path, SHAPES["tiny" if ns.tiny else "small"], ns.seed)
+        build_checkpoint(path, SHAPES["tiny" if ns.tiny else "small"], ns.seed, max_pixels=ns.image_size ** 2)
         args = engine_args_from_namespace(ns, str(path))
         if ns.max_model_len is None:
             args.max_model_len = 1024  # 256 image tokens + the text + the output, with room
