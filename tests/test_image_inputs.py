@@ -97,6 +97,10 @@ def test_too_many_pixels_is_refused_from_the_header_and_too_many_bytes_before_de
     monkeypatch.setattr(media, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(ValueError, match=r"11x10 pixels; at most 100"):
         load_image(ImageSource(WHERE, url=data_url(encoded(size=(11, 10)))), OFF)
+    monkeypatch.setattr(media, "MAX_IMAGE_PIXELS", 10**9)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10)  # PIL's own bomb check (an error past twice this)
+    with pytest.raises(ValueError, match="too many pixels"):
+        load_image(ImageSource(WHERE, url=data_url(encoded(size=(11, 10)))), OFF)
     monkeypatch.setattr(media, "MAX_IMAGE_BYTES", 50)
     with pytest.raises(ValueError, match="(larger than|at most) 50 bytes"):
         load_image(ImageSource(WHERE, url=data_url(encoded(size=(8, 8)) + b"\0" * 60)), OFF)

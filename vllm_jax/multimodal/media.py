@@ -62,15 +62,17 @@ def decode_image(data: bytes, where: str) -> Any:
         raise ValueError(f"{where}: the image is {len(data)} bytes; at most {MAX_IMAGE_BYTES} bytes are accepted")
     try:
         img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+    except Image.DecompressionBombError as exc:  # PIL's own pixel limit, checked from the header
+        raise ValueError(f"{where}: the image has too many pixels: {exc}") from None
     except (UnidentifiedImageError, OSError, ValueError):
         raise ValueError(f"{where}: the data cannot be decoded as an image (not a valid "
                          f"{', '.join(IMAGE_FORMATS)} file)") from None
     _check_pixels(img, where)
     try:
         img.load()
+        return to_rgb(img)
     except Exception as exc:  # noqa: BLE001 - a corrupt file can fail in any decoder: the client's data is wrong
         raise ValueError(f"{where}: the data cannot be decoded as an image ({img.format}): {exc}") from None
-    return to_rgb(img)
 
 
 def to_rgb(img: Any) -> Any:
