@@ -141,10 +141,13 @@ def _read_local_file(url: str, config: MultiModalConfig, where: str) -> bytes:
         raise ValueError(f"{where}: {path} is outside --allowed-local-media-path ({root})")
     if not resolved.is_file():
         raise ValueError(f"{where}: {path} is not a file")
-    size = resolved.stat().st_size
-    if size > MAX_IMAGE_BYTES:
-        raise ValueError(f"{where}: the image is {size} bytes; at most {MAX_IMAGE_BYTES} bytes are accepted")
-    return resolved.read_bytes()
+    try:
+        size = resolved.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise ValueError(f"{where}: the image is {size} bytes; at most {MAX_IMAGE_BYTES} bytes are accepted")
+        return resolved.read_bytes()
+    except OSError as exc:  # unreadable (permissions), or gone since the check
+        raise ValueError(f"{where}: {path} cannot be read: {exc.strerror}") from None
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
