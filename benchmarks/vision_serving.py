@@ -1,7 +1,7 @@
 """Vision chat: requests/s and TTFT for chat requests with one image each, vllm_jax's server against transformers.
 
-    python benchmarks/vision.py [--num-requests 32] [--image-size 448] [--max-tokens 16] [--tiny]
-                                [--skip-transformers] [--output-json F] [engine flags]
+    python benchmarks/vision_serving.py [--num-requests 32] [--image-size 448] [--max-tokens 16] [--tiny]
+                                        [--skip-transformers] [--output-json F] [engine flags]
 
 Builds a random Qwen2.5-VL checkpoint from transformers' Qwen2_5_VLConfig (default: 4 layers of 256 with a 4-block
 vision tower of 128; `--tiny`: 2 layers of 64, vision 2 blocks of 32) with a byte-level tokenizer carrying Qwen's
