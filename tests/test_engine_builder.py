@@ -43,14 +43,15 @@ def _extra(case: str, models: dict) -> dict:
                                                    "num_speculative_tokens": 4}, "max_num_seqs": 1},
             "eagle3": {"speculative_config": {"method": "eagle3", "model": models["head"], **spec}},
             "lora": {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8},
-            "pooling": {"runner": "pooling", "convert": "embed", "pooler_config": {"pooling_type": "MEAN"}}}[case]
+            "pooling": {"runner": "pooling", "convert": "embed", "pooler_config": {"pooling_type": "MEAN"}},
+            "multistep": {"num_scheduler_steps": 4}}[case]
 
 
 def _leaves(tree) -> list[tuple]:
     return [(x.shape, str(x.dtype), getattr(x.sharding, "spec", None)) for x in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize("case", ["plain", "draft_model", "eagle3", "lora", "pooling"])
+@pytest.mark.parametrize("case", ["plain", "draft_model", "eagle3", "lora", "pooling", "multistep"])
 def test_compile_check_compiles_the_programs_warm_up_makes_ready(models, case):
     config = EngineArgs(model=models["target"], **{**SMALL, **_extra(case, models)}).create_config()
     runner = ModelRunner(config)  # the checkpoint's weights, loaded and placed
@@ -58,7 +59,8 @@ def test_compile_check_compiles_the_programs_warm_up_makes_ready(models, case):
     labels = [label for label, _ in engine_plan(engine, runner.num_blocks)]
     assert labels == [label for label, _ in runner.warmup_plan()]
     assert any(label.split()[0] == {"plain": "forward", "draft_model": "draft", "eagle3": "draft",
-                                    "lora": "lora", "pooling": "pooler"}[case] for label in labels)
+                                    "lora": "lora", "pooling": "pooler", "multistep": "multistep"}[case]
+               for label in labels)
     assert engine.max_blocks_per_seq == runner.max_blocks_per_seq
     params = {"runner": [runner.params], "engine": [engine.params]}
     if case in ("draft_model", "eagle3"):

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from PIL import Image
 
-import vllm_jax.multimodal.chat_parts as chat_parts
 import vllm_jax.multimodal.media as media
 from tests.helpers.tiny_models import byte_tokenizer
 from vllm_jax.cli import build_parser, engine_args_from_namespace
@@ -267,9 +266,13 @@ def test_responses_input_image_items_become_image_url_parts() -> None:
 
 # ---- the request the server builds ------------------------------------------------------------------------------
 
-def _context(limit: dict[str, int] | None = None) -> ServingContext:
+VL = SimpleNamespace(architectures=["Qwen2_5_VLForConditionalGeneration"])  # a config that reads images
+TEXT = SimpleNamespace(architectures=["LlamaForCausalLM"])
+
+
+def _context(limit: dict[str, int] | None = None, hf_config: Any = VL) -> ServingContext:
     tokenizer = byte_tokenizer()
-    model_config = SimpleNamespace(max_model_len=256, max_logprobs=20, hf_config=SimpleNamespace())
+    model_config = SimpleNamespace(max_model_len=256, max_logprobs=20, hf_config=hf_config)
     engine = SimpleNamespace(dead=False, shutting_down=False, ready=True, tokenizer=tokenizer, grammar_compiler=None,
                              vocab_size=len(tokenizer),
                              config=SimpleNamespace(model_config=model_config,
@@ -282,9 +285,7 @@ def _chat_body(*contents: Any) -> ChatCompletionRequest:
         {"messages": [{"role": "user", "content": c} for c in contents], "max_tokens": 4})
 
 
-def test_prepare_chat_renders_one_placeholder_per_image_and_hands_the_images_over_in_order(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chat_parts, "model_accepts_images", lambda hf_config: True)
+def test_prepare_chat_renders_one_placeholder_per_image_and_hands_the_images_over_in_order() -> None:
     ctx = _context()
     body = _chat_body([{"type": "text", "text": "compare"}, image_part(data_url(encoded(size=(2, 2)))),
                        image_part(data_url(encoded("JPEG", size=(5, 3)), "jpeg"))], "and this one?")
@@ -303,14 +304,12 @@ def test_prepare_chat_renders_one_placeholder_per_image_and_hands_the_images_ove
     assert text_only.engine_prompt == text_only.prompt_ids  # no images: token ids, as before
 
 
-def test_prepare_chat_refuses_images_past_the_limit_and_for_a_model_without_a_vision_tower(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_chat_refuses_images_past_the_limit_and_for_a_model_without_a_vision_tower() -> None:
     three = [image_part(data_url(encoded())) for _ in range(3)]
     with pytest.raises(APIError) as info:
-        asyncio.run(prepare_chat(_context(), _chat_body(three)))
+        asyncio.run(prepare_chat(_context(hf_config=TEXT), _chat_body(three)))
     assert info.value.status == 400 and info.value.param == "messages[0].content[0].image_url"
     assert "model tiny-vl does not accept image inputs" in info.value.message
-    monkeypatch.setattr(chat_parts, "model_accepts_images", lambda hf_config: True)
     with pytest.raises(APIError) as info:
         asyncio.run(prepare_chat(_context({"image": 2}), _chat_body(three)))
     assert info.value.param == "messages[0].content[2].image_url"
@@ -323,11 +322,10 @@ def _offline_llm(monkeypatch: pytest.MonkeyPatch, accepts: bool) -> tuple[Any, l
     """An LLM whose engine is only what chat() reads; generate() records its prompts."""
     from vllm_jax.llm import LLM
 
-    monkeypatch.setattr(chat_parts, "model_accepts_images", lambda hf_config: accepts)
     tokenizer = byte_tokenizer()
     tokenizer.chat_template = TEMPLATE
     llm = LLM.__new__(LLM)
-    model_config = SimpleNamespace(served_model_name="tiny-vl", hf_config=SimpleNamespace())
+    model_config = SimpleNamespace(served_model_name="tiny-vl", hf_config=VL if accepts else TEXT)
     llm.llm_engine = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(
         model_config=model_config, multimodal_config=MultiModalConfig.create({"image": 2})))
     seen: list = []

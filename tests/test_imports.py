@@ -15,7 +15,8 @@ LEAVES = {"config", "config_pooling", "sampling_params", "pooling_params", "outp
 ALLOWED = {
     "server": {"engine", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
     "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
-               "reasoning", "lora"},
+               "reasoning", "lora", "multimodal"},
+    "multimodal": {"model"},
     "scheduler": {"paged_kv", "structured_output", "lora"},
     "lora": set(),
     "structured_output": set(),
@@ -31,7 +32,6 @@ ALLOWED = {
     "metrics": set(),
     "aot": {"attention", "pallas_kernels", "sharding", "model", "worker"},
     "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal"},
-    "multimodal": set(),
     "reasoning": set(),
     "spec_decode": set(),
     "sampling_params": set(),

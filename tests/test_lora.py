@@ -277,12 +277,12 @@ def test_flags_and_modules():
     with pytest.raises(ValueError, match="max_loras"):
         LoRAConfig.create(0, 16, None, None)
     with pytest.raises(ValueError, match="lora_modules needs enable_lora"):
-        EngineArgs(model="x", lora_modules=["a=/x"])._lora_config(None)
+        EngineArgs(model="x", lora_modules=["a=/x"])._lora_config()
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     ns = parser.parse_args(["--enable-lora", "--max-loras", "4", "--lora-modules", "a=/x", "b=/y"])
     args = engine_args_from_namespace(ns, "m")
-    assert (args.enable_lora, args.max_loras, args._lora_config(None).lora_modules) == (
+    assert (args.enable_lora, args.max_loras, args._lora_config().lora_modules) == (
         True, 4, (LoRARequest("a", 1, "/x"), LoRARequest("b", 2, "/y")))
 
 

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from tests.helpers.http_checks import metric, wait_idle_metrics
 from tests.helpers.live_server import serve, tiny_engine_args
 from tests.helpers.pooling_models import make_sentence_transformer
 from vllm_jax.engine.async_llm import AsyncLLM
+from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 MODEL = "tiny-embed"
 
@@ -22,7 +24,8 @@ MODEL = "tiny-embed"
 def server(tmp_path_factory):
     path = make_sentence_transformer(tmp_path_factory.mktemp("served") / "qwen3")
     args = tiny_engine_args(path, max_num_seqs=4, max_num_batched_tokens=16, min_token_bucket=16)
-    served = serve(AsyncLLM.from_engine_args(args), model_names=(MODEL,))
+    metrics = PrometheusStatLogger(MODEL)
+    served = serve(AsyncLLM.from_engine_args(args, stat_loggers=[metrics]), model_names=(MODEL,), metrics=metrics)
     yield served
     served.stop()
 
@@ -87,3 +90,20 @@ def test_generation_route_on_a_pooling_server_names_the_runner(server):
     assert response.status_code == 400
     assert "runner pooling" in response.json()["error"]["message"]
     server.assert_idle()
+
+
+def test_metrics_count_pooling_requests(server):
+    """vLLM's counters cover pooling requests: each input is a request that succeeds with finish_reason "stop",
+    its prompt tokens are counted, nothing is generated, and nothing stays running or holds KV blocks."""
+    before = wait_idle_metrics(server.url)
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY")
+    result = client.embeddings.create(model=MODEL, input=["one two three", "four five", "six"])
+    after = wait_idle_metrics(server.url)
+
+    def grew(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert grew("vllm:request_success_total", finished_reason="stop") == 3
+    assert grew("vllm:prompt_tokens_total") == result.usage.prompt_tokens > 0
+    assert grew("vllm:generation_tokens_total") == 0
+    assert metric(after, "vllm:num_requests_running") == metric(after, "vllm:kv_cache_usage_perc") == 0

@@ -103,6 +103,12 @@ class SchedulerConfig:
     min_token_bucket: int
     min_seq_bucket: int
     bucket_growth: int = 2
+    # vLLM's --num-scheduler-steps: decode tokens per dispatch when every scheduled request decodes
+    # (worker/multi_step.py; docs/architecture/05-worker.md, "Several decode steps per dispatch"). 1: one per step.
+    num_scheduler_steps: int = 1
+
+
+NUM_SCHEDULER_STEPS = (1, 2, 4, 8, 16, 32)  # the values --num-scheduler-steps takes (one program per bucket each)
 
 
 @dataclass(frozen=True)
@@ -253,6 +259,9 @@ class EngineArgs:
     limit_mm_per_prompt: str | dict | None = None
     allowed_local_media_path: str = ""
     allowed_media_domains: list[str] | None = None
+    # vLLM's --num-scheduler-steps: K decode tokens per dispatch when every scheduled request decodes and nothing on
+    # the host decides between tokens (docs/architecture/05-worker.md, "Several decode steps per dispatch").
+    num_scheduler_steps: int = 1
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -275,6 +284,7 @@ class EngineArgs:
         model_config = dataclasses.replace(model_config, hf_config=hf_config)
         scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)
         speculative = self._speculative_config(scheduler_config, platform)
+        self._check_multi_step(speculative, pooler, hf_config)
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and on_cpu:
             kv_bytes = _CPU_DEFAULT_KV_CACHE_BYTES
@@ -299,20 +309,36 @@ class EngineArgs:
                               if self.async_scheduling is None else self.async_scheduling),
             speculative_config=speculative,
             draft_model_config=self._draft_model_config(speculative, model_config),
-            lora_config=self._lora_config(speculative),
+            lora_config=self._lora_config(),
             enable_sleep_mode=self.enable_sleep_mode,
             pooler_config=check_pooling_runner(pooler, self, speculative),
             multimodal_config=MultiModalConfig.create(self.limit_mm_per_prompt, self.allowed_local_media_path,
                                                       self.allowed_media_domains),
         )
 
-    def _lora_config(self, speculative: SpeculativeConfig | None) -> LoRAConfig | None:
+    def _check_multi_step(self, speculative: SpeculativeConfig | None, pooler: PoolerConfig | None,
+                          hf_config: Any) -> None:
+        """--num-scheduler-steps > 1 runs plain decoding only: speculative decoding, LoRA, pooling and
+        vision-language models (their steps carry M-RoPE positions the decode loop does not advance) are refused
+        (docs/architecture/05-worker.md, "Several decode steps per dispatch")."""
+        if self.num_scheduler_steps == 1:
+            return
+        from vllm_jax.multimodal.capabilities import supports_images
+
+        for name, on in (("speculative_config", speculative is not None), ("enable_lora", self.enable_lora),
+                         ("a pooling runner", pooler is not None),
+                         ("a vision-language model", supports_images(hf_config))):
+            if on:
+                raise ValueError(f"num_scheduler_steps {self.num_scheduler_steps} cannot be combined with {name} "
+                                 "yet (use num_scheduler_steps 1)")
+
+    def _lora_config(self) -> LoRAConfig | None:
+        """LoRA with speculative decoding: the target's verification pass runs each request's adapter; n-gram
+        proposals need nothing, a draft model or EAGLE-3 head proposes without adapters (as vLLM's)."""
         if not self.enable_lora:
             if self.lora_modules:
                 raise ValueError("lora_modules needs enable_lora")
             return None
-        if speculative is not None:
-            raise ValueError("enable_lora cannot be combined with speculative_config yet")
         return LoRAConfig.create(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_modules)
 
     def _speculative_config(self, sched: SchedulerConfig, platform: str) -> SpeculativeConfig | None:
@@ -385,6 +411,9 @@ class EngineArgs:
             raise ValueError(f"bucket_growth must be >= 2; got {self.bucket_growth}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0; got {self.max_logprobs}")
+        if self.num_scheduler_steps not in NUM_SCHEDULER_STEPS:
+            raise ValueError(f"num_scheduler_steps must be one of {', '.join(map(str, NUM_SCHEDULER_STEPS))}; got "
+                             f"{self.num_scheduler_steps!r}")
         if self.reasoning_parser is not None:
             get_reasoning_parser(self.reasoning_parser)
 
@@ -443,7 +472,8 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
             min_token_bucket=self.min_token_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_TOKEN_BUCKET),
             min_seq_bucket=self.min_seq_bucket or (_CPU_MIN_BUCKET if on_cpu else _ACCEL_MIN_SEQ_BUCKET),
-            bucket_growth=self.bucket_growth or (_CPU_BUCKET_GROWTH if on_cpu else 2))
+            bucket_growth=self.bucket_growth or (_CPU_BUCKET_GROWTH if on_cpu else 2),
+            num_scheduler_steps=self.num_scheduler_steps)
 
 
 def initialize_distributed(args: EngineArgs) -> None:

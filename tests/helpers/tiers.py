@@ -17,7 +17,7 @@ UNIT_MODULES = frozenset({
     "test_input_batch", "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
     "test_pooling_config", "test_reasoning", "test_responses_items", "test_rope_yarn", "test_sampler",
     "test_sampling_params", "test_scheduler", "test_spec_decode_metrics", "test_step_payload", "test_tool_choice",
-    "test_tool_parsers", "test_tiers",
+    "test_tool_parsers", "test_tiers", "test_multimodal_units",
 })
 
 MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_tp", "test_sharding"})
@@ -43,8 +43,10 @@ MULTIDEVICE_TESTS = frozenset({
     ("test_pooling", "test_tp2_embeddings_equal_tp1"),
     ("test_prequantized_checkpoints", "test_tp2_equals_tp1_for_block_fp8"),
     ("test_quantization", "test_tp2_equals_tp1_for_int8"),
+    ("test_qwen2_5_vl_engine", "test_tp2_equals_tp1"),
     ("test_weight_sync", "test_tensor_parallel_update_equals_a_fresh_tp2_engine"),
     ("test_weight_sync", "test_update_equals_a_fresh_load"),
+    ("test_weight_sync_gguf", "test_tensor_parallel_kept_update_equals_a_fresh_load"),
 })
 
 TIERS = ("unit", "engine", "multidevice", "served")

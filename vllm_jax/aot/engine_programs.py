@@ -171,7 +171,8 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     return check(result)
 
 
-KINDS = ("forward", "sampler", "token", "draft", "lora", "pooler")  # every kind of program warm-up makes ready
+# every kind of program warm-up makes ready
+KINDS = ("forward", "sampler", "token", "draft", "lora", "pooler", "vision", "multistep")
 
 
 def engine_plan(engine: EngineParts, num_blocks: int, buckets: list | None = None, *, kinds: tuple[str, ...] = KINDS,

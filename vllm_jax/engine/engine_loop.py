@@ -203,7 +203,7 @@ class EngineLoop:
         new_tokens: dict[RequestStream, int] = {}
         for core in record.core_outputs:
             stream = self._by_child.get(core.req_id)
-            if stream is not None and core.new_token_ids:
+            if stream is not None and (core.new_token_ids or core.finish_reason is not None):  # pooled: no tokens
                 new_tokens[stream] = new_tokens.get(stream, 0) + len(core.new_token_ids)
         for stream, count in new_tokens.items():
             stream.timer.on_tokens(now, count, it)

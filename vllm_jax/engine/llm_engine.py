@@ -20,6 +20,7 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.errors import EngineSleepingError
+from vllm_jax.engine.multimodal_requests import ImagePrompts, image_refusal
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
 from vllm_jax.engine.pooling import attach_pooler_outputs, check_pooling_request
 from vllm_jax.lora.request import LoRARequest
@@ -79,6 +80,8 @@ class LLMEngine:
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc)
         self.runner = runner_class(config)(config, devices=devices)
+        self.image_prompts = ImagePrompts(self.runner.spec, mc.source.path,
+                                          image_refusal(config, getattr(self.runner, "broadcasts", False)))
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
                                                config.cache_config.enable_prefix_caching, mc.max_model_len)
@@ -120,6 +123,7 @@ class LLMEngine:
             raise EngineSleepingError("the engine is sleeping: call wake_up() before generating")
         params = params.clone() if params is not None else SamplingParams()
         text, token_ids = self._tokenize_prompt(prompt)
+        token_ids, mm_inputs = self.image_prompts.prepare(prompt, token_ids)
         token_ids = check_pooling_request(self.config, params, token_ids, self.runner.spec.hidden_size)
         self._check_params(params)
         self._check_lora(lora_request)
@@ -130,7 +134,8 @@ class LLMEngine:
         requests = [Request(request_id=cid, prompt_token_ids=token_ids, sampling_params=params,
                             eos_token_id=self.eos_token_id, arrival_time=arrival, seed=base_seed + i,
                             priority=priority, cache_salt=cache_salt, grammar=self._new_grammar(params, token_ids),
-                            needs_host_tokens=params.reads_output_tokens, lora_request=lora_request)
+                            needs_host_tokens=params.reads_output_tokens, lora_request=lora_request,
+                            mm_inputs=mm_inputs)
                     for i, cid in enumerate(child_ids)]
         added: list[str] = []
         try:
@@ -211,10 +216,12 @@ class LLMEngine:
 
     def _waits_for_host(self) -> bool:
         """Whether the next step must wait for the one in flight: a running request's next inputs need its
-        newest token on the host (structured outputs, penalties, bad words, min_tokens), or nobody could be
-        scheduled anyway."""
+        newest token on the host (structured outputs, penalties, bad words, min_tokens), nobody could be
+        scheduled anyway, or a multi-step chunk is in flight or could come next (its requests' tokens must be on
+        the host: docs/architecture/02-engine.md, "Multi-step decoding and async scheduling")."""
         running = self.scheduler.running
-        return not (running or self.scheduler.waiting) or any(r.needs_host_tokens for r in running)
+        return (not (running or self.scheduler.waiting) or any(r.needs_host_tokens for r in running)
+                or self._in_flight.scheduled.num_steps > 1 or self.scheduler.next_step_may_chunk())
 
     def _finish(self, dispatched: _Dispatched, scheduled: list[SchedulerOutput]) -> list[RequestOutput]:
         runner_out = self.runner.finish(dispatched.flight)

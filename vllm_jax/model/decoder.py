@@ -126,10 +126,8 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         """-> (updated kv_cache, the last layer's output [T, hidden], the aux hidden states [T, K * hidden] or
         None without `aux_hidden_layers`): the forward without the LM head (a draft model's catch-up writes its
         KV cache only)."""
-        hidden = self._embed(inputs.input_ids)
-        if self.spec.embedding_multiplier != 1.0:  # in the hidden dtype, as transformers multiplies it
-            hidden = hidden * jnp.asarray(self.spec.embedding_multiplier, hidden.dtype)
-        cos, sin = rotary_tables(self.spec, inputs.positions)
+        hidden = self._input_embeddings(inputs)
+        cos, sin = self._rotary_tables(inputs)
         ctx = LayerContext(cos, sin, inputs, self.kernels)
         if lora:
             num_slots = next(iter(lora.values()))[0].shape[1]
@@ -137,6 +135,17 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, aux.concatenated()
+
+    def _input_embeddings(self, inputs: StepInputs) -> jax.Array:
+        """[T, hidden]: the tokens' embeddings (a vision-language model puts its image tokens in)."""
+        hidden = self._embed(inputs.input_ids)
+        if self.spec.embedding_multiplier != 1.0:  # in the hidden dtype, as transformers multiplies it
+            hidden = hidden * jnp.asarray(self.spec.embedding_multiplier, hidden.dtype)
+        return hidden
+
+    def _rotary_tables(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """cos, sin [T, head_dim] for the step's positions (M-RoPE's three streams: model/qwen2_5_vl.py)."""
+        return rotary_tables(self.spec, inputs.positions)
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
                     aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:

@@ -24,3 +24,9 @@ class StepInputs:
     # LoRA (docs/architecture/11-lora.md, "LoRA adapters"): [T] int32, each token's adapter slot (0: none; padding 0).
     # None when the engine has no LoRA: the programs then carry nothing of it.
     lora_slots: jax.Array | None = None
+    # Vision-language models (docs/architecture/15-multimodal.md, "In the step"): M-RoPE's [3, T] int32 (t, h, w)
+    # positions, the image tokens' embeddings [T, hidden] (model dtype) and which rows take them ([T] bool).
+    # None for every other model.
+    mrope_positions: jax.Array | None = None
+    mm_embeds: jax.Array | None = None
+    mm_mask: jax.Array | None = None

@@ -13,6 +13,7 @@ from vllm_jax.model.mla_spec import MLA_ARCHITECTURES
 from vllm_jax.model.moe_spec import MOE_ARCHITECTURES
 from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES
 from vllm_jax.model.phi3 import PHI3_ARCHITECTURES
+from vllm_jax.model.qwen2_5_vl_spec import QWEN2_5_VL_ARCHITECTURES
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec
 from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
@@ -22,6 +23,7 @@ from vllm_jax.model_loader.gemma_weights import gemma_param_sources
 from vllm_jax.model_loader.gpt_oss_weights import gpt_oss_param_sources
 from vllm_jax.model_loader.moe_weights import moe_param_sources
 from vllm_jax.model_loader.param_source import ParamSource
+from vllm_jax.model_loader.qwen2_5_vl_weights import qwen2_5_vl_param_sources
 
 WeightMap = Callable[[DecoderSpec], dict[tuple[str, ...], ParamSource]]
 
@@ -35,6 +37,7 @@ WEIGHT_MAPS: dict[str, WeightMap] = {
     **{arch: phi3_param_sources for arch in PHI3_ARCHITECTURES},
     **{arch: gpt_oss_param_sources for arch in GPT_OSS_ARCHITECTURES},
     **{arch: deepseek_param_sources for arch in MLA_ARCHITECTURES},
+    **{arch: qwen2_5_vl_param_sources for arch in QWEN2_5_VL_ARCHITECTURES},
 }
 
 

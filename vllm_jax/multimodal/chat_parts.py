@@ -82,7 +82,7 @@ def check_image_places(places: list[str], *, model: str, hf_config: Any, config:
     if not model_accepts_images(hf_config):
         raise ContentPartError(f"{places[0]}: model {model} does not accept image inputs (its config has no vision "
                                "tower)", places[0])
-    limit = config.limit("image")
+    limit = image_limit(hf_config, config)
     if len(places) > limit:
         raise ContentPartError(f"{places[limit]}: at most {limit} image(s) may be given in one prompt "
                                f"(--limit-mm-per-prompt); this one has {len(places)}", places[limit])
@@ -125,12 +125,19 @@ def load_part_images(sources: list[ImageSource], config: MultiModalConfig) -> li
 
 
 def model_accepts_images(hf_config: Any) -> bool:
-    """Whether the model has a vision tower that reads images (vllm_jax.multimodal.capabilities, when present)."""
-    try:
-        from vllm_jax.multimodal.capabilities import supports_images
-    except ImportError:  # no image model is built in: none reads images
-        return False
+    """Whether the model has a vision tower that reads images (docs/architecture/15-multimodal.md, "Interfaces")."""
+    from vllm_jax.multimodal.capabilities import supports_images
+
     return bool(supports_images(hf_config))
+
+
+def image_limit(hf_config: Any, config: MultiModalConfig) -> int:
+    """The most images one prompt may carry: --limit-mm-per-prompt, within the model's own cap if it has one (0,
+    a text-only model's, is refused before this by model_accepts_images)."""
+    from vllm_jax.multimodal.capabilities import max_images_per_prompt
+
+    model_cap = max_images_per_prompt(hf_config)
+    return min(config.limit("image"), model_cap) if model_cap else config.limit("image")
 
 
 def _image_url(value: Any, where: str) -> str:

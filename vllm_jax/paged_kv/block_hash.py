@@ -54,7 +54,8 @@ def block_extra_keys(block_index: int, cache_salt: str | None, lora_int_id: int 
 
 
 def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-                        cache_salt: str | None = None, lora_int_id: int = 0) -> list[BlockHash]:
+                        cache_salt: str | None = None, lora_int_id: int = 0,
+                        mm_spans: Sequence[tuple[int, int, str]] = ()) -> list[BlockHash]:
     """Append to `block_hashes` (in place) the hashes of the full blocks of `token_ids` not hashed yet.
 
     Tokens are append-only, so hashes computed earlier stay valid; only new full blocks cost work.
@@ -64,5 +65,12 @@ def extend_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int],
     for i in range(len(block_hashes), num_full):
         parent = block_hashes[i - 1] if i > 0 else None
         block = token_ids[i * block_size:(i + 1) * block_size]
-        block_hashes.append(hash_block_tokens(parent, block, block_extra_keys(i, cache_salt, lora_int_id)))
+        keys = block_extra_keys(i, cache_salt, lora_int_id) + _image_keys(i * block_size, block_size, mm_spans)
+        block_hashes.append(hash_block_tokens(parent, block, keys))
     return block_hashes
+
+
+def _image_keys(start: int, block_size: int, mm_spans: Sequence[tuple[int, int, str]]) -> tuple[ExtraKey, ...]:
+    """The content hashes of the images whose placeholder tokens (offset, length, hash) overlap the block at
+    `start`, as vLLM keys them: the placeholders are equal tokens for every image, the hashes tell images apart."""
+    return tuple(h for offset, length, h in mm_spans if offset < start + block_size and start < offset + length)

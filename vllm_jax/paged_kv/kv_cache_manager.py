@@ -72,7 +72,7 @@ class KVCacheManager:
     def block_hashes(self, request: CacheRequest) -> list[BlockHash]:
         """The request's full-block hashes, extended to its current tokens."""
         return extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
-                                   request.cache_salt, request.lora_int_id)
+                                   request.cache_salt, request.lora_int_id, getattr(request, "mm_spans", ()))
 
     def get_computed_blocks(self, request: CacheRequest) -> tuple[list[KVBlock], int]:
         """Longest chain of cached full blocks at the start of the request, and the tokens they hold.

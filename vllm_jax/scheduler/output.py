@@ -30,6 +30,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     seed: int  # the request's sampling seed (random at arrival when the user gave none)
     lora_slot: int = 0  # the device LoRA slot its tokens read (0: no adapter)
+    mm_inputs: Any = None  # its images (multimodal/inputs.py MultiModalInputs), None: text only
 
 
 @dataclass
@@ -62,6 +63,10 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # LoRA: slot -> the adapter to write there before this step runs (newly resident adapters only)
     lora_loads: dict[int, Any] = field(default_factory=dict)
+    # Multi-step decoding (scheduler/multi_step.py): the step runs up to `num_steps` decode tokens per request on the
+    # device; `step_limits`: req_id -> the most it samples (its KV slots are allocated). 1 / empty: one token.
+    num_steps: int = 1
+    step_limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

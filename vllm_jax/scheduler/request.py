@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.paged_kv.block_hash import BlockHash
@@ -68,6 +68,9 @@ class Request:
     # for it while it runs (0: none).
     lora_request: LoRARequest | None = None
     lora_slot: int = field(default=0, init=False)
+    # Its images (multimodal/inputs.py MultiModalInputs; None: text only): the runner encodes them, and their
+    # hashes key the prefix cache's blocks that hold their tokens.
+    mm_inputs: Any = None
 
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
@@ -93,6 +96,13 @@ class Request:
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self._all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def mm_spans(self) -> tuple[tuple[int, int, str], ...]:
+        """(offset, length, hash) of each image's placeholder tokens: prefix-cache keys of the blocks holding them."""
+        if self.mm_inputs is None:
+            return ()
+        return tuple((item.offset, item.length, item.hash) for item in self.mm_inputs.images)
 
     @property
     def lora_int_id(self) -> int:

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from vllm_jax.config import SchedulerConfig
 from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
+from vllm_jax.scheduler.multi_step import chunk_limits, decodes_on_device
 from vllm_jax.scheduler.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -146,6 +147,16 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
 
+    def next_step_may_chunk(self) -> bool:
+        """Whether the next schedule() could make a multi-step chunk once the step in flight is done: every
+        running request samples in it and decodes on the device, and nobody waits who could be admitted. The
+        engine then does not schedule ahead (a chunk needs its requests' tokens on the host)."""
+        if self.config.num_scheduler_steps <= 1 or not self.running:
+            return False
+        if self.waiting and len(self.running) < self.config.max_num_seqs:
+            return False
+        return all(r.num_computed_tokens >= r.num_tokens and decodes_on_device(r) for r in self.running)
+
     def has_finished_requests(self) -> bool:
         """Finished ids not yet reported to the runner (one more schedule() delivers them)."""
         return bool(self.finished_req_ids)
@@ -173,7 +184,10 @@ class Scheduler:
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
+        limits = chunk_limits(plan, self.config.num_scheduler_steps, self.max_model_len, self.kv_cache_manager)
         output = self._build_output(plan)
+        if limits is not None:  # a multi-step chunk (scheduler/multi_step.py)
+            output.num_steps, output.step_limits = self.config.num_scheduler_steps, limits
         output.grammar_bitmask = grammar_bitmasks(plan.running + plan.new, plan.num_scheduled, plan.spec_tokens)
         output.scheduled_requests = {r.request_id: r for r in plan.running + plan.new}
         self.finished_req_ids = set()
@@ -181,6 +195,8 @@ class Scheduler:
         # scheduled up to its last token samples one more: a placeholder until update_from_output brings it.
         for request in plan.running + plan.new:
             request.num_computed_tokens += plan.num_scheduled[request.request_id]
+            if limits is not None:  # the chunk computes its own samples too; its tokens arrive at once
+                request.num_computed_tokens += limits[request.request_id] - 1
             if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1
         return output
@@ -318,7 +334,7 @@ class Scheduler:
                 req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
                 block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
-                lora_slot=r.lora_slot)
+                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs)
                 for r in plan.new],
             scheduled_cached_reqs=[CachedRequestData(
                 req_id=r.request_id, new_block_ids=plan.new_block_ids[r.request_id],
@@ -396,7 +412,9 @@ class Scheduler:
                 continue
             was_running = request.status == RequestStatus.RUNNING
             new_tokens: list[int] = []
-            for token in sampled:
+            if req_id in runner_output.pooler_output:  # a pooled prompt ends "stop" and generates nothing (vLLM)
+                request.status = RequestStatus.FINISHED_STOPPED
+            for token in sampled if not request.is_finished else ():
                 request.append_output_token_ids(token)
                 new_tokens.append(token)
                 if check_stop(request, self.max_model_len) or grammar_stops(request, token):

@@ -22,10 +22,13 @@ from tqdm import tqdm
 from vllm_jax.config import EngineConfig
 from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
 from vllm_jax.sampling_params import SamplingParams
+from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS
 from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import pack_chain
+from vllm_jax.worker.multi_step import ChunkLimits, ChunkProgram
+from vllm_jax.worker.multimodal_step import add_empty_mm_arrays
 
 if TYPE_CHECKING:
     from vllm_jax.worker.draft_step import DraftStep
@@ -59,6 +62,11 @@ class StepShapes:
     token_feedback: bool = False  # async scheduling: the device feeds its samples to the next step
     speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
     lora: bool = False  # LoRA: the forward reads each token's adapter slot (StepInputs.lora_slots)
+    mm_hidden: int = 0  # a vision-language model's width: the steps carry its M-RoPE and image-row arrays
+    # Multi-step decoding (worker/multi_step.py): K, and the largest token bucket a decode-only step can use (the
+    # chunk program is compiled for the buckets up to it)
+    num_scheduler_steps: int = 1
+    chunk_max_tokens: int = 0
 
 
 class CompilationManager:
@@ -69,6 +77,10 @@ class CompilationManager:
         `chain_buckets` pair join the plan; `eagle` (eagle3): its program per token bucket."""
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
         self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
+        self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: worker/multimodal_step.py)
+        self.multimodal = None  # a vision-language model's MultimodalStep (engine_builder sets it)
+        self.chunks = (ChunkProgram(device, shapes.num_scheduler_steps, shapes.block_size, shapes.vocab_size)
+                       if shapes.num_scheduler_steps > 1 else None)
 
     @property
     def num_compilations(self) -> int:
@@ -90,6 +102,9 @@ class CompilationManager:
                          functools.partial(self._forward, num_tokens, num_seqs, logits_for)))
             if self.shapes.token_feedback:
                 plan.append((f"token feed T={num_tokens}", functools.partial(self.device.precompile_feed, num_tokens)))
+            if self.chunks is not None and num_tokens <= self.shapes.chunk_max_tokens:
+                plan.append((f"multistep K={self.chunks.num_steps} T={num_tokens} S={num_seqs}",
+                             functools.partial(self._chunk, num_tokens, num_seqs)))
             if self.drafter is not None:
                 plan.append((f"draft catch-up T={num_tokens} S={num_seqs}",
                              functools.partial(self._draft_catch_up, num_tokens, num_seqs)))
@@ -110,7 +125,7 @@ class CompilationManager:
         for num_tokens, num_seqs in self.chain_buckets:
             plan.append((f"draft chain T={num_tokens} S={num_seqs}",
                          functools.partial(self._draft_chain, num_tokens, num_seqs)))
-        return plan
+        return plan + self.extra_plan
 
     def _empty_inputs(self, num_tokens: int, num_seqs: int):
         s = self.shapes
@@ -118,6 +133,8 @@ class CompilationManager:
                                   num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
         if s.lora:
             inputs.lora_slots = np.zeros(num_tokens, np.int32)
+        if s.mm_hidden:
+            add_empty_mm_arrays(inputs, s.mm_hidden, np.float32)
         return inputs
 
     def _draft_catch_up(self, num_tokens: int, num_seqs: int) -> None:
@@ -139,6 +156,11 @@ class CompilationManager:
 
     def _draft_chain(self, num_tokens: int, num_seqs: int) -> None:
         self.drafter.precompile_chain(self._empty_chain(self.drafter.k, num_tokens, num_seqs))
+
+    def _chunk(self, num_tokens: int, num_seqs: int) -> None:
+        tensors, _ = build_sampling_tensors([], num_seqs, self.shapes.vocab_size)
+        chunk = ChunkLimits(np.zeros(num_seqs, np.int32), np.full((num_seqs, MAX_DEVICE_STOP_IDS), -1, np.int32))
+        self.chunks.precompile(self._empty_inputs(num_tokens, num_seqs), tensors, chunk)
 
     def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         logits_for[num_seqs] = self.device.precompile_forward(self._empty_inputs(num_tokens, num_seqs))

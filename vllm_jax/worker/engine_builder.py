@@ -32,7 +32,7 @@ from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.worker import kv_cache as kv_cache_module
-from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, seq_bucket_for
+from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
@@ -51,6 +51,7 @@ from vllm_jax.worker.kv_cache import (
     spec_bytes_per_block,
 )
 from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
+from vllm_jax.worker.multimodal_step import build_multimodal_step
 from vllm_jax.worker.pooling_step import PoolingCompilation, pooling_device_step
 from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
 
@@ -137,7 +138,10 @@ class EngineParts:
         config = self.config
         return StepShapes(buckets or self.buckets(), config.cache_config.block_size, self.max_blocks_per_seq,
                           self.spec.vocab_size, config.async_scheduling,
-                          config.speculative_config is not None, lora=config.lora_config is not None)
+                          config.speculative_config is not None, lora=config.lora_config is not None,
+                          mm_hidden=self.spec.hidden_size if getattr(self.spec, "vision", None) else 0,
+                          num_scheduler_steps=config.scheduler_config.num_scheduler_steps,
+                          chunk_max_tokens=pick_bucket(self.token_buckets, config.scheduler_config.max_num_seqs))
 
     # --- the KV cache ---
     @property
@@ -238,8 +242,12 @@ class EngineParts:
             if buckets is not None:  # narrowed: the chains of those token buckets only
                 chains = [pair for pair in chains if pair in buckets]
         manager = PoolingCompilation if config.pooler_config is not None else CompilationManager
-        return manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter, chain_buckets=chains,
-                       eagle=eagle)
+        compilation = manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter,
+                              chain_buckets=chains, eagle=eagle)
+        compilation.multimodal = build_multimodal_step(config, self.spec, step)  # None without a vision tower
+        if compilation.multimodal is not None:
+            compilation.extra_plan = compilation.multimodal.warmup_plan()
+        return compilation
 
 
 def engine_max_rows(config: EngineConfig) -> int:

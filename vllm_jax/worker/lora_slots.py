@@ -67,6 +67,8 @@ class LoRASlotArrays:
                 arrays[name] = (jax.device_put(jnp.zeros(a_shape, self.dtype), a_sharding),
                                 jax.device_put(jnp.zeros(b_shape, self.dtype), b_sharding))
         self.arrays = arrays
+        # slot -> the adapter written into it (host arrays): what waking from sleep writes back (worker/sleep.py)
+        self.resident: dict[int, LoRAAdapter] = {}
         self._write = jax.jit(self._write_impl, donate_argnums=(0,), out_shardings=self.shardings)
 
     def _write_impl(self, arrays: dict, slot: jax.Array, values: dict) -> dict:
@@ -98,6 +100,10 @@ class LoRASlotArrays:
         if not 0 < slot < self.num_slots:
             raise ValueError(f"LoRA slot {slot} is outside 1..{self.num_slots - 1}")
         self.arrays = self._write(self.arrays, np.int32(slot), self.host_values(adapter))
+        if adapter is None:
+            self.resident.pop(slot, None)
+        else:
+            self.resident[slot] = adapter
 
     @property
     def write_program(self) -> Any:

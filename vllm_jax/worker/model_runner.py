@@ -44,6 +44,7 @@ from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
+from vllm_jax.worker.multi_step import ChunkInFlight, dispatch_chunk, finish_chunk
 from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
@@ -124,6 +125,10 @@ class ModelRunner:
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size,
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
+        # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
+        self.multimodal = self.compilation.multimodal
+        if self.broadcasts and sc.num_scheduler_steps > 1:
+            raise ValueError("num_scheduler_steps > 1 is not supported in a multi-host run yet")
 
     def load_lora_slots(self, loads: dict) -> None:
         """Write the adapters the scheduler made resident (slot -> LoRARequest) into their device slots."""
@@ -149,11 +154,14 @@ class ModelRunner:
         if self.broadcasts:
             raise ValueError("update_weights is not supported in a multi-host run yet")
         updater = WeightUpdater(self.params, self.spec, self.config.model_config, self.sleep_mode.borrowed)
-        return updater.update(as_checkpoint(weights))
+        swapped = updater.update(as_checkpoint(weights))
+        if not self.sleep_mode.asleep:  # an EAGLE-3 head reading the target's embedding reads the new one
+            self.sleep_mode.follow_target_embedding()
+        return swapped
 
     @functools.cached_property
     def sleep_mode(self) -> DeviceSleep:
-        return DeviceSleep(self.device)
+        return DeviceSleep(self.device, self.drafter or self.eagle)
 
     def seq_bucket(self, num_tokens_padded: int) -> int:
         return seq_bucket_for(num_tokens_padded, self.seq_buckets, self.max_rows)
@@ -168,24 +176,30 @@ class ModelRunner:
         """One step, start to finish."""
         return self.finish(self.dispatch(sched))
 
-    def dispatch(self, sched: SchedulerOutput) -> InFlightStep | None:
+    def dispatch(self, sched: SchedulerOutput) -> InFlightStep | ChunkInFlight | None:
         """Apply the scheduler's changes and launch the step on the device without waiting for it (None: nothing
         scheduled). Async scheduling dispatches step n + 1 before finishing step n."""
         update_request_states(self.requests, sched)
+        if self.multimodal is not None:
+            self.multimodal.update(sched)
         self.input_batch.update(sched)
         if sched.lora_loads:
             self.load_lora_slots(sched.lora_loads)
         if not sched.num_scheduled_tokens:
             return None
+        if sched.num_steps > 1:  # docs/architecture/05-worker.md, "Several decode steps per dispatch"
+            return dispatch_chunk(self, sched)
         step = self._prepare(sched)
         flight = InFlightStep(step, self._launch(step.payload))
         step.aux_hidden = self.device.aux_hidden
         return flight
 
-    def finish(self, flight: InFlightStep | None) -> ModelRunnerOutput:
+    def finish(self, flight: InFlightStep | ChunkInFlight | None) -> ModelRunnerOutput:
         """Wait for a dispatched step's result and report it."""
         if flight is None:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        if isinstance(flight, ChunkInFlight):
+            return finish_chunk(self, flight)
         return self._to_output(flight.step, self.device.fetch(flight.result))
 
     def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
@@ -208,6 +222,8 @@ class ModelRunner:
                 batch.write_drafts(slots, [drafts.get(r, ()) for r in req_ids])
         inputs = batch.pack(slots, counts, block_size=self.block_size, num_tokens_padded=num_tokens,
                             num_seqs_padded=num_seqs, num_drafts=num_drafts)
+        if self.multimodal is not None:
+            self.multimodal.fill(inputs, req_ids)
         # The common case reads only the rows; the per-request Python state only where some row needs it.
         full = bool(sched.grammar_bitmask) or bool(batch.may_need_full[slots].any())
         scores_prompt = bool(batch.wants_prompt_logprobs[slots].any())

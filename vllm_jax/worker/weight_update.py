@@ -6,10 +6,15 @@ splits, dtype casts and `--quantization` (int8 / fp8 scales recomputed from the 
 does. Every new array is placed on the sharding of the array it replaces, so the compiled programs keep running
 (docs/architecture/05-worker.md, "Sleep and weight updates").
 
+A param kept in GGUF blocks (`--quantization gguf`) gets the update quantized by gguf-py's rule, the one the
+file's own blocks were made by (model_loader/gguf_file/requantize.py), or, from a GGUF path storing it in the
+kept format, the file's blocks as loading takes them.
+
 Everything is checked before anything changes: an unknown name, a wrong shape, a param fed only in part (one of
-Phi-3's fused parts, one expert of a layer), a GGUF-kept quantized param, or float tensors for a pre-quantized
-checkpoint's grouped (block-fp8) scales is a ValueError naming it. Then each param is read, placed and swapped in
-turn (peak memory: one param more). An update may name some params only, and some layers of a param only.
+Phi-3's fused parts, one expert of a layer), float tensors for a K-quant kept param (gguf-py cannot quantize
+Q4_K / Q6_K), or float tensors for a pre-quantized checkpoint's grouped (block-fp8) scales is a ValueError
+naming it. Then each param is read, placed and swapped in turn (peak memory: one param more). An update may name
+some params only, and some layers of a param only.
 jax.Arrays that need no transpose or cast and already have the param's sharding are used as they are, without a
 copy; other jax.Arrays are transposed and cast on their devices.
 """
@@ -28,8 +33,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from vllm_jax.model.grouped_quant import min_name, packed
 from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, KeptFormats, scheme_name
 from vllm_jax.model_loader.checkpoint import Checkpoint
+from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
+from vllm_jax.model_loader.gguf_file.kept import stored_format, stored_parts
+from vllm_jax.model_loader.gguf_file.requantize import QUANTIZABLE, quantized_parts
 from vllm_jax.model_loader.loader import checkpoint_for, model_quantization
 from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
@@ -105,6 +114,7 @@ class _ParamUpdate:
     src: ParamSource
     positions: list[int] | None  # along the stack axis 0; None: a param without a stack, or every position
     from_device: bool  # every tensor a jax.Array and a plain read: transposed / cast on its devices
+    kept: str | None = None  # the GGUF format the param is kept in (--quantization gguf), else None
 
 
 class WeightUpdater:
@@ -117,7 +127,7 @@ class WeightUpdater:
         self.borrowed = borrowed if borrowed is not None else set()
         self.dtype = model_config.dtype
         quantization = model_quantization(model_config)
-        self.kept = {name for name, _ in quantization.formats} if isinstance(quantization, KeptFormats) else set()
+        self.kept = dict(quantization.formats) if isinstance(quantization, KeptFormats) else {}
         self.scheme = None if self.kept else scheme_name(quantization)
         self.shapes = {path: _stacked_shape(_variable(params, path).get_value()) for path in _paths(params)}
         self.sources = {path: src for path, src in param_sources(spec).items() if path in self.shapes}
@@ -141,13 +151,16 @@ class WeightUpdater:
         fed: dict[ParamPath, set[int]] = {}
         for name in sorted(names & set(self.feeds)):
             for path, position in self.feeds[name]:
-                expected = self.sources[path].hf_shape(self.shapes[path])
+                expected = self.sources[path].hf_shape(self._float_shape(path))
                 if checkpoint.shape(name) != expected:
                     raise ValueError(f"update_weights: {name!r} has shape {checkpoint.shape(name)}; the model's "
                                      f"is {expected}")
-                if path[-1] in self.kept:
-                    raise ValueError(f"update_weights: {name!r} feeds {'/'.join(path)}, kept in its GGUF "
-                                     "quantized blocks, which updates cannot requantize yet")
+                fmt = self.kept.get(path[-1])
+                if fmt and fmt not in QUANTIZABLE and not (
+                        isinstance(checkpoint, GGUFCheckpoint) and stored_format(checkpoint.path, name) == fmt):
+                    raise ValueError(f"update_weights: {name!r} feeds {'/'.join(path)}, kept in GGUF {fmt.upper()} "
+                                     "blocks, which float tensors cannot be quantized to (gguf-py has no K-quant "
+                                     "quantizer); pass a GGUF file storing it as " + fmt.upper())
                 fed.setdefault(path, set()).add(position[0] if position else 0)
         plan = []
         for path, positions in fed.items():
@@ -159,7 +172,8 @@ class WeightUpdater:
                     raise ValueError(f"update_weights: {'/'.join(path)} is read from {at.size} tensor(s) together; "
                                      f"the update lacks {', '.join(missing[:5])}")
             scale = self._scale(path)
-            if (scale and path != (EMBEDDING,) and len(self.shapes[scale]) == len(self.shapes[path])
+            kept = self.kept.get(path[-1])
+            if (scale and not kept and path != (EMBEDDING,) and len(self.shapes[scale]) == len(self.shapes[path])
                     and not isinstance(checkpoint, PrequantizedCheckpoint)):
                 raise ValueError(f"update_weights: {'/'.join(path)} has grouped scales, which only a pre-quantized "
                                  "checkpoint (a path) carries; float tensors cannot be requantized to them yet")
@@ -173,8 +187,18 @@ class WeightUpdater:
                 checkpoint, ArrayCheckpoint) else []
             from_device = (bool(tensors) and all(isinstance(t, jax.Array) for t in tensors)
                            and type(src) is ParamSource and self._scale(path) is None)
-            plan.append(_ParamUpdate(path, narrowed, picked, from_device))
+            plan.append(_ParamUpdate(path, narrowed, picked, from_device, kept))
         return plan
+
+    def _float_shape(self, path: ParamPath) -> tuple[int, ...]:
+        """The param's float shape: a kept GGUF param's values pack two 4-bit weights a byte along the grouped
+        dim (model/grouped_quant.py)."""
+        shape = self.shapes[path]
+        fmt = self.kept.get(path[-1])
+        if fmt is None or not packed(fmt):
+            return shape
+        axis = len(shape) - (1 if path == (EMBEDDING,) else 2)
+        return shape[:axis] + (shape[axis] * 2,) + shape[axis + 1:]
 
     def _scale(self, path: ParamPath) -> ParamPath | None:
         scale = path[:-1] + (path[-1] + SCALE_SUFFIX,)
@@ -183,6 +207,8 @@ class WeightUpdater:
     def _apply(self, checkpoint: Checkpoint, update: _ParamUpdate) -> int:
         """Read the fed positions of one param (and its scale) as the loader would, then swap them in."""
         path, src = update.path, update.src
+        if update.kept:
+            return self._apply_kept(checkpoint, update)
         count = src.names.shape[0] if src.stack_ndim else None
         paths = [path] + ([self._scale(path)] if self._scale(path) else [])
         if update.from_device:
@@ -200,6 +226,28 @@ class WeightUpdater:
             self.borrowed.update(id(a) for a in (value if isinstance(value, tuple) else (value,))
                                  if _buffers(a) & callers)
         return swapped
+
+    def _apply_kept(self, checkpoint: Checkpoint, update: _ParamUpdate) -> int:
+        """A GGUF-kept param's fed positions quantized to its format (or a GGUF path's own blocks), swapped in
+        with their scales (and mins)."""
+        path, src, fmt = update.path, update.src, update.kept
+        transpose = path != (EMBEDDING,)  # linear weights (and the LM head) are [in, out]; the embedding [V, H]
+
+        def parts_of(name: str) -> dict[str, np.ndarray]:
+            stored = (stored_parts(checkpoint.path, name, fmt, transpose)
+                      if isinstance(checkpoint, GGUFCheckpoint) else None)
+            if stored is not None:
+                return stored
+            return quantized_parts(np.asarray(checkpoint.read(name, ()), np.float32), fmt, transpose)
+
+        if src.stack_ndim:
+            per_position = [parts_of(name) for name in src.names]
+            fresh = {part: np.stack([p[part] for p in per_position]) for part in per_position[0]}
+        else:
+            fresh = parts_of(src.names[()])
+        targets = {"values": path, "scale": path[:-1] + (path[-1] + SCALE_SUFFIX,),
+                   "min": path[:-1] + (min_name(path[-1]),)}
+        return sum(self._swap(targets[part], array, update.positions) for part, array in fresh.items())
 
     def _on_device(self, checkpoint: ArrayCheckpoint, src: ParamSource) -> list[jax.Array] | jax.Array:
         """A plain param's stack positions from jax.Arrays, on their devices: one array per position (a stack
@@ -250,7 +298,7 @@ def _placed(array: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
     """`array` on `sharding`: itself when it has that very sharding; else put there (no data copy when the
     shardings are equivalent). The compiled programs' cache keys on the sharding itself, so an equivalent one
     (a SingleDeviceSharding for a one-device mesh's) is re-wrapped, or the next step would trace again."""
-    if array.sharding == sharding:
+    if isinstance(array, jax.Array) and array.sharding == sharding:
         return array
     return jax.device_put(array, sharding)
 

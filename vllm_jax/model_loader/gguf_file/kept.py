@@ -104,6 +104,27 @@ class KeptGGUFLoader:
         return [_layer_tensor(name, i) for i in range(num_layers)]
 
 
+def stored_parts(path: str, hf_name: str, fmt: str, transpose: bool) -> dict[str, np.ndarray] | None:
+    """The GGUF file's own blocks of tensor `hf_name` in our layout when it stores them in `fmt` (a weight
+    update from a GGUF path then takes them as loading does, not requantized); None when it stores another type."""
+    reader = open_gguf(path)
+    tensor = _tensor(reader, hf_name)
+    if tensor is None or tensor.tensor_type.name.lower() != fmt:
+        return None
+    return _repack(path, tensor, fmt, _unpermute_heads(reader).get(hf_name.split(".")[-2]), transpose)
+
+
+def stored_format(path: str, hf_name: str) -> str | None:
+    """The lower-case GGML type the GGUF file stores tensor `hf_name` in (None: no such tensor)."""
+    tensor = _tensor(open_gguf(path), hf_name)
+    return None if tensor is None else tensor.tensor_type.name.lower()
+
+
+def _tensor(reader: Any, hf_name: str) -> Any:
+    arch = architecture(reader)
+    return next((t for t in reader.tensors if _hf_name(t.name, arch) == hf_name), None)
+
+
 def _sibling(path: ParamPath, rename) -> ParamPath:
     return path[:-1] + (rename(path[-1]),)
 
@@ -129,7 +150,14 @@ def _repack(path: str, tensor: Any, fmt: str, heads: int | None, transpose: bool
     if cols % block_weights or raw.size != rows * cols // block_weights * block_bytes:
         raise ModelSourceError(f"{path}: tensor {tensor.name} ({fmt.upper()}, {rows} x {cols}) has {raw.size} bytes "
                                "of blocks, which do not match its shape")
-    blocks = raw.reshape(rows, cols // block_weights, block_bytes)
+    return block_parts(raw.reshape(rows, cols // block_weights, block_bytes), fmt, heads, transpose)
+
+
+def block_parts(blocks: np.ndarray, fmt: str, heads: int | None, transpose: bool) -> dict[str, np.ndarray]:
+    """Blocks [rows, n, bytes] of an HF [rows, cols] weight in `fmt` -> {"values", "scale"[, "min"]} in our layout
+    (rows un-permuted by `heads` when llama.cpp permuted them; transposed to [in, out] for a linear weight).
+    Weight updates quantize float tensors to blocks and come through here too (gguf_file/requantize.py)."""
+    rows = blocks.shape[0]
     parts = _K_QUANTS[fmt](blocks) if fmt in _K_QUANTS else _simple_block_parts(blocks, fmt)
     parts = {k: v.reshape(rows, -1) for k, v in parts.items()}
     if heads:
