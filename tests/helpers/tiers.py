@@ -27,7 +27,7 @@ SERVED_MODULES = frozenset({
     "test_default_model", "test_dev_routes", "test_faults", "test_lora_server", "test_package", "test_pooling_server",
     "test_responses_api", "test_security",
     "test_server",
-    "test_soak", "test_structured_outputs", "test_tool_calling",
+    "test_soak", "test_structured_outputs", "test_tool_calling", "test_vision_server",
 })
 
 # (module, test function) pairs in engine modules whose check runs on several devices
