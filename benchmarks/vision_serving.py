@@ -254,16 +254,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="transformers' batch size")
     parser.add_argument("--tiny", action="store_true", help="2 layers of 64 (vision 2 of 32) instead of 4 of 256")
     parser.add_argument("--skip-transformers", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dataset-seed", type=int, default=0, help="seed of the images and of the random weights")
     parser.add_argument("--output-json", default=None)
     add_engine_args(parser)
     ns = parser.parse_args()
-    images = random_images(ns.num_requests, ns.image_size, ns.seed)
+    images = random_images(ns.num_requests, ns.image_size, ns.dataset_seed)
     result: dict[str, Any] = {"num_requests": ns.num_requests, "image_size": ns.image_size,
                               "max_tokens": ns.max_tokens, "shape": "tiny" if ns.tiny else "small"}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "qwen2_5_vl"
-        build_checkpoint(path, SHAPES["tiny" if ns.tiny else "small"], ns.seed, max_pixels=ns.image_size ** 2)
+        build_checkpoint(path, SHAPES["tiny" if ns.tiny else "small"], ns.dataset_seed, max_pixels=ns.image_size ** 2)
         args = engine_args_from_namespace(ns, str(path))
         if ns.max_model_len is None:
             args.max_model_len = 1024  # 256 image tokens + the text + the output, with room
