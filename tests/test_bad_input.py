@@ -10,6 +10,8 @@ characters (bad_words: <= 1024 of <= 1024 characters), logprobs / top_logprobs /
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -19,8 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 from starlette.testclient import TestClient
 
+import vllm_jax.multimodal.chat_parts as chat_parts
 from tests.helpers.http_checks import openai_error
 from tests.helpers.live_server import MAX_MODEL_LEN, MODEL, Served, start_server, tiny_checkpoint
 from tests.helpers.tiny_models import VOCAB_SIZE
@@ -52,6 +56,20 @@ def _chat(**fields: Any) -> dict[str, Any]:
 
 def _cmpl(**fields: Any) -> dict[str, Any]:
     return {"prompt": "hello", **fields}
+
+
+def _png_url() -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (2, 2), (9, 99, 199)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+_PNG_URL = _png_url()
+
+
+def _image_chat(*urls: str) -> dict[str, Any]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, *parts]}]}
 
 
 CASES = [
@@ -136,9 +154,18 @@ CASES = [
     Bad("message without a role", "/v1/chat/completions", {"messages": [{"content": "a"}]}, "messages", "role"),
     Bad("message that is not an object", "/v1/chat/completions", {"messages": ["hi"]}, "messages",
         "valid dictionary"),
-    Bad("image content part", "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages",
-        "only text content parts"),
+    # images (docs/serving.md, "Images"); the refusals a model that reads images would give are further down
+    Bad("an image for a model without a vision tower", "/v1/chat/completions", _image_chat(_PNG_URL),
+        "messages[0].content[1].image_url", f"model {MODEL} does not accept image inputs"),
+    Bad("an input_image for a model without a vision tower", "/v1/responses",
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": _PNG_URL}]}]}, "input",
+        f"model {MODEL} does not accept image inputs"),
+    Bad("an unknown content part type", "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}]},
+        "messages[0].content[0]", "content parts of type 'input_audio' are not supported"),
+    Bad("an image_pil part over HTTP", "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_pil", "image_pil": "cat.png"}]}]},
+        "messages[0].content[0]", "offline API"),
     Bad("continue_final_message after a user message", "/v1/chat/completions",
         _chat(continue_final_message=True, add_generation_prompt=False), "messages", "assistant"),
     Bad("chat_template_kwargs nested 900 deep", "/v1/chat/completions",
@@ -231,6 +258,33 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(http
     assert err["param"] == case.param, err
     assert case.says in err["message"], err
     assert err["type"] == ("not_found_error" if case.status == 404 else "invalid_request_error")
+    _assert_still_serving(http)
+
+
+IMAGE_CASES = [  # as a model that reads images would answer them (first image at content[1])
+    Bad("an undecodable image", "/v1/chat/completions", _image_chat("data:image/png;base64,aGVsbG8="),
+        "messages[0].content[1].image_url", "cannot be decoded as an image"),
+    Bad("an http URL while fetching is off", "/v1/chat/completions", _image_chat("https://example.com/cat.png"),
+        "messages[0].content[1].image_url", "fetching http(s) URLs is off"),
+    Bad("a file:// URL without --allowed-local-media-path", "/v1/chat/completions",
+        _image_chat("file:///etc/hostname"), "messages[0].content[1].image_url", "file:// URLs are off"),
+    Bad("more images than --limit-mm-per-prompt (vLLM's default 999)", "/v1/chat/completions",
+        _image_chat(*[_PNG_URL] * 1000), "messages[0].content[1000].image_url", "at most 999 image(s)"),
+]
+
+
+@pytest.mark.parametrize("case", IMAGE_CASES, ids=[c.name for c in IMAGE_CASES])
+def test_bad_images_get_a_400_naming_the_part_and_never_reach_the_engine(
+        served: Served, http: httpx.Client, monkeypatch: pytest.MonkeyPatch, case: Bad) -> None:
+    """The checks after "does the model read images" (the server runs in this process: the model is made to say
+    yes), each before the engine is called at all."""
+    monkeypatch.setattr(chat_parts, "model_accepts_images", lambda hf_config: True)
+    calls = []
+    generate = served.engine.generate
+    monkeypatch.setattr(served.engine, "generate", lambda *a, **kw: calls.append(a) or generate(*a, **kw))
+    err = openai_error(_send(http, case.path, case.body), case.status)
+    assert (err["param"], calls) == (case.param, []), err
+    assert case.says in err["message"], err
     _assert_still_serving(http)
 
 

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vllm_jax"
 LEAVES = {"config", "config_pooling", "sampling_params", "pooling_params", "outputs", "logger", "utils"}
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
-    "server": {"engine", "metrics", "scheduler", "reasoning", "lora"},
+    "server": {"engine", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
     "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
                "reasoning", "lora", "multimodal"},
     "multimodal": {"model"},

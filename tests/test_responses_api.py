@@ -197,7 +197,8 @@ def test_scripted_previous_response_id_carries_three_turns_and_store_routes(
     ({"tools": [{"type": "web_search"}]}, "tools", "web_search"),
     ({"background": True}, "background", "background"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "input",
-     "input_image"),
+     "does not accept image inputs"),  # a text model (docs/serving.md, "Images")
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input", "input_file"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input", "item_reference"),
     ({"input": ""}, "input", "must not be empty"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format", "yaml"),

@@ -95,6 +95,12 @@ ENGINE_FLAG_HELP = {
                     "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": "
                     "[\"no\", \"yes\"], \"is_original_qwen3_reranker\": true}'",
     "convert": "the pooling task: auto, embed, classify or reward (docs/pooling.md)",
+    "limit_mm_per_prompt": "most items of each modality in one prompt, as JSON, e.g. '{\"image\": 4}' (only "
+                           "image is supported; default: 999 each, vLLM's)",
+    "allowed_local_media_path": "let requests read images from file:// URLs under this directory (symlinks and "
+                                "'..' resolved first; default: off). Only for trusted clients",
+    "allowed_media_domains": "hosts whose http(s) image URLs the server fetches (default: none, fetching off; "
+                             "vLLM fetches from any host)",
     "num_scheduler_steps": "decode tokens per dispatch (1, 2, 4, 8, 16 or 32) when every scheduled request decodes "
                            "without host-side sampling state (stop strings, grammars, penalties fall back to 1)",
     "pooler_config": "the pooler as JSON, vLLM's keys, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true, "
@@ -128,7 +134,8 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: frozenset[str] = froz
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
             continue
         kind = int if "int" in hint else float if "float" in hint else str
-        nargs = "+" if f.name == "lora_modules" else None  # vLLM's `--lora-modules a=/x b=/y`
+        # vLLM's `--lora-modules a=/x b=/y`, `--allowed-media-domains a.com b.org`
+        nargs = "+" if f.name in ("lora_modules", "allowed_media_domains") else None
         group.add_argument(*flags, type=kind, default=f.default, metavar=f.name.upper(), help=help_text,
                            nargs=nargs)
 

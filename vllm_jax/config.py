@@ -21,6 +21,7 @@ from vllm_jax.config_pooling import (
     resolve_pooling,
 )
 from vllm_jax.lora.config import LoRAConfig
+from vllm_jax.multimodal.config import MultiModalConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
 from vllm_jax.utils import json_object_flag
@@ -170,6 +171,8 @@ class EngineConfig:
     enable_sleep_mode: bool = False
     # The pooling runner's pooler (config_pooling.py); None: the generate runner.
     pooler_config: PoolerConfig | None = None
+    # vLLM's multimodal input flags (multimodal/config.py): images per prompt, and where they may come from.
+    multimodal_config: MultiModalConfig = field(default_factory=MultiModalConfig)
 
     @property
     def resolved_attention_backend(self) -> AttentionBackend:
@@ -251,6 +254,11 @@ class EngineArgs:
     pooler_config: str | dict | None = None
     # vLLM's --hf-overrides: JSON text or a dict of config.json keys replaced before anything reads the config
     hf_overrides: str | dict | None = None
+    # vLLM's multimodal input flags (docs/serving.md, "Images"): JSON text or a dict of items per prompt per
+    # modality ('{"image": 4}'; default 999), the directory file:// URLs may read, the hosts http(s) URLs may name.
+    limit_mm_per_prompt: str | dict | None = None
+    allowed_local_media_path: str = ""
+    allowed_media_domains: list[str] | None = None
     # vLLM's --num-scheduler-steps: K decode tokens per dispatch when every scheduled request decodes and nothing on
     # the host decides between tokens (docs/architecture/05-worker.md, "Several decode steps per dispatch").
     num_scheduler_steps: int = 1
@@ -304,6 +312,8 @@ class EngineArgs:
             lora_config=self._lora_config(),
             enable_sleep_mode=self.enable_sleep_mode,
             pooler_config=check_pooling_runner(pooler, self, speculative),
+            multimodal_config=MultiModalConfig.create(self.limit_mm_per_prompt, self.allowed_local_media_path,
+                                                      self.allowed_media_domains),
         )
 
     def _check_multi_step(self, speculative: SpeculativeConfig | None, pooler: PoolerConfig | None,

@@ -13,6 +13,7 @@ from vllm_jax.engine.llm_engine import LLMEngine, PromptType
 from vllm_jax.llm_pooling import PoolingMixin
 from vllm_jax.logger import configure_logging
 from vllm_jax.lora.request import LoRARequest
+from vllm_jax.multimodal.chat_parts import check_prompt_images, offline_chat
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 from vllm_jax.worker.weight_update import Weights
@@ -35,6 +36,8 @@ class LLM(PoolingMixin):
         """Run every prompt to completion; results come back in input order. `lora_request`: one adapter for
         every prompt, or one (or None) per prompt (needs enable_lora=True)."""
         prompt_list = _as_prompt_list(prompts)
+        for i, prompt in enumerate(prompt_list):
+            check_prompt_images(prompt, f"prompts[{i}]", **self._media_rules())
         params = _per_prompt(sampling_params, len(prompt_list))
         return self._run(prompt_list, params, use_tqdm, _per_prompt_lora(lora_request, len(prompt_list)))
 
@@ -46,7 +49,9 @@ class LLM(PoolingMixin):
              chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to one conversation or a list of them, then generate.
         `chat_template_kwargs`: extra variables for the template (e.g. gpt-oss's harmony template reads
-        reasoning_effort, model_identity, builtin_tools), as vLLM's LLM.chat takes them."""
+        reasoning_effort, model_identity, builtin_tools), as vLLM's LLM.chat takes them. Images come as vLLM's
+        content parts: {"type": "image_url", "image_url": {"url": "data:..."}} or {"type": "image_pil",
+        "image_pil": PIL.Image} (docs/serving.md, "Images")."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         extra = dict(chat_template_kwargs or {})
@@ -57,13 +62,23 @@ class LLM(PoolingMixin):
                              f"arguments")
         prompts = []
         for conv in conversations:
+            conv, images = offline_chat(conv, **self._media_rules())
             ids = tokenizer.apply_chat_template(conv, chat_template=chat_template, tokenize=True,
                                                 add_generation_prompt=add_generation_prompt,
                                                 continue_final_message=continue_final_message, **extra)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
-            prompts.append({"prompt_token_ids": list(ids)})
+            prompt: dict[str, Any] = {"prompt_token_ids": list(ids)}
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+
+    def _media_rules(self) -> dict[str, Any]:
+        """What decides whether a prompt's images are accepted: the model, and the multimodal flags."""
+        config = self.llm_engine.config
+        return {"model": config.model_config.served_model_name, "hf_config": config.model_config.hf_config,
+                "config": config.multimodal_config}
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()

@@ -12,7 +12,8 @@ A module not listed is `engine`; a test listed in MULTIDEVICE_TESTS takes that t
 from __future__ import annotations
 
 UNIT_MODULES = frozenset({
-    "test_block_pool", "test_config", "test_detokenizer", "test_docs", "test_harmony", "test_imports",
+    "test_block_pool", "test_config", "test_detokenizer", "test_docs", "test_harmony", "test_image_inputs",
+    "test_imports",
     "test_input_batch", "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
     "test_pooling_config", "test_reasoning", "test_responses_items", "test_rope_yarn", "test_sampler",
     "test_sampling_params", "test_scheduler", "test_spec_decode_metrics", "test_step_payload", "test_tool_choice",
@@ -28,7 +29,7 @@ SERVED_MODULES = frozenset({
     "test_pooling_server",
     "test_responses_api", "test_security",
     "test_server",
-    "test_soak", "test_structured_outputs", "test_tool_calling",
+    "test_soak", "test_structured_outputs", "test_tool_calling", "test_vision_server",
 })
 
 # (module, test function) pairs in engine modules whose check runs on several devices

@@ -1,1 +1,2 @@
-"""Images in prompts: which models read them, and turning images into what the engine's model consumes."""
+"""Images in prompts: loading them and chat content parts (docs/serving.md, "Images"), which models read them,
+and turning images into what the engine's model consumes."""

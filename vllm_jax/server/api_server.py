@@ -115,8 +115,8 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
         else:
             try:
                 conversation = chat_conversation(body.messages or [])
-            except ValueError as exc:
-                raise APIError(400, str(exc), param="messages") from exc
+            except ValueError as exc:  # a bad content part names its place (messages[0].content[1])
+                raise APIError(400, str(exc), param=getattr(exc, "param", None) or "messages") from exc
             if not conversation:
                 raise APIError(400, "messages must not be empty.", param="messages")
             text = ctx.render_chat(conversation, add_generation_prompt=body.add_generation_prompt,

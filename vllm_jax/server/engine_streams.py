@@ -81,7 +81,7 @@ async def start_or_abort(streams: RequestStreams, request: Request) -> None:
 class RequestStreams:
     """The engine requests of one HTTP request; iterate for `(prompt_index, RequestOutput)` pairs."""
 
-    def __init__(self, engine: AsyncLLM, prompts: list[list[int]], params: list[SamplingParams],
+    def __init__(self, engine: AsyncLLM, prompts: list[list[int] | dict[str, Any]], params: list[SamplingParams],
                  request_ids: list[str], *, priority: int = 0, cache_salt: str | None = None,
                  lora_request: Any = None):
         self.engine, self.request_ids = engine, request_ids

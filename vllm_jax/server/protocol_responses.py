@@ -191,7 +191,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise ResponsesInputError(f"{where}.role must be user, system, developer or assistant; got "
                                           f"{role!r}.", "input")
-            message: dict[str, Any] = {"role": role, "content": _content_text(item.get("content"), where)}
+            message: dict[str, Any] = {"role": role, "content": _message_content(item.get("content"), where)}
             if role == "assistant" and reasoning is not None:
                 message["reasoning"], reasoning = reasoning, None
             messages.append(message)
@@ -229,6 +229,31 @@ def _required_str(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
+def _message_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message item's content for chat: its text, or (when it has `input_image` parts) chat's content parts, each
+    image an `image_url` part (docs/serving.md, "Images")."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                for p in content):
+        return _content_text(content, where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                what = "file_id is not supported" if part.get("file_id") else "it needs image_url"
+                raise ResponsesInputError(f"{where}.content[{j}]: an input_image part {what}: send image_url (a "
+                                          "data: URL, or an http(s) / file:// URL the server allows).", "input")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get("refusal" if kind == "refusal" else "text") if kind in _TEXT_PARTS else None
+            if not isinstance(text, str):
+                raise ResponsesInputError(f"{where}.content[{j}]: content parts of type {kind!r} are not supported "
+                                          "(text and input_image are), and a text part needs its text.", "input")
+            parts.append({"type": "text", "text": text})
+    return parts
+
+
 def _content_text(content: Any, where: str) -> str:
     """A message's content as text: a string, or text parts (input_text, output_text) joined with newlines."""
     if isinstance(content, str):
@@ -240,7 +265,7 @@ def _content_text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS:
             raise ResponsesInputError(f"{where}.content[{j}]: content parts of type {kind!r} are not supported "
-                                      "(only text: images, files and audio are not).", "input")
+                                      "(text, and input_image in a message; files and audio are not).", "input")
         texts.append(part.get("text") if kind != "refusal" else part.get("refusal"))
     if not all(isinstance(t, str) for t in texts):
         raise ResponsesInputError(f"{where}.content: a text part needs its text.", "input")

@@ -19,7 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from vllm_jax.outputs import CompletionOutput, RequestOutput
 from vllm_jax.sampling_params import SamplingParams
-from vllm_jax.server.chat_messages import chat_conversation
+from vllm_jax.server.chat_images import engine_prompt, load_chat_images
+from vllm_jax.server.chat_messages import chat_conversation_and_images
 from vllm_jax.server.chat_output import ChatOutputRules, ChoiceStreamer
 from vllm_jax.server.engine_streams import RequestStreams, await_or_disconnect, engine_error, start_or_abort
 from vllm_jax.server.errors import APIError, bad_request
@@ -48,6 +49,11 @@ class PreparedChat:
     prompt_ids: list[int]
     params: SamplingParams
     rules: ChatOutputRules
+    images: tuple[Any, ...] = ()  # RGB PIL images, one per placeholder the template wrote, in order
+
+    @property
+    def engine_prompt(self) -> list[int] | dict[str, Any]:
+        return engine_prompt(self.prompt_ids, list(self.images))
 
 
 async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedChat:
@@ -57,27 +63,31 @@ async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> Prep
     if body.resolved_tool_choice().mode == "auto" and ctx.tool_parser is None:
         raise bad_request(AUTO_NEEDS_FLAGS, param="tool_choice")
     try:
-        conversation = chat_conversation(body.messages)
+        conversation, image_sources = chat_conversation_and_images(body.messages)
     except ValueError as exc:
-        raise bad_request(str(exc), param="messages") from exc
+        raise bad_request(str(exc), param=getattr(exc, "param", None) or "messages") from exc
+    images = await load_chat_images(ctx, image_sources, model)
     prompt_ids = await ctx.chat_prompt_ids(conversation, add_generation_prompt=body.add_generation_prompt,
                                            continue_final_message=body.continue_final_message,
                                            template_kwargs=body.chat_template_kwargs, tools=body.template_tools())
     params = ctx.sampling_params(body, len(prompt_ids), "messages")
+    if images and body.max_completion_tokens is None and body.max_tokens is None:
+        # the rest of the context, counted by the engine once it expanded each image's placeholder
+        params = dataclasses.replace(params, max_tokens=None)
     rules = ChatOutputRules.for_request(body, ctx.tool_parser, ctx.reasoning_parser,
                                         constrained=params.structured_outputs is not None)
     if rules.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     await ctx.compile_structured_outputs(body, params)
-    return PreparedChat(model, conversation, prompt_ids, params, rules)
+    return PreparedChat(model, conversation, prompt_ids, params, rules, tuple(images))
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest, raw: Request) -> Response:
     chat = await prepare_chat(ctx, body)
-    model, rules, params, prompt_ids = chat.model, chat.rules, chat.params, chat.prompt_ids
+    model, rules, params = chat.model, chat.rules, chat.params
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     ctx.log_request(request_id, chat.conversation, params)
-    streams = RequestStreams(ctx.engine, [prompt_ids], [params], [request_id], priority=body.priority,
+    streams = RequestStreams(ctx.engine, [chat.engine_prompt], [params], [request_id], priority=body.priority,
                              cache_salt=body.cache_salt, lora_request=ctx.lora_request(body.model))
     if body.stream:
         await start_or_abort(streams, raw)

@@ -48,6 +48,14 @@ _CHAT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "max_com
                 "response_format": "text.format"}
 
 
+def _responses_param(param: str | None) -> str | None:
+    """The Responses field a chat error's `param` came from (a content part's place, messages[1].content[0]...,
+    is in `input`)."""
+    if param is not None and param.startswith("messages["):
+        return "input"
+    return _CHAT_PARAMS.get(param or "", param)
+
+
 def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -73,14 +81,14 @@ class ResponsesServing:
         try:
             chat = await prepare_chat(self.ctx, chat_body)
         except APIError as err:
-            err.param = _CHAT_PARAMS.get(err.param or "", err.param)
+            err.param = _responses_param(err.param)
             raise
         response_id = _item_id("resp")
         response = ResponseObject.for_request(response_id, chat.model, body)
         response.store = body.store and self.store is not None
         items = history + body.input_items()
         self.ctx.log_request(response_id, chat.conversation, chat.params)
-        streams = RequestStreams(self.ctx.engine, [chat.prompt_ids], [chat.params], [response_id],
+        streams = RequestStreams(self.ctx.engine, [chat.engine_prompt], [chat.params], [response_id],
                                  priority=chat_body.priority, cache_salt=chat_body.cache_salt,
                                  lora_request=self.ctx.lora_request(chat_body.model))
         entry = StoredResponse(response, items, cancel=lambda: self.ctx.engine.abort(response_id))
