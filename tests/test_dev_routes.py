@@ -6,7 +6,7 @@ parallelism every route reaches every replica."""
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import json
 
 import httpx
 import pytest
@@ -108,10 +108,17 @@ def test_data_parallel_routes_reach_every_replica(served_dp):
 
     assert httpx.post(f"{url}/update_weights", json={"path": str(root / "b")}, timeout=60).json()["updated"] > 0
     before = engine.requests_per_replica
-    with ThreadPoolExecutor(2) as pool:  # two at once: one on each replica (least loaded first)
-        texts = [r.json()["choices"][0]["text"] for r in pool.map(lambda _: complete(url), range(2))]
+    body = {"model": MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    long = {**body, "max_tokens": 48, "stream": True}  # still running when the second request arrives
+    with httpx.stream("POST", f"{url}/v1/completions", json=long, timeout=120) as stream:
+        lines = stream.iter_lines()
+        held = [next(lines)]  # the first request is in flight on one replica, so the second goes to the other
+        second = complete(url).json()["choices"][0]["text"]
+        held.extend(lines)
+    streamed = "".join(json.loads(line[6:])["choices"][0]["text"] for line in held
+                       if line.startswith("data: {"))
     assert [a - b for a, b in zip(engine.requests_per_replica, before)] == [1, 1]
-    assert texts[0] == texts[1] != first
+    assert streamed.startswith(second) and second != first  # greedy: the same first 6 tokens on both replicas
 
     assert httpx.post(f"{url}/pause", params={"mode": "keep"}).status_code == 200
     assert httpx.get(f"{url}/is_paused").json() == {"is_paused": True}

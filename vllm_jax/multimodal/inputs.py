@@ -50,7 +50,7 @@ def load_image_processor(model_path: str, spec: Qwen2_5_VLSpec) -> Any:
     from transformers import AutoImageProcessor
 
     low, high = image_pixel_limits(model_path, spec.vision.patch_size)
-    return AutoImageProcessor.from_pretrained(model_path, backend="pil",
+    return AutoImageProcessor.from_pretrained(model_path, backend="pil", trust_remote_code=False,
                                               size={"shortest_edge": low, "longest_edge": high})
 
 
