@@ -80,7 +80,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """`VLLM_JAX_COMPILE_REPORT=DIR`: write where each module's compile time went (tests/helpers/compile_report.py)."""
     out_dir = os.environ.get("VLLM_JAX_COMPILE_REPORT")
-    if out_dir:
+    xdist_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if out_dir and not xdist_controller:  # the workers run the tests; the controller only relays their reports
         from pathlib import Path
 
         from tests.helpers.compile_report import CompileReport
