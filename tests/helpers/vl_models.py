@@ -50,13 +50,19 @@ def make_vl_checkpoint(path: Path, seed: int = 0, max_pixels: int = MAX_PIXELS) 
             elif "visual" in name:
                 param.normal_(0.0, 0.1)
     model.save_pretrained(path)
+    save_vl_tokenizer(path)
+    image_processor(max_pixels).save_pretrained(path)
+    return model
+
+
+def save_vl_tokenizer(path: Path) -> None:
+    """The byte tokenizer with the Qwen vision special tokens and the cut-down chat template (Qwen2.5-VL's and
+    Qwen3-VL's share them)."""
     tokenizer = byte_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     assert tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)) == [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
-    image_processor(max_pixels).save_pretrained(path)
-    return model
 
 
 def image_processor(max_pixels: int = MAX_PIXELS) -> Qwen2VLImageProcessorPil:

@@ -1,4 +1,4 @@
-"""M-RoPE (Qwen2-VL / Qwen2.5-VL): three position streams (t, h, w) rotate disjoint sections of the rotary
+"""M-RoPE (Qwen2-VL / Qwen2.5-VL / Qwen3-VL): three position streams (t, h, w) rotate disjoint sections of the rotary
 frequencies (docs/architecture/15-multimodal.md, "M-RoPE"). Text tokens carry one position in all three streams,
 which gives exactly the 1-D rope; an image's tokens carry (t, row, column) offsets from where the image starts.
 
@@ -11,10 +11,23 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def mrope_streams(sections: tuple[int, ...], interleaved: bool = False) -> np.ndarray:
+    """The stream (0 t, 1 h, 2 w) each rotary frequency reads. Sectioned (Qwen2-VL, Qwen2.5-VL): frequency j
+    reads (its section's index) % 3. Interleaved (Qwen3-VL): t h w t h w ..., frequency j reads j % 3 while that
+    stream's section lasts (j < 3 * section), t after."""
+    if not interleaved:
+        return np.repeat(np.arange(len(sections)) % 3, sections)
+    j = np.arange(sum(sections))
+    stream = np.zeros(len(j), np.int64)
+    for s in (1, 2):
+        stream[(j % 3 == s) & (j < 3 * sections[s])] = s
+    return stream
+
+
 def mrope_tables(inv_freq: tuple[float, ...], sections: tuple[int, ...], scaling: float,
-                 positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """cos and sin [T, head_dim] for `positions` [3, T]: frequency j reads stream (its section's index) % 3."""
-    stream = np.repeat(np.arange(len(sections)) % 3, sections)
+                 positions: jax.Array, interleaved: bool = False) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [T, head_dim] for `positions` [3, T], each frequency rotated by its stream (mrope_streams)."""
+    stream = mrope_streams(sections, interleaved)
     inv = jnp.asarray(np.array(inv_freq, dtype=np.float32))
     freqs = positions.astype(jnp.float32)[stream, :].T * inv[None, :]  # [T, head_dim / 2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)

@@ -20,7 +20,7 @@ from vllm_jax.model.qwen2_5_vl_spec import VisionSpec
 from vllm_jax.model.vision_layout import VisionInputs
 
 _EPS = 1e-6  # HF's vision RMSNorms
-_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+VISION_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
                 "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
                 "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x)}
 
@@ -55,7 +55,7 @@ class VisionTower(nnx.Module):
         """[M, out_hidden] merged image tokens, in the processor's order (padding rows after the real ones)."""
         spec = self.spec
         x = linear(jnp.asarray(batch.pixels).astype(self.patch_embed.dtype), self.patch_embed[...])
-        cos, sin = _rotary(spec, jnp.asarray(batch.positions))
+        cos, sin = vision_rotary(spec, jnp.asarray(batch.positions))
         window, image = jnp.asarray(batch.window_segment), jnp.asarray(batch.image_segment)
         window_mask = window[:, None] == window[None, :]
         image_mask = image[:, None] == image[None, :]
@@ -65,9 +65,9 @@ class VisionTower(nnx.Module):
         def block(x, layer):
             w, is_full = layer
             mask = jnp.where(is_full, image_mask, window_mask)
-            x = x + _attention(spec, w, rms_norm(x, w["norm1"], _EPS), cos, sin, mask)
+            x = x + vision_attention(spec, w, rms_norm(x, w["norm1"], _EPS), cos, sin, mask)
             h = rms_norm(x, w["norm2"], _EPS)
-            act = _ACTIVATIONS[spec.hidden_act]
+            act = VISION_ACTIVATIONS[spec.hidden_act]
             mlp = act(linear(h, w["gate_proj"], w["gate_bias"])) * linear(h, w["up_proj"], w["up_bias"])
             return x + linear(mlp, w["down_proj"], w["down_bias"]), None
 
@@ -82,7 +82,7 @@ _BLOCK_PARAMS = ("norm1", "norm2", "qkv", "qkv_bias", "proj", "proj_bias", "gate
                  "up_bias", "down_proj", "down_bias")
 
 
-def _rotary(spec: VisionSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+def vision_rotary(spec: VisionSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """HF's axial 2D rope: head_dim / 4 frequencies for the row, the same for the column, concatenated and
     repeated over the two halves: cos and sin [P, head_dim]."""
     quarter = spec.head_dim // 2
@@ -93,7 +93,7 @@ def _rotary(spec: VisionSpec, positions: jax.Array) -> tuple[jax.Array, jax.Arra
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def _attention(spec: VisionSpec, w: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
+def vision_attention(spec: VisionSpec, w: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
                mask: jax.Array) -> jax.Array:
     """Bidirectional attention of every patch over the patches of its segment (dense [heads, P, P] scores)."""
     p = x.shape[0]

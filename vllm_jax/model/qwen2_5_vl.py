@@ -21,24 +21,29 @@ from vllm_jax.model.vision_layout import VisionInputs
 
 
 def encode_images(graphdef: nnx.GraphDef, state: nnx.State, batch: VisionInputs) -> jax.Array:
-    """The vision tower as a pure function of the model's split state: [M, hidden] image tokens."""
+    """The vision tower as a pure function of the model's split state: [M, mm_embed_width] image tokens (any
+    tower here: `batch` is its spec's `encoder_inputs`)."""
     return nnx.merge(graphdef, state).vision(batch)
 
 
 class Qwen2_5_VLLM(DecoderLM):
+    vision_class: type[nnx.Module] = VisionTower  # Qwen3-VL names its own (model/qwen3_vl.py)
+
     def __init__(self, spec: Qwen2_5_VLSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, **kwargs):
         super().__init__(spec, dtype, rngs=rngs, **kwargs)
-        self.vision = VisionTower(spec.vision, dtype, rngs)
+        self.vision = self.vision_class(spec.vision, dtype, rngs)
 
     def _input_embeddings(self, inputs: StepInputs) -> jax.Array:
         hidden = super()._input_embeddings(inputs)
         if inputs.mm_embeds is None:
             return hidden
-        return jnp.where(inputs.mm_mask[:, None], inputs.mm_embeds.astype(hidden.dtype), hidden)
+        image = inputs.mm_embeds[:, :self.spec.hidden_size]  # (Qwen3-VL's DeepStack columns follow)
+        return jnp.where(inputs.mm_mask[:, None], image.astype(hidden.dtype), hidden)
 
     def _rotary_tables(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         spec = self.spec
         positions = inputs.mrope_positions
         if positions is None:  # a text-only step: the three streams are equal, which is the 1-D rope
             return super()._rotary_tables(inputs)
-        return mrope_tables(spec.inv_freq, spec.mrope_section, spec.rope_attention_scaling, positions)
+        return mrope_tables(spec.inv_freq, spec.mrope_section, spec.rope_attention_scaling, positions,
+                            spec.mrope_interleaved)

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architecture, rope_parameters_of
+from vllm_jax.model.vision_layout import VisionInputs, vision_inputs
 
 QWEN2_5_VL_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
 
@@ -44,6 +47,12 @@ class VisionSpec:
         """Patches merged into one language-model token."""
         return self.spatial_merge_size ** 2
 
+    def encoder_inputs(self, pixels: np.ndarray, grids: list[tuple[int, int, int]],
+                       num_patches_padded: int) -> VisionInputs:
+        """The host layout of one encoder call (window order, rope positions, segments), padded to the bucket."""
+        return vision_inputs(pixels, grids, self.spatial_merge_size, self.window_size // self.patch_size,
+                             num_patches_padded)
+
 
 @dataclass(frozen=True)
 class Qwen2_5_VLSpec(DecoderSpec):
@@ -52,6 +61,14 @@ class Qwen2_5_VLSpec(DecoderSpec):
     vision: VisionSpec | None = field(default=None, kw_only=True)
     image_token_id: int = field(default=-1, kw_only=True)  # <|image_pad|>, one per merged patch
     vision_start_token_id: int = field(default=-1, kw_only=True)
+    # Qwen3-VL: the streams' frequencies interleave (t h w t h w ...) instead of one section per stream
+    mrope_interleaved: bool = field(default=False, kw_only=True)
+
+    @property
+    def mm_embed_width(self) -> int:
+        """Columns of a step's `mm_embeds` (and of one image token's encoder output): the LM's width here;
+        Qwen3-VL adds its DeepStack features (model/qwen3_vl_spec.py)."""
+        return self.hidden_size
 
 
 def qwen2_5_vl_spec_from_hf_config(config: Any) -> Qwen2_5_VLSpec:

@@ -26,6 +26,8 @@ from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES, Olmo2LM, olmo2_spec_from_h
 from vllm_jax.model.phi3 import PHI3_ARCHITECTURES, phi3_spec_from_hf_config
 from vllm_jax.model.qwen2_5_vl import Qwen2_5_VLLM
 from vllm_jax.model.qwen2_5_vl_spec import QWEN2_5_VL_ARCHITECTURES, qwen2_5_vl_spec_from_hf_config
+from vllm_jax.model.qwen3_vl import Qwen3VLLM
+from vllm_jax.model.qwen3_vl_spec import QWEN3_VL_ARCHITECTURES, qwen3_vl_spec_from_hf_config
 from vllm_jax.model.rope_longrope import for_context
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec, spec_from_hf_config
 
@@ -47,6 +49,7 @@ MODEL_REGISTRY: dict[str, ModelEntry] = {
     **{arch: ModelEntry(GptOssLM, gpt_oss_spec_from_hf_config) for arch in GPT_OSS_ARCHITECTURES},
     **{arch: ModelEntry(DeepseekLM, mla_spec_from_hf_config) for arch in MLA_ARCHITECTURES},
     **{arch: ModelEntry(Qwen2_5_VLLM, qwen2_5_vl_spec_from_hf_config) for arch in QWEN2_5_VL_ARCHITECTURES},
+    **{arch: ModelEntry(Qwen3VLLM, qwen3_vl_spec_from_hf_config) for arch in QWEN3_VL_ARCHITECTURES},
 }
 
 

@@ -52,12 +52,7 @@ def vision_inputs(pixels: np.ndarray, grids: list[tuple[int, int, int]], merge: 
             window_of.append(np.full(len(kept) * unit, num_windows))
             num_windows += 1
         image_of.append(np.full(t * h * w, image))
-        # (row, column) of each patch in the processor's order: merge blocks, each block row-major
-        rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-        block = (gh, merge, gw, merge)
-        rc = np.stack([rows.reshape(block).transpose(0, 2, 1, 3).ravel(),
-                       cols.reshape(block).transpose(0, 2, 1, 3).ravel()], axis=-1)
-        positions.append(np.tile(rc, (t, 1)))
+        positions.append(np.tile(patch_rows_cols(h, w, merge), (t, 1)))
         first_token += t * gh * gw
     token_order = np.concatenate(order)
     patch_order = (token_order[:, None] * unit + np.arange(unit)).ravel()
@@ -76,6 +71,15 @@ def vision_inputs(pixels: np.ndarray, grids: list[tuple[int, int, int]], merge: 
         window_segment=np.concatenate([np.concatenate(window_of), np.full(pad, -1)]).astype(np.int32),
         image_segment=np.concatenate([np.concatenate(image_of)[patch_order], np.full(pad, -1)]).astype(np.int32),
         merged_order=merged_order)
+
+
+def patch_rows_cols(h: int, w: int, merge: int) -> np.ndarray:
+    """[h * w, 2] (row, column) of each patch of one frame in the processor's order: merge blocks, each block
+    row-major (HF's get_vision_position_ids)."""
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    block = (h // merge, merge, w // merge, merge)
+    return np.stack([rows.reshape(block).transpose(0, 2, 1, 3).ravel(),
+                     cols.reshape(block).transpose(0, 2, 1, 3).ravel()], axis=-1)
 
 
 def image_pixel_limits(model_path: str, patch_size: int) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from vllm_jax.model.moe_spec import MOE_ARCHITECTURES
 from vllm_jax.model.olmo2 import OLMO2_ARCHITECTURES
 from vllm_jax.model.phi3 import PHI3_ARCHITECTURES
 from vllm_jax.model.qwen2_5_vl_spec import QWEN2_5_VL_ARCHITECTURES
+from vllm_jax.model.qwen3_vl_spec import QWEN3_VL_ARCHITECTURES
 from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec
 from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
@@ -24,6 +25,7 @@ from vllm_jax.model_loader.gpt_oss_weights import gpt_oss_param_sources
 from vllm_jax.model_loader.moe_weights import moe_param_sources
 from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.qwen2_5_vl_weights import qwen2_5_vl_param_sources
+from vllm_jax.model_loader.qwen3_vl_weights import qwen3_vl_param_sources
 
 WeightMap = Callable[[DecoderSpec], dict[tuple[str, ...], ParamSource]]
 
@@ -38,6 +40,7 @@ WEIGHT_MAPS: dict[str, WeightMap] = {
     **{arch: gpt_oss_param_sources for arch in GPT_OSS_ARCHITECTURES},
     **{arch: deepseek_param_sources for arch in MLA_ARCHITECTURES},
     **{arch: qwen2_5_vl_param_sources for arch in QWEN2_5_VL_ARCHITECTURES},
+    **{arch: qwen3_vl_param_sources for arch in QWEN3_VL_ARCHITECTURES},
 }
 
 

@@ -140,7 +140,7 @@ class EngineParts:
         return StepShapes(buckets or self.buckets(), config.cache_config.block_size, self.max_blocks_per_seq,
                           self.spec.vocab_size, config.async_scheduling,
                           config.speculative_config is not None, lora=config.lora_config is not None,
-                          mm_hidden=self.spec.hidden_size if getattr(self.spec, "vision", None) else 0,
+                          mm_hidden=self.spec.mm_embed_width if getattr(self.spec, "vision", None) else 0,
                           num_scheduler_steps=config.scheduler_config.num_scheduler_steps,
                           chunk_max_tokens=pick_bucket(self.token_buckets, config.scheduler_config.max_num_seqs))
 

@@ -15,7 +15,7 @@ import numpy as np
 from vllm_jax.model.qwen2_5_vl import encode_images
 from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model.vision_layout import VisionInputs, image_pixel_limits, vision_inputs
+from vllm_jax.model.vision_layout import image_pixel_limits
 from vllm_jax.worker.device_step import input_signature
 
 MIN_PATCH_BUCKET = 64
@@ -31,7 +31,8 @@ def patch_buckets(max_patches: int, unit: int) -> list[int]:
 
 
 def add_empty_mm_arrays(inputs: StepInputs, hidden: int, dtype) -> StepInputs:
-    """A vision-language step's extra arrays with no image rows (warm-up, text-only steps)."""
+    """A vision-language step's extra arrays with no image rows (warm-up, text-only steps); `hidden`: the
+    spec's mm_embed_width."""
     num_tokens = inputs.input_ids.shape[0]
     inputs.mrope_positions = np.broadcast_to(np.asarray(inputs.positions, np.int32), (3, num_tokens)).copy()
     inputs.mm_embeds = np.zeros((num_tokens, hidden), dtype)
@@ -105,13 +106,12 @@ class MultimodalStep:
     def _compile(self, num_patches: int) -> None:
         v = self.spec.vision
         grid = (1, v.spatial_merge_size, num_patches // v.spatial_merge_size)
-        batch = vision_inputs(np.zeros((num_patches, v.patch_dim), np.float32), [grid], v.spatial_merge_size,
-                              v.window_size // v.patch_size, num_patches)
+        batch = v.encoder_inputs(np.zeros((num_patches, v.patch_dim), np.float32), [grid], num_patches)
         key = ("vision", input_signature(batch))
         args = (self.device.params, batch)
         self.executables[key] = self.device.load_or_compile(key, self.encode, args, args, 0)
 
-    def _run_encoder(self, batch: VisionInputs) -> np.ndarray:
+    def _run_encoder(self, batch: Any) -> np.ndarray:
         """The warmed-up executable of the batch's bucket (jax.jit for one warm-up did not make)."""
         program = self.executables.get(("vision", input_signature(batch)), self.encode)
         return np.asarray(program(self.device.params, batch))
@@ -121,7 +121,7 @@ class MultimodalStep:
         its prompt position triple (past the prompt: index + delta), and each placeholder token its image's
         encoder output row. An image whose first scheduled token is in this step is encoded whole now (or read
         from the cache), so a chunk that splits it finds the rest later."""
-        add_empty_mm_arrays(inputs, self.spec.hidden_size, np.float32)
+        add_empty_mm_arrays(inputs, self.spec.mm_embed_width, np.float32)
         qsl = np.asarray(inputs.query_start_loc)
         for i, req_id in enumerate(req_ids):
             mm = self.requests.get(req_id)
@@ -155,8 +155,7 @@ class MultimodalStep:
         bucket = next((b for b in self.buckets if b >= n), None)
         if bucket is None:
             raise ValueError(f"an image of {n} patches exceeds the largest encoder bucket ({self.buckets[-1]})")
-        batch = vision_inputs(item.pixel_values, [item.grid], v.spatial_merge_size, v.window_size // v.patch_size,
-                              bucket)
+        batch = v.encoder_inputs(item.pixel_values, [item.grid], bucket)
         out = self._run_encoder(batch)[:item.length]
         self.num_encoder_calls += 1
         self.cache.put(item.hash, req_id, out)
