@@ -18,9 +18,10 @@ PATCH, MERGE = 16, 2
 MIN_PIXELS, MAX_PIXELS = 64 * 64, 32 * 32 * 40  # images of 4 .. 40 merged tokens
 
 
-def make_qwen3_vl_checkpoint(path: Path, seed: int = 0) -> Qwen3VLForConditionalGeneration:
-    """Save the tiny model (safetensors), tokenizer and preprocessor_config.json to `path`; returns the torch
-    model (float32, eval)."""
+def make_qwen3_vl_checkpoint(path: Path, seed: int = 0,
+                             max_pixels: int = MAX_PIXELS) -> Qwen3VLForConditionalGeneration:
+    """Save the tiny model (safetensors), tokenizer and preprocessor_config.json (images resized into MIN_PIXELS ..
+    `max_pixels`) to `path`; returns the torch model (float32, eval)."""
     config = Qwen3VLConfig(
         text_config=dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
@@ -43,10 +44,10 @@ def make_qwen3_vl_checkpoint(path: Path, seed: int = 0) -> Qwen3VLForConditional
                 param.normal_(0.0, 0.1)
     model.save_pretrained(path)
     save_vl_tokenizer(path)
-    image_processor().save_pretrained(path)
+    image_processor(max_pixels).save_pretrained(path)
     return model
 
 
-def image_processor() -> Qwen2VLImageProcessorPil:
+def image_processor(max_pixels: int = MAX_PIXELS) -> Qwen2VLImageProcessorPil:
     return Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, min_pixels=MIN_PIXELS,
-                                    max_pixels=MAX_PIXELS, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+                                    max_pixels=max_pixels, image_mean=[0.5] * 3, image_std=[0.5] * 3)
