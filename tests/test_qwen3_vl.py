@@ -2,7 +2,7 @@
 positions within 1e-4 for one image and two images of different sizes (the vision tower with its learned
 position table resampled to each grid, DeepStack, interleaved M-RoPE, q/k norms); then through the engine
 (one LLM for the module): greedy tokens equal transformers' generate while prefills split inside images, the
-prefix cache keyed by the image, and TP 2 = TP 1 on the fake CPU devices."""
+prefix cache keyed by the image, an image_pil chat part, and TP 2 = TP 1 on the fake CPU devices."""
 
 from __future__ import annotations
 
@@ -150,6 +150,14 @@ def test_prefix_cache_keys_include_the_image(llm):
     assert engine.runner.multimodal.num_encoder_calls == calls + 2  # the third request encoded nothing
 
 
+def test_chat_image_part_equals_the_rendered_prompt(llm):
+    image = random_image(90, 70, 21)
+    chat = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
+                                                  {"type": "text", "text": "what?"}]}], GREEDY, use_tqdm=False)
+    prompt = "<|im_start|>user\n" + PLACEHOLDER + "what?<|im_end|>\n<|im_start|>assistant\n"
+    (plain,) = llm.generate([{"prompt": prompt, "multi_modal_data": {"image": image}}], GREEDY, use_tqdm=False)
+    assert chat[0].outputs[0].token_ids == plain.outputs[0].token_ids
+
 def test_tp2_equals_tp1(checkpoint, llm):
     prompts = [{"prompt": "ab" + PLACEHOLDER + "cd", "multi_modal_data": {"image": random_image(100, 80, 5)}}]
     tp1 = [o.outputs[0].token_ids for o in _run(llm.llm_engine, prompts)]
@@ -158,3 +166,4 @@ def test_tp2_equals_tp1(checkpoint, llm):
     assert [o.outputs[0].token_ids for o in _run(tp2, prompts)] == tp1
     q_proj = jax.tree.leaves(tp2.runner.params["layers"]["q_proj"])[0]  # (per-layer arrays on CPU)
     assert len(q_proj.sharding.device_set) == 2  # the decoder is sharded as Qwen3's
+
