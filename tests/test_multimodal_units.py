@@ -1,5 +1,6 @@
 """Host-side pieces of the vision-language path, without a model: the encoder cache's eviction, the encoder's patch
-buckets and pixel cap, the window layout's segments, and the capability query the server and LLM.chat use."""
+buckets and pixel cap, the window layout's segments, Qwen3-VL's interleaved M-RoPE streams and position-table taps
+against transformers', and the capability query the server and LLM.chat use."""
 
 from __future__ import annotations
 
@@ -47,3 +48,25 @@ def test_capabilities():
     text = SimpleNamespace(architectures=["Qwen2ForCausalLM"])
     assert supports_images(vl) and max_images_per_prompt(vl) is None
     assert not supports_images(text) and max_images_per_prompt(text) == 0
+
+
+def test_interleaved_mrope_streams_and_position_taps_match_transformers():
+    import torch
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    from vllm_jax.model.mrope import mrope_streams
+    from vllm_jax.model.qwen3_vision_layout import qwen3_vision_inputs
+
+    sections = (24, 20, 20)  # the released checkpoints': each frequency tagged with its stream, recomposed by HF
+    freq = torch.arange(3.0)[:, None, None, None].expand(3, 1, 1, sum(sections)).clone()
+    rotary = SimpleNamespace(mrope_section=list(sections))
+    ref = Qwen3VLTextRotaryEmbedding.recomposition_frequencies(rotary, freq)[0, 0, :sum(sections)]
+    np.testing.assert_array_equal(mrope_streams(sections, interleaved=True), ref.numpy())
+    grids = [(1, 6, 10), (1, 4, 4)]
+    layout = qwen3_vision_inputs(np.zeros((76, 3), np.float32), grids, 2, 2304, 128)
+    index, weight = get_vision_interpolation_indices_and_weights(torch.tensor(grids), 48, align_corners=True,
+                                                                 spatial_merge_size=2)
+    np.testing.assert_array_equal(layout.pos_index[:76], index.numpy())
+    np.testing.assert_array_equal(layout.pos_weight[:76], weight.numpy())
+    assert (layout.pos_weight[76:] == 0).all() and (layout.image_segment[76:] == -1).all()
