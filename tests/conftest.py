@@ -18,6 +18,11 @@ if "VLLM_JAX_CACHE_ROOT" not in os.environ:
 
 import gc
 
+from tests.helpers.xla_flags import with_legacy_cpu_fusion_emitters
+
+# XLA reads XLA_FLAGS when jax starts its backend: set before that, and inherited by the tests' subprocesses.
+os.environ["XLA_FLAGS"] = with_legacy_cpu_fusion_emitters(os.environ.get("XLA_FLAGS", ""))
+
 import jax
 import pytest
 
