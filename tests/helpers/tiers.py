@@ -45,6 +45,7 @@ MULTIDEVICE_TESTS = frozenset({
     ("test_pooling", "test_tp2_embeddings_equal_tp1"),
     ("test_prequantized_checkpoints", "test_tp2_equals_tp1_for_block_fp8"),
     ("test_quantization", "test_tp2_equals_tp1_for_int8"),
+    ("test_spec_decode_eagle3", "test_tp2_proposes_and_generates_as_tp1"),
     ("test_qwen2_5_vl_engine", "test_tp2_equals_tp1"),
     ("test_weight_sync", "test_tensor_parallel_update_equals_a_fresh_tp2_engine"),
     ("test_weight_sync", "test_update_equals_a_fresh_load"),

@@ -33,6 +33,7 @@ from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
 from vllm_jax.model.eagle3_head import draft_to_target_ids
 from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.device_step import input_signature
 from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.draft_step import DraftCacheLayout, LoadOrCompile
@@ -58,13 +59,15 @@ def eagle3_aux_layers(head_dir: str, num_layers: int) -> tuple[int, ...]:
 
 
 def eagle_cache_layout(config: EngineConfig, spec: Eagle3Spec, mesh: Mesh) -> DraftCacheLayout:
-    """The head's one-layer cache, whole on the (one-device) mesh."""
+    """The head's one-layer cache on the target's mesh, split on its own KV heads like the target's cache."""
     layer, block_size = spec.layer, config.cache_config.block_size
-    dtype = config.model_config.kv_cache_dtype
+    dtype, tp = config.model_config.kv_cache_dtype, config.parallel_config.tensor_parallel_size
     lane_dense = config.resolved_attention_backend.lane_dense  # pallas_tpu's layout (kv_layout.py)
+    kv_spec = kv_cache_partition_spec(layer, tp, lane_dense)
+    num_shards = tp if kv_spec != PartitionSpec() else 1
     shape = KVCacheShape(1, 0, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense=lane_dense)
-    return DraftCacheLayout(shape, NamedSharding(mesh, PartitionSpec()),
-                            bytes_per_block(1, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense))
+    per_block = bytes_per_block(1, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense) // num_shards
+    return DraftCacheLayout(shape, NamedSharding(mesh, kv_spec), per_block)
 
 
 class EagleStep:
