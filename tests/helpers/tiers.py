@@ -20,7 +20,8 @@ UNIT_MODULES = frozenset({
     "test_tool_parsers", "test_tiers", "test_multimodal_units",
 })
 
-MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_moe_tp", "test_lora_tp", "test_sharding"})
+MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_moe_tp", "test_lora_tp", "test_sharding",
+                                 "test_spec_decode_multihost"})
 
 SERVED_MODULES = frozenset({
     "test_api_fuzz", "test_bad_input", "test_benchmarks", "test_cli", "test_compilation_cache",

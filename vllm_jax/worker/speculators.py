@@ -71,9 +71,6 @@ def load_draft_model(config: EngineConfig, attention_backend: AttentionBackend, 
                      random_weights: bool) -> SpeculatorModel:
     """method draft_model: the draft, sharded like the target (its vocabulary was checked with the config)."""
     dc = config.draft_model_config
-    if jax.process_count() > 1:
-        raise ValueError("speculative_config method 'draft_model' runs in one process only (its proposal chain "
-                         "is not broadcast to other hosts)")
     try:
         entry, spec = resolve_architecture(dc.hf_config, config.model_config.max_model_len)
     except ValueError as exc:
@@ -89,9 +86,6 @@ def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention
     its vocabulary and input width checked against the target's (`abstract`: the same checks, its params
     ShapeDtypeStructs)."""
     sc, tp = config.speculative_config, config.parallel_config.tensor_parallel_size
-    if jax.process_count() > 1:
-        raise ValueError("speculative_config method 'eagle3' runs in one process only (its proposal step is not "
-                         "broadcast to other hosts)")
     try:
         layer = read_eagle3_spec(sc.model).layer
         check_tensor_parallel_layout(layer, tp, attention_backend)
