@@ -132,3 +132,51 @@ def test_proposals_are_the_heads_own_greedy_chain(setup):
             head_tokens = head_tokens + [expected[-1]]
             features = np.concatenate([features, hidden[-1:]])
         assert proposal == expected, (tokens, proposal, expected)
+
+
+def _greedy_with_proposals(setup, tp: int):
+    """Greedy tokens of 4 prompts with the random head at tensor_parallel_size `tp` (one bucket and no warm-up:
+    few programs compile), every step's proposals, and the engine."""
+    from vllm_jax import EngineArgs
+    from vllm_jax.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(model=setup["target"], speculative_config=_spec(setup["heads"]["random"]),
+                      tensor_parallel_size=tp, **dict(ARGS, min_token_bucket=32, min_seq_bucket=8))
+    engine = LLMEngine(args.create_config(), warmup=False)
+    runner, proposals = engine.runner, []
+    propose = runner._propose
+
+    def recording(step, update, sampled):
+        proposals.append(propose(step, update, sampled))
+        return proposals[-1]
+
+    runner._propose = recording
+    for i, prompt in enumerate(setup["prompts"][:4]):
+        engine.add_request(str(i), prompt, PARAMS)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
+    return [tokens[str(i)] for i in range(4)], proposals, engine
+
+
+def test_tp2_proposes_and_generates_as_tp1(setup):
+    """EAGLE-3 at TP 2 on the session's fake CPU devices: the head split like the target's layers (fc on its
+    input, lm_head on the draft vocabulary) and its cache on its KV heads; every step's proposals and the greedy
+    tokens are TP 1's, and the tokens no speculation's."""
+    from flax import nnx
+
+    one, one_proposals, _ = _greedy_with_proposals(setup, 1)
+    two, two_proposals, engine = _greedy_with_proposals(setup, 2)
+    assert one == two == setup["expected"][:4]
+    assert two_proposals == one_proposals and sum(len(p) for p in one_proposals) >= 20
+    eagle = engine.runner.eagle
+    specs = {name: list(value.sharding.spec) for name, value in nnx.to_pure_dict(eagle.params)["midlayer"].items()}
+    assert specs["q_proj"] == specs["k_proj"] == specs["gate_proj"] == [None, "model"]
+    assert specs["o_proj"] == specs["down_proj"] == ["model", None]
+    assert specs["input_norm"] == []
+    state = nnx.to_pure_dict(eagle.params)
+    assert list(state["fc"].sharding.spec) == ["model", None]
+    assert list(state["lm_head"].sharding.spec) == [None, "model"]
+    assert list(state["d2t"].sharding.spec) == []
+    assert tuple(eagle.kv_cache.sharding.spec)[:4] == (None, None, None, "model")  # [1, blocks, size, 2 * kv, dim]
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks

@@ -1,5 +1,5 @@
 """StepPayload's wire format (what process 0 broadcasts each step): bytes back to an equal payload, dtypes and
-None fields kept (from_bytes reads with allow_pickle=False)."""
+None fields kept (from_bytes reads with allow_pickle=False); the same for a proposal step's ProposalPayload."""
 
 from __future__ import annotations
 
@@ -50,3 +50,32 @@ def test_bytes_round_trip_gives_back_every_field(params, targets):
         if sent is not None:
             assert got.dtype == sent.dtype and np.array_equal(got, sent), name
 
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle3_k1", "eagle3"])
+def test_a_proposal_step_round_trips_and_is_told_from_a_step(method):
+    """A draft model's chain, an EAGLE-3 head's catch-up alone (k = 1) or with its chain: what process 0
+    broadcasts after a step; a follower tells it from a StepPayload by its first bytes."""
+    from vllm_jax.worker.draft_chain import pack_catch_up, pack_chain
+    from vllm_jax.worker.step_payload import ProposalPayload
+
+    chain = pack_chain(np.array([[5, 6, 7, 0], [9, 0, 0, 0]]), np.array([3, 1]), np.array([[1, 3], [2, 0]]),
+                       np.array([2, 1]), k=2, block_size=4, max_model_len=16, num_tokens_padded=4,
+                       num_seqs_padded=4).inputs
+    payload = ProposalPayload(chain)
+    if method != "draft_model":
+        step = _payload(SamplingParams(), None).inputs
+        catch_up, gather = pack_catch_up(step, np.array([3, 1]), np.array([6, 7, 8, 4], np.int32))
+        payload = ProposalPayload(chain if method == "eagle3" else None, catch_up, gather)
+    data = payload.to_bytes()
+    assert ProposalPayload.is_proposal(data)
+    assert not ProposalPayload.is_proposal(_payload(SamplingParams(), None).to_bytes())
+    back = ProposalPayload.from_bytes(data)
+    for name in ("chain", "catch_up"):
+        sent, got = getattr(payload, name), getattr(back, name)
+        assert (sent is None) == (got is None), name
+        if sent is not None:
+            _assert_same(sent, got)
+    assert (back.gather is None) == (payload.gather is None)
+    if payload.gather is not None:
+        assert back.gather.dtype == payload.gather.dtype and np.array_equal(back.gather, payload.gather)

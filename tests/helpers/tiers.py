@@ -20,7 +20,8 @@ UNIT_MODULES = frozenset({
     "test_tool_parsers", "test_tiers", "test_multimodal_units",
 })
 
-MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_moe_tp", "test_lora_tp", "test_sharding"})
+MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_moe_tp", "test_lora_tp", "test_sharding",
+                                 "test_spec_decode_multihost"})
 
 SERVED_MODULES = frozenset({
     "test_api_fuzz", "test_bad_input", "test_benchmarks", "test_cli", "test_compilation_cache",
@@ -45,6 +46,7 @@ MULTIDEVICE_TESTS = frozenset({
     ("test_pooling", "test_tp2_embeddings_equal_tp1"),
     ("test_prequantized_checkpoints", "test_tp2_equals_tp1_for_block_fp8"),
     ("test_quantization", "test_tp2_equals_tp1_for_int8"),
+    ("test_spec_decode_eagle3", "test_tp2_proposes_and_generates_as_tp1"),
     ("test_qwen2_5_vl_engine", "test_tp2_equals_tp1"),
     ("test_qwen3_vl", "test_tp2_equals_tp1"),
     ("test_weight_sync", "test_tensor_parallel_update_equals_a_fresh_tp2_engine"),

@@ -111,6 +111,21 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
     return P()
 
 
+def eagle3_param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], layer_spec: Any, tp: int) -> P:
+    """An EAGLE-3 head's params (model/eagle3_head.py) split like the target's: its midlayer is one Llama layer
+    without the layer axis (`layer_spec`: its heads), so the target's rules apply to it by name; `fc` [3 * target
+    hidden, H] is row-parallel (its input, the target's replicated states, is split where it is read: each device
+    holds a third of a wide matrix, one all-reduce); lm_head on the draft vocabulary and its own embed_tokens on
+    the vocabulary, like the target's; the norms and `d2t` replicated."""
+    if tp == 1:
+        return P()
+    if path == ("fc",):
+        return _spec_at(2, 0, shape, tp)
+    if path[0] == "midlayer":
+        path = ("layers", *path[1:])
+    return param_partition_spec(path, shape, layer_spec, tp)
+
+
 def kv_cache_partition_spec(spec: Any, tp: int, lane_dense: bool = False) -> P:
     """[layers, blocks, block_size, 2 * kv_heads, head_dim]: split the interleaved head axis (k_i, v_i stay
     together since each shard holds whole pairs). `lane_dense` (pallas_tpu's [layers, blocks, block_size,

@@ -9,6 +9,9 @@ allocates and frees the draft's KV with the target's and nothing else tracks it.
 - chain: k one-token steps from each proposing request's newest token, each feeding the previous step's greedy
   token (worker/draft_chain.py); one program, a scan over the k steps.
 
+In a multi-host run every process runs both programs on the same inputs (process 0 broadcasts the chain's, the
+catch-up's are the step's own); the proposals come back replicated, so process 0 reads its own copy.
+
 Proposals are the draft's argmax, as vLLM's proposers make them: q is one-hot, so the sampler's acceptance rule
 min(1, p/q) is p(x) and the residual (p - q)+ is p without x (sample/sampler.py, `verify_proposals`).
 """
@@ -29,7 +32,7 @@ from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sharding import kv_cache_partition_spec
-from vllm_jax.worker.device_step import input_signature
+from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
 from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, lane_dense_cache, spec_bytes_per_block
 
@@ -63,8 +66,10 @@ class DraftStep:
         self.on_trace = on_trace
         self._load_or_compile = load_or_compile
         self._executables: dict[tuple, Any] = {}
+        replicated = NamedSharding(kv_cache.sharding.mesh, PartitionSpec())
+        self._to_device = _replicator(replicated)  # numpy -> global arrays with several processes
         self._catch_up = jax.jit(self._catch_up_impl, donate_argnums=(1,))
-        self._chain = jax.jit(self._chain_impl, donate_argnums=(1,))
+        self._chain = jax.jit(self._chain_impl, donate_argnums=(1,), out_shardings=(kv_cache.sharding, replicated))
 
     def _catch_up_impl(self, params, kv_cache, inputs: StepInputs):
         self.on_trace()
@@ -93,25 +98,29 @@ class DraftStep:
     def catch_up(self, inputs: StepInputs) -> None:
         """Write the draft's KV for the tokens of the target's step (dispatched, not waited for)."""
         program = self._executables.get(("draft_catch_up", input_signature(inputs)), self._catch_up)
-        self.kv_cache = program(self.params, self.kv_cache, inputs)
+        self.kv_cache = program(self.params, self.kv_cache, self._to_device(inputs))
+
+    def dispatch(self, chain: ChainInputs) -> jax.Array:
+        """Run the chain (not waited for): [k, S] proposals, replicated."""
+        program = self._executables.get(("draft_chain", input_signature(chain)), self._chain)
+        self.kv_cache, proposed = program(self.params, self.kv_cache, self._to_device(chain))
+        return proposed
 
     def propose(self, chain: ChainInputs) -> np.ndarray:
         """[S, k] int32: each row's k greedy proposals (waits for the device)."""
-        program = self._executables.get(("draft_chain", input_signature(chain)), self._chain)
-        self.kv_cache, proposed = program(self.params, self.kv_cache, chain)
-        return np.asarray(proposed).T
+        return _fetch(self.dispatch(chain)).T
 
     # --- warm-up ---
     def precompile_catch_up(self, inputs: StepInputs) -> None:
         key = ("draft_catch_up", input_signature(inputs))
         if key not in self._executables:
-            args = (self.params, self.kv_cache, inputs)
+            args = (self.params, self.kv_cache, self._to_device(inputs))
             self._executables[key] = self._load_or_compile(key, self._catch_up, args, args, 0)
 
     def precompile_chain(self, chain: ChainInputs) -> None:
         key = ("draft_chain", input_signature(chain))
         if key not in self._executables:
-            args = (self.params, self.kv_cache, chain)
+            args = (self.params, self.kv_cache, self._to_device(chain))
             self._executables[key] = self._load_or_compile(key, self._chain, args, args, (0, 0))
 
     @property

@@ -10,6 +10,8 @@ in one program:
 - chain: k - 1 one-token steps per request, each fed the previous proposal and the head's own output state
   (packed like the draft model's chain, `worker/draft_chain.py`).
 
+In a multi-host run every process runs the program on the same inputs (process 0 broadcasts the catch-up's and
+the chain's; the aux states are each process's own from the step it just ran), as the draft model's chain.
 Like the draft model's, the head's cache has the target's block count and every request uses the same block ids
 in both, so the block manager allocates and frees it with the target's. Proposals are the head's argmax mapped to
 target ids (`d2t`): q is one-hot, so verification is the n-gram's (sample/sampler.py, `verify_proposals`).
@@ -33,7 +35,8 @@ from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
 from vllm_jax.model.eagle3_head import draft_to_target_ids
 from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.worker.device_step import input_signature
+from vllm_jax.sharding import kv_cache_partition_spec
+from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
 from vllm_jax.worker.draft_chain import ChainInputs
 from vllm_jax.worker.draft_step import DraftCacheLayout, LoadOrCompile
 from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block
@@ -58,13 +61,15 @@ def eagle3_aux_layers(head_dir: str, num_layers: int) -> tuple[int, ...]:
 
 
 def eagle_cache_layout(config: EngineConfig, spec: Eagle3Spec, mesh: Mesh) -> DraftCacheLayout:
-    """The head's one-layer cache, whole on the (one-device) mesh."""
+    """The head's one-layer cache on the target's mesh, split on its own KV heads like the target's cache."""
     layer, block_size = spec.layer, config.cache_config.block_size
-    dtype = config.model_config.kv_cache_dtype
+    dtype, tp = config.model_config.kv_cache_dtype, config.parallel_config.tensor_parallel_size
     lane_dense = config.resolved_attention_backend.lane_dense  # pallas_tpu's layout (kv_layout.py)
+    kv_spec = kv_cache_partition_spec(layer, tp, lane_dense)
+    num_shards = tp if kv_spec != PartitionSpec() else 1
     shape = KVCacheShape(1, 0, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense=lane_dense)
-    return DraftCacheLayout(shape, NamedSharding(mesh, PartitionSpec()),
-                            bytes_per_block(1, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense))
+    per_block = bytes_per_block(1, block_size, layer.num_kv_heads, layer.head_dim, dtype, lane_dense) // num_shards
+    return DraftCacheLayout(shape, NamedSharding(mesh, kv_spec), per_block)
 
 
 class EagleStep:
@@ -78,7 +83,10 @@ class EagleStep:
         self.on_trace = on_trace
         self._load_or_compile = load_or_compile
         self._executables: dict[tuple, Any] = {}
-        self._propose = jax.jit(self._propose_impl, donate_argnums=(1,))
+        replicated = NamedSharding(kv_cache.sharding.mesh, PartitionSpec())
+        self._to_device = _replicator(replicated)  # numpy -> global arrays with several processes
+        self._propose = jax.jit(self._propose_impl, donate_argnums=(1,),
+                                out_shardings=(kv_cache.sharding, replicated))
 
     def _propose_impl(self, params, kv_cache, embed_tokens, aux, gather, catch_up: StepInputs,
                       chain: ChainInputs | None):
@@ -105,15 +113,20 @@ class EagleStep:
         return kv_cache, jnp.concatenate([token_ids[None], rest])  # [k, S]
 
     def _args(self, aux, gather, catch_up: StepInputs, chain: ChainInputs | None) -> tuple:
-        return self.params, self.kv_cache, self.embed_tokens, aux, gather, catch_up, chain
+        return (self.params, self.kv_cache, self.embed_tokens, aux) + self._to_device((gather, catch_up, chain))
+
+    def dispatch(self, aux: jax.Array, gather: np.ndarray, catch_up: StepInputs,
+                 chain: ChainInputs | None) -> jax.Array:
+        """Run the catch-up and chain (not waited for): [k, S] proposals, replicated."""
+        args = self._args(aux, gather, catch_up, chain)
+        program = self._executables.get(("eagle3", input_signature(args[3:])), self._propose)
+        self.kv_cache, proposed = program(*args)
+        return proposed
 
     def propose(self, aux: jax.Array, gather: np.ndarray, catch_up: StepInputs,
                 chain: ChainInputs | None) -> np.ndarray:
         """[S, k] int32: each row's k greedy proposals (rows that do not propose: garbage); waits for them."""
-        args = self._args(aux, gather, catch_up, chain)
-        program = self._executables.get(("eagle3", input_signature(args[3:])), self._propose)
-        self.kv_cache, proposed = program(*args)
-        return np.asarray(proposed).T
+        return _fetch(self.dispatch(aux, gather, catch_up, chain)).T
 
     def precompile(self, aux: jax.ShapeDtypeStruct, gather: np.ndarray, catch_up: StepInputs,
                    chain: ChainInputs | None) -> None:

@@ -45,10 +45,16 @@ from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.multi_step import ChunkInFlight, dispatch_chunk, finish_chunk
-from vllm_jax.worker.proposals import ChainShapes, draft_model_proposals, eagle_proposals
+from vllm_jax.worker.proposals import (
+    ChainShapes,
+    broadcast_proposal,
+    draft_model_proposals,
+    eagle_proposals,
+    follow_proposal,
+)
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
-from vllm_jax.worker.step_payload import StepPayload
+from vllm_jax.worker.step_payload import ProposalPayload, StepPayload
 from vllm_jax.worker.weight_update import Weights, WeightUpdater, as_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -125,6 +131,7 @@ class ModelRunner:
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size,
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
+        self.share_proposal = broadcast_proposal if self.broadcasts else None  # a draft's / head's inputs too
         # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
         self.multimodal = self.compilation.multimodal
         if self.broadcasts and sc.num_scheduler_steps > 1:
@@ -356,14 +363,15 @@ class ModelRunner:
         if self.eagle is not None:
             proposals = eagle_proposals(self.eagle, self.input_batch, step.slots, step.payload.inputs,
                                         self._kept_tokens(step, sampled), proposing, step.aux_hidden,
-                                        self.chain_shapes)
+                                        self.chain_shapes, self.share_proposal)
             return {req_id: p.tolist() for req_id, p in zip(step.req_ids, proposals) if len(p)}
         rows = np.flatnonzero(proposing)
         slots = step.slots[rows]
         if not len(slots):
             return {}
         if self.drafter is not None:
-            proposals = draft_model_proposals(self.drafter, self.input_batch, slots, self.chain_shapes)
+            proposals = draft_model_proposals(self.drafter, self.input_batch, slots, self.chain_shapes,
+                                              self.share_proposal)
         else:
             batch = self.input_batch
             proposals = self.proposer.propose_rows(batch.token_ids[slots], batch.num_tokens[slots])
@@ -397,10 +405,17 @@ class ModelRunner:
 
     # --- multi-host ---
     def serve_worker(self) -> None:
-        """Non-leader processes: run every step process 0 broadcasts, until it says stop."""
+        """Non-leader processes: run every step process 0 broadcasts (and the draft's or head's proposal steps),
+        until it says stop."""
         while (data := multihost.broadcast_bytes(None)) is not None:
+            if ProposalPayload.is_proposal(data):
+                follow_proposal(ProposalPayload.from_bytes(data), self.drafter, self.eagle, self.device.aux_hidden)
+                continue
             # Launched, never read: waiting here would hold the next broadcast until this step is done.
-            self.device.launch(StepPayload.from_bytes(data))
+            payload = StepPayload.from_bytes(data)
+            self.device.launch(payload)
+            if self.drafter is not None:  # as process 0's _launch
+                self.drafter.catch_up(payload.inputs)
 
     def stop_workers(self) -> None:
         if self.broadcasts:

@@ -10,16 +10,16 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
-from vllm_jax.model_loader.eagle3_loader import load_eagle3_head
+from vllm_jax.model_loader.eagle3_loader import load_eagle3_head, read_eagle3_spec
 from vllm_jax.model_loader.source import ModelSource
-from vllm_jax.sharding import check_tensor_parallel_layout
+from vllm_jax.sharding import check_tensor_parallel_layout, eagle3_param_partition_spec
 from vllm_jax.worker.draft_step import DraftCacheLayout, DraftStep, LoadOrCompile, draft_cache_layout
 from vllm_jax.worker.eagle_step import EagleStep, eagle_cache_layout
 
@@ -71,9 +71,6 @@ def load_draft_model(config: EngineConfig, attention_backend: AttentionBackend, 
                      random_weights: bool) -> SpeculatorModel:
     """method draft_model: the draft, sharded like the target (its vocabulary was checked with the config)."""
     dc = config.draft_model_config
-    if jax.process_count() > 1:
-        raise ValueError("speculative_config method 'draft_model' runs in one process only (its proposal chain "
-                         "is not broadcast to other hosts)")
     try:
         entry, spec = resolve_architecture(dc.hf_config, config.model_config.max_model_len)
     except ValueError as exc:
@@ -85,16 +82,18 @@ def load_draft_model(config: EngineConfig, attention_backend: AttentionBackend, 
 
 def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention_backend: AttentionBackend, *,
                 abstract: bool = False) -> SpeculatorModel:
-    """method eagle3: the head, whole on the (one-device) mesh, its vocabulary and input width checked against
-    the target's (`abstract`: the same checks, its params ShapeDtypeStructs)."""
-    sc = config.speculative_config
-    if config.parallel_config.tensor_parallel_size > 1 or jax.process_count() > 1:
-        raise ValueError("speculative_config method 'eagle3' runs on one device in one process so far (its head "
-                         "has no partition rules); use tensor_parallel_size 1")
+    """method eagle3: the head on the target's mesh, split like the target's layers (`eagle3_param_partition_spec`),
+    its vocabulary and input width checked against the target's (`abstract`: the same checks, its params
+    ShapeDtypeStructs)."""
+    sc, tp = config.speculative_config, config.parallel_config.tensor_parallel_size
     try:
+        layer = read_eagle3_spec(sc.model).layer
+        check_tensor_parallel_layout(layer, tp, attention_backend)
         head = load_eagle3_head(sc.model, config.model_config.dtype, attention_backend=attention_backend.name,
-                                platform=config.platform,
-                                sharding_for=lambda path, shape: NamedSharding(mesh, PartitionSpec()),
+                                platform=config.platform, mesh=mesh if tp > 1 and attention_backend.shard_mapped
+                                else None,
+                                sharding_for=lambda path, shape: NamedSharding(
+                                    mesh, eagle3_param_partition_spec(path, shape, layer, tp)),
                                 abstract=abstract)
     except ValueError as exc:
         raise ValueError(f"speculative_config.model {sc.model!r}: {exc}") from None

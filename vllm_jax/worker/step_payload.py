@@ -3,7 +3,8 @@
 A multi-host run sends each step's payload from process 0 to the others (docs/architecture/09-sharding.md, "Sharding"),
 so the payload turns itself into bytes and back: `np.savez` of flat names (`inputs.input_ids`, `sampling.top_p`, ...),
 no pickle. Nested dataclasses are walked field by field, so a new field of StepInputs or SamplingTensors travels with
-no edit here; a new payload field is edited in this class only.
+no edit here; a new payload field is edited in this class only. A draft model's or EAGLE-3 head's proposal step
+travels as a `ProposalPayload`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sample.sampler import SamplingTensors
+from vllm_jax.worker.draft_chain import ChainInputs
 
 
 @dataclass
@@ -53,6 +55,43 @@ class StepPayload:
 
 
 _OPTIONAL_ARRAYS = ("prompt_targets", "input_token_slots", "sample_slots")
+
+
+@dataclass
+class ProposalPayload:
+    """A draft model's chain or an EAGLE-3 head's catch-up and chain: what process 0 broadcasts before running it,
+    so every process runs the same proposal program after the same step (docs/architecture/08-sampling.md,
+    "Speculative decoding"). Its bytes start with `MAGIC`, which a StepPayload's (a zip) never do."""
+
+    chain: ChainInputs | None  # the chain's packed inputs (EAGLE-3 with k = 1: none)
+    catch_up: StepInputs | None = None  # EAGLE-3 only: the head's catch-up step
+    gather: np.ndarray | None = None  # EAGLE-3 only: [T] the target token each catch-up token reads states from
+
+    MAGIC = b"vllm_jax proposal\n"
+
+    def to_bytes(self) -> bytes:
+        arrays = {}
+        for prefix in ("chain", "catch_up"):
+            if (value := getattr(self, prefix)) is not None:
+                arrays |= _flatten(prefix, value)
+        if self.gather is not None:
+            arrays["gather"] = np.asarray(self.gather)
+        buffer = io.BytesIO(self.MAGIC)
+        buffer.seek(len(self.MAGIC))
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ProposalPayload:
+        with np.load(io.BytesIO(data[len(cls.MAGIC):]), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        chain, catch_up = _unflatten("chain", arrays), _unflatten("catch_up", arrays)
+        return cls(ChainInputs(**chain) if chain else None, StepInputs(**catch_up) if catch_up else None,
+                   arrays.get("gather"))
+
+    @classmethod
+    def is_proposal(cls, data: bytes) -> bool:
+        return data.startswith(cls.MAGIC)
 
 
 def _flatten(prefix: str, obj: Any) -> dict[str, np.ndarray]:
