@@ -124,7 +124,8 @@ def test_the_checks_catch_a_copy_a_fallback_and_a_missing_alias(program, complai
 
 def test_tensor_parallel_programs_alias_each_devices_shard(tiny_dir, tmp_path):
     """cpu:2 with -tp 2 (fake CPU devices, a subprocess): every forward aliases the cache's per-device half."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",  # the session's flags (tests/conftest.py) and two devices
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
     out = tmp_path / "tp.json"
     proc = subprocess.run([sys.executable, "-m", "vllm_jax.cli", "compile-check", str(tiny_dir), "--target",
                            "cpu:2", "-tp", "2", "--json", str(out), "--max-num-batched-tokens", "8",

@@ -95,7 +95,8 @@ print(json.dumps({"runner": runner, "compile_check": check_target(args, "cpu:2")
 def test_compile_check_refuses_an_expert_count_tp_does_not_divide_as_the_runner_does(tmp_path):
     """3 experts over tp 2 with --enable-expert-parallel (two fake CPU devices, a subprocess)."""
     moe = write_config(tmp_path / "moe", MOE)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",  # the session's flags (tests/conftest.py) and two devices
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
     proc = subprocess.run([sys.executable, "-c", REFUSALS, str(moe)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,10 +8,12 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from vllm_jax.model.vision_layout import MAX_ENCODER_PATCHES, image_pixel_limits, vision_inputs
 from vllm_jax.multimodal.capabilities import max_images_per_prompt, supports_images
-from vllm_jax.worker.multimodal_step import EncoderCache, patch_buckets
+from vllm_jax.multimodal.config import MultiModalConfig
+from vllm_jax.worker.multimodal_step import EncoderCache, encoder_cache_tokens, patch_buckets
 
 
 def test_encoder_cache_keeps_what_running_requests_hold_and_evicts_the_oldest_free_entry():
@@ -24,6 +26,18 @@ def test_encoder_cache_keeps_what_running_requests_hold_and_evicts_the_oldest_fr
     assert cache.get("b", "r3") is not None and cache.get("a", "r3") is None
     cache.release("r2")  # "b" is still held by r3, and within budget anyway
     assert set(cache.entries) == {"b"}
+
+
+def test_encoder_cache_size_flag_defaults_to_vllms_size_and_refuses_less_than_one_image():
+    assert encoder_cache_tokens(0, max_num_batched_tokens=256, largest_image_tokens=100) == 256  # vLLM's size
+    assert encoder_cache_tokens(0, max_num_batched_tokens=32, largest_image_tokens=100) == 100
+    assert encoder_cache_tokens(4096, max_num_batched_tokens=32, largest_image_tokens=100) == 4096
+    with pytest.raises(ValueError, match="encoder_cache_size 50 is smaller than one image.*100 image tokens"):
+        encoder_cache_tokens(50, max_num_batched_tokens=256, largest_image_tokens=100)
+    assert MultiModalConfig.create(encoder_cache_size=512).encoder_cache_size == 512
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="encoder_cache_size must be a non-negative"):
+            MultiModalConfig.create(encoder_cache_size=bad)
 
 
 def test_patch_buckets_and_the_pixel_cap(tmp_path):

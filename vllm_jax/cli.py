@@ -101,6 +101,8 @@ ENGINE_FLAG_HELP = {
                                 "'..' resolved first; default: off). Only for trusted clients",
     "allowed_media_domains": "hosts whose http(s) image URLs the server fetches (default: none, fetching off; "
                              "vLLM fetches from any host)",
+    "encoder_cache_size": "image tokens of encoder outputs kept for reuse across requests and prompt chunks (default "
+                          "0: max(max_num_batched_tokens, the largest image's tokens), vLLM's size)",
     "num_scheduler_steps": "decode tokens per dispatch (1, 2, 4, 8, 16 or 32) when every scheduled request decodes "
                            "without host-side sampling state (stop strings, grammars, penalties fall back to 1)",
     "pooler_config": "the pooler as JSON, vLLM's keys, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true, "

@@ -259,6 +259,7 @@ class EngineArgs:
     limit_mm_per_prompt: str | dict | None = None
     allowed_local_media_path: str = ""
     allowed_media_domains: list[str] | None = None
+    encoder_cache_size: int = 0  # image tokens the encoder cache keeps (0: max(max_num_batched_tokens, one image))
     # vLLM's --num-scheduler-steps: K decode tokens per dispatch when every scheduled request decodes and nothing on
     # the host decides between tokens (docs/architecture/05-worker.md, "Several decode steps per dispatch").
     num_scheduler_steps: int = 1
@@ -313,7 +314,7 @@ class EngineArgs:
             enable_sleep_mode=self.enable_sleep_mode,
             pooler_config=check_pooling_runner(pooler, self, speculative),
             multimodal_config=MultiModalConfig.create(self.limit_mm_per_prompt, self.allowed_local_media_path,
-                                                      self.allowed_media_domains),
+                                                      self.allowed_media_domains, self.encoder_cache_size),
         )
 
     def _check_multi_step(self, speculative: SpeculativeConfig | None, pooler: PoolerConfig | None,

@@ -4,7 +4,8 @@
 `--allowed-local-media-path` is the one directory whose files `file://` URLs may name (off by default, as in vLLM);
 `--allowed-media-domains` lists the hosts whose http(s) URLs the server fetches. vLLM fetches from any host when the
 flag is not given; here fetching is off until it is, so a server never reaches out to the network on a client's
-say-so unless its operator allowed those hosts.
+say-so unless its operator allowed those hosts. `--encoder-cache-size` bounds the encoder cache in image tokens (0:
+vLLM's size, max(max_num_batched_tokens, one largest image); vLLM has no flag for it).
 """
 
 from __future__ import annotations
@@ -32,18 +33,23 @@ class MultiModalConfig:
     allowed_local_media_path: str = ""  # resolved directory ("" : file:// URLs are refused)
     allowed_media_domains: tuple[str, ...] = ()  # lower-case host names (empty: http(s) URLs are refused)
     fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
+    encoder_cache_size: int = 0  # image tokens the encoder cache keeps (0: vLLM's size; worker/multimodal_step.py)
 
     def limit(self, modality: str) -> int:
         return self.limit_per_prompt.get(modality, DEFAULT_LIMIT_PER_PROMPT)
 
     @classmethod
     def create(cls, limit_mm_per_prompt: str | dict | None = None, allowed_local_media_path: str = "",
-               allowed_media_domains: list[str] | tuple[str, ...] | str | None = None) -> MultiModalConfig:
+               allowed_media_domains: list[str] | tuple[str, ...] | str | None = None,
+               encoder_cache_size: int = 0) -> MultiModalConfig:
         """From the flags (JSON text or a dict for the limits); a ValueError naming the bad flag."""
+        if not isinstance(encoder_cache_size, int) or isinstance(encoder_cache_size, bool) or encoder_cache_size < 0:
+            raise ValueError(f"encoder_cache_size must be a non-negative number of image tokens (0: the default); "
+                             f"got {encoder_cache_size!r}")
         return cls(limit_per_prompt=_parse_limits(limit_mm_per_prompt),
                    allowed_local_media_path=_resolve_media_dir(allowed_local_media_path),
                    allowed_media_domains=_parse_domains(allowed_media_domains),
-                   fetch_timeout_s=_fetch_timeout())
+                   fetch_timeout_s=_fetch_timeout(), encoder_cache_size=encoder_cache_size)
 
 
 def _parse_limits(value: str | dict | None) -> dict[str, int]:

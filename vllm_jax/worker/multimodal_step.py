@@ -165,11 +165,24 @@ class MultimodalStep:
 
 def build_multimodal_step(config: Any, spec: Any, device: Any) -> MultimodalStep | None:
     """The MultimodalStep for a vision-language model over the engine's DeviceStep (None otherwise). Patch buckets
-    reach the processor's max_pixels (capped: vision_layout.image_pixel_limits). The encoder cache holds
-    max(max_num_batched_tokens, the largest image's tokens) image tokens, vLLM's default encoder cache size."""
+    reach the processor's max_pixels (capped: vision_layout.image_pixel_limits)."""
     if getattr(spec, "vision", None) is None:
         return None
     max_patches = -(-image_pixel_limits(config.model_config.source.path, spec.vision.patch_size)[1]
                     // spec.vision.patch_size ** 2)
-    cache_tokens = max(config.scheduler_config.max_num_batched_tokens, max_patches // spec.vision.merge_unit)
+    cache_tokens = encoder_cache_tokens(config.multimodal_config.encoder_cache_size,
+                                        config.scheduler_config.max_num_batched_tokens,
+                                        max_patches // spec.vision.merge_unit)
     return MultimodalStep(device, spec, max_patches, cache_tokens)
+
+
+def encoder_cache_tokens(flag: int, max_num_batched_tokens: int, largest_image_tokens: int) -> int:
+    """The encoder cache's bound in image tokens: `--encoder-cache-size`, or by default vLLM's
+    max(max_num_batched_tokens, the largest image's tokens). A bound below one image is refused, as vLLM refuses an
+    item larger than its encoder cache: entries in use are never evicted, so that bound could not be kept."""
+    if flag == 0:
+        return max(max_num_batched_tokens, largest_image_tokens)
+    if flag < largest_image_tokens:
+        raise ValueError(f"encoder_cache_size {flag} is smaller than one image at the processor's max_pixels "
+                         f"({largest_image_tokens} image tokens); give at least that, or 0 for the default")
+    return flag
