@@ -87,16 +87,43 @@ jax.tree_util.register_dataclass(
 
 def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = None,
            logprobs_on: jax.Array | None = None) -> SamplerOutput:
-    """Sample one token per row of `logits` [S, V].
+    """Sample one token per row of `logits` [S, V]: the full variant's logits processors (`process_logits`),
+    then `sample_processed`.
 
     `num_logprobs` (static) is K: None or negative -> no logprobs; 0 -> the sampled token's logprob and rank
     only ([S, 1]); K > 0 -> [S, 1+K]. K is clamped to V. `logprobs_on` (a traced bool scalar, optional): when
     false the logprobs are not computed and their arrays hold zeros, so the caller reads them only when true.
     """
-    logits = logits.astype(jnp.float32)
     if t.is_full:
-        logits = apply_token_bitmask(logits, t.token_bitmask)
-    processed = apply_logits_processors(logits, t)
+        masked, processed = process_logits(logits, t)
+    else:
+        masked = processed = logits.astype(jnp.float32)
+    return sample_processed(masked, processed, basic_tensors(t), num_logprobs, logprobs_on)
+
+
+def process_logits(logits: jax.Array, t: SamplingTensors) -> tuple[jax.Array, jax.Array]:
+    """The full variant's [S, V] part: -> (the logits with the structured-output bitmask applied, what the
+    logprobs see; those logits after logit_bias and the penalties, what the sampling sees). Elementwise only, so
+    it is cheap to compile: a device step runs it as its own program before the one sampling program of the
+    sequence bucket (docs/architecture/08-sampling.md, "Sampling")."""
+    masked = apply_token_bitmask(logits.astype(jnp.float32), t.token_bitmask)
+    return masked, apply_logits_processors(masked, t)
+
+
+def basic_tensors(t: SamplingTensors) -> SamplingTensors:
+    """`t` without its full variant's fields: what `sample_processed` takes, whichever variant `t` is."""
+    return SamplingTensors(temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, seeds=t.seeds,
+                           positions=t.positions, draft_token_ids=t.draft_token_ids)
+
+
+def sample_processed(masked: jax.Array, processed: jax.Array, t: SamplingTensors, num_logprobs: int | None = None,
+                     logprobs_on: jax.Array | None = None) -> SamplerOutput:
+    """`sample` after the logits processors: the logprobs come from `masked`, the token from `processed` (the
+    same array in the basic variant); `t` holds the basic fields only (`basic_tensors`)."""
+    if t.is_full:
+        raise ValueError("sample_processed takes basic_tensors(t): the processors already ran")
+    masked = masked.astype(jnp.float32)
+    processed = processed.astype(jnp.float32)
     greedy = t.temperature < GREEDY_TEMPERATURE
     greedy_ids = row_argmax(processed)
     accepted = None
@@ -112,10 +139,10 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
     if num_logprobs is None or num_logprobs < 0:
         return SamplerOutput(token_ids=token_ids, accepted=accepted)
     if logprobs_on is None:
-        ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
+        ids, lps, ranks = compute_logprobs(masked, token_ids, num_logprobs)
     else:
-        ids, lps, ranks = jax.lax.cond(logprobs_on, lambda: compute_logprobs(logits, token_ids, num_logprobs),
-                                       lambda: _no_logprobs(token_ids.shape[0], logits.shape[-1], num_logprobs))
+        ids, lps, ranks = jax.lax.cond(logprobs_on, lambda: compute_logprobs(masked, token_ids, num_logprobs),
+                                       lambda: _no_logprobs(token_ids.shape[0], masked.shape[-1], num_logprobs))
     return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks, accepted=accepted)
 
 
