@@ -176,7 +176,7 @@ def verify_proposals(processed: jax.Array, t: SamplingTensors, greedy: jax.Array
         column = jnp.arange(filtered.shape[-1], dtype=jnp.int32)[None, :]
         residual = jnp.where(has_draft[:, None] & (column == draft[:, None]), -jnp.inf, filtered)
         noise = gumbel_noise(t.seeds, t.positions, filtered.shape[-1])
-        return row_argmax(residual + noise), accept
+        return row_argmax(_materialized(residual + noise)), accept
 
     random_ids, random_accept = jax.lax.cond(jnp.all(greedy), lambda: (greedy_ids, jnp.zeros_like(has_draft)),
                                              sampled_rows)
@@ -277,7 +277,14 @@ def _random_sample(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> 
     """Temperature, min_p, top-k/top-p, then Gumbel-max. Greedy rows pass through harmlessly (T treated as 1)."""
     logits = _filtered_logits(logits, t, greedy)
     noise = gumbel_noise(t.seeds, t.positions, logits.shape[-1])
-    return row_argmax(logits + noise)
+    return row_argmax(_materialized(logits + noise))
+
+
+def _materialized(x: jax.Array) -> jax.Array:
+    """`x` written out before its consumers read it, so XLA does not fuse the Gumbel noise's RNG into both levels
+    of `row_argmax`: the same values, and a third of the sampling program's XLA:TPU compile time for the noise
+    and argmax (docs/accelerators.md, "Ahead-of-time compile checks")."""
+    return jax.lax.optimization_barrier(x)
 
 
 def _filtered_logits(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.Array:
