@@ -11,9 +11,10 @@ samples the same token whatever batch it shares, wherever in the batch it sits a
 
 Jitting: `num_logprobs` is static: the device step always passes the engine's max_logprobs and says per step,
 with the traced `logprobs_on`, whether any row wants them, so one program serves steps with and without logprobs
-(the logprobs branch runs only when asked). The pytree structure of `SamplingTensors` (basic: full fields None;
-full: all set) is part of the trace, so the basic and full variants compile separately
-(docs/architecture/08-sampling.md, "Sampling").
+(the logprobs branch runs only when asked). The full variant's [S, V] inputs (bias, penalties, bitmask) are
+consumed by `process_logits`, a small elementwise program of its own; `sample_processed`, the program holding
+the argmax, top-k / top-p, the noise and the logprobs, then takes the basic fields only, so both variants share
+it: one sampling program per sequence bucket (docs/architecture/08-sampling.md, "Sampling").
 """
 
 from __future__ import annotations
