@@ -57,6 +57,9 @@ def test_the_cpu_run_compiles_the_runners_own_plan(cpu_run, tiny_dir):
     config = args.create_config()
     runner = ModelRunner(config, random_weights=True)
     assert [p["label"] for p in result["programs"]] == [label for label, _ in runner.warmup_plan()]
+    # every compile counted once, the KV probe's included (its samplers are the plan's, reused)
+    assert result["compile_seconds"] >= sum(p["report"]["compile_seconds"] for p in result["programs"]
+                                            if not p["reused"]) and result["compile_cpu_seconds"] > 0
     engine = build_engine(config, targets.get_target("cpu").devices, abstract=True)
     assert engine.max_blocks_per_seq == runner.max_blocks_per_seq
     import jax
