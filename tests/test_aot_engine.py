@@ -57,6 +57,9 @@ def test_the_cpu_run_compiles_the_runners_own_plan(cpu_run, tiny_dir):
     config = args.create_config()
     runner = ModelRunner(config, random_weights=True)
     assert [p["label"] for p in result["programs"]] == [label for label, _ in runner.warmup_plan()]
+    # every compile counted once, the KV probe's included (its samplers are the plan's, reused)
+    assert result["compile_seconds"] >= sum(p["report"]["compile_seconds"] for p in result["programs"]
+                                            if not p["reused"]) and result["compile_cpu_seconds"] > 0
     engine = build_engine(config, targets.get_target("cpu").devices, abstract=True)
     assert engine.max_blocks_per_seq == runner.max_blocks_per_seq
     import jax
@@ -165,7 +168,7 @@ def test_the_full_bucket_set_compiles_with_the_kernels_and_the_cache_in_place(ll
     assert (result.dtype, result.max_num_batched_tokens, result.tensor_parallel_size) == ("bfloat16", 8192, tp)
     forwards = [p for p in result.programs if p.kind == "forward"]
     assert [p.num_tokens for p in forwards] == [16 << i for i in range(10)]  # 16 ... 8192
-    assert len(result.programs) - len(forwards) == 2 * 5  # two sampler variants x sequence buckets 16 ... 256
+    assert len(result.programs) - len(forwards) == 2 * 5  # the sampler and its processors x sequence buckets 16 ... 256
     for p in forwards:
         assert set(checks.expected_kernels(result)) <= set(p.report.kernel_names), p.label
         assert p.report.memory["alias_size_in_bytes"] == result.budget.kv_bytes, p.label

@@ -69,6 +69,9 @@ class TargetResult:
     refused: str | None = None  # the config cannot run on this target: the message naming the flag
     failures: list[str] = dataclasses.field(default_factory=list)  # filled by aot.checks
     seconds: float = 0.0  # the whole check, the KV probe included
+    # every compile of the check once (the KV probe's too: its forward, and the samplers the plan reuses)
+    compile_seconds: float = 0.0
+    compile_cpu_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -99,6 +102,11 @@ class _Recorder:
         if compiled is None:
             raise _ProgramFailed(report.error)
         return compiled
+
+    def compile_seconds(self) -> tuple[float, float]:
+        """Wall and CPU seconds of every compile so far, each program once."""
+        reports = [report for report, _ in self._compiled.values()]
+        return sum(r.compile_seconds for r in reports), sum(r.compile_cpu_seconds for r in reports)
 
     def run(self, plan: list) -> list[ProgramResult]:
         """Every (label, make-ready) of a warm-up plan; a failure is recorded and the rest still compile."""
@@ -161,6 +169,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     if budget(0) is None:  # the weights alone, or an explicit budget, leave no room: nothing to compile
         return result
     probe = compile_plan(engine, target, engine.min_blocks(), engine.buckets()[-1:], recorder=recorder)
+    result.compile_seconds, result.compile_cpu_seconds = recorder.compile_seconds()
     if not all(p.report.ok for p in probe):
         result.programs = probe
         return check(result)
@@ -168,6 +177,7 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
     if result.budget is None:
         return result
     result.programs = compile_plan(engine, target, result.budget.num_blocks, recorder=recorder)
+    result.compile_seconds, result.compile_cpu_seconds = recorder.compile_seconds()
     return check(result)
 
 

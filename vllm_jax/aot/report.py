@@ -101,9 +101,9 @@ def format_target(result: TargetResult) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
     lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
               for row in rows]
-    compiled = [p for p in result.programs if not p.reused]
-    lines.append(f"{len(result.programs)} programs, {sum(p.report.compile_seconds for p in compiled):.0f} s "
-                 f"compiling ({result.seconds:.0f} s in all, the KV probe included)")
+    lines.append(f"{len(result.programs)} programs, {result.compile_seconds:.0f} s compiling, "
+                 f"{result.compile_cpu_seconds:.0f} s of CPU (the KV probe's compiles included; {result.seconds:.0f} s "
+                 "in all)")
     if result.programs and result.programs[0].report.ok and _layer_loop(result):
         lines.append("note: XLA's cost analysis counts the layer loop's body once, so GFLOP / GB / roofline cover "
                      "one layer plus the rest; --no-scan-layers compiles the layers unrolled for whole-step figures")

@@ -4,8 +4,8 @@ Two variants keep the common case cheap. The basic variant is six [S] arrays (no
 variant adds [S, V] logit_bias / prompt_mask / output_counts, per-row penalties and the structured-output bitmask
 [S, ceil(V / 32)]; it is built only when some row needs penalties, logit_bias, allowed_token_ids, bad words,
 min_tokens masking or a grammar's bitmask in this step, and only those rows are filled (the others keep neutral
-values: a free row's bitmask is all ones). The caller jits one program per variant (docs/architecture/08-sampling.md,
-"Sampling").
+values: a free row's bitmask is all ones). The full variant's arrays go to the logits processors' program, and
+both variants then share the sampling program (docs/architecture/08-sampling.md, "Sampling").
 """
 
 from __future__ import annotations

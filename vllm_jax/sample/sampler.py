@@ -11,9 +11,10 @@ samples the same token whatever batch it shares, wherever in the batch it sits a
 
 Jitting: `num_logprobs` is static: the device step always passes the engine's max_logprobs and says per step,
 with the traced `logprobs_on`, whether any row wants them, so one program serves steps with and without logprobs
-(the logprobs branch runs only when asked). The pytree structure of `SamplingTensors` (basic: full fields None;
-full: all set) is part of the trace, so the basic and full variants compile separately
-(docs/architecture/08-sampling.md, "Sampling").
+(the logprobs branch runs only when asked). The full variant's [S, V] inputs (bias, penalties, bitmask) are
+consumed by `process_logits`, a small elementwise program of its own; `sample_processed`, the program holding
+the argmax, top-k / top-p, the noise and the logprobs, then takes the basic fields only, so both variants share
+it: one sampling program per sequence bucket (docs/architecture/08-sampling.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -87,16 +88,43 @@ jax.tree_util.register_dataclass(
 
 def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = None,
            logprobs_on: jax.Array | None = None) -> SamplerOutput:
-    """Sample one token per row of `logits` [S, V].
+    """Sample one token per row of `logits` [S, V]: the full variant's logits processors (`process_logits`),
+    then `sample_processed`.
 
     `num_logprobs` (static) is K: None or negative -> no logprobs; 0 -> the sampled token's logprob and rank
     only ([S, 1]); K > 0 -> [S, 1+K]. K is clamped to V. `logprobs_on` (a traced bool scalar, optional): when
     false the logprobs are not computed and their arrays hold zeros, so the caller reads them only when true.
     """
-    logits = logits.astype(jnp.float32)
     if t.is_full:
-        logits = apply_token_bitmask(logits, t.token_bitmask)
-    processed = apply_logits_processors(logits, t)
+        masked, processed = process_logits(logits, t)
+    else:
+        masked = processed = logits.astype(jnp.float32)
+    return sample_processed(masked, processed, basic_tensors(t), num_logprobs, logprobs_on)
+
+
+def process_logits(logits: jax.Array, t: SamplingTensors) -> tuple[jax.Array, jax.Array]:
+    """The full variant's [S, V] part: -> (the logits with the structured-output bitmask applied, what the
+    logprobs see; those logits after logit_bias and the penalties, what the sampling sees). Elementwise only, so
+    it is cheap to compile: a device step runs it as its own program before the one sampling program of the
+    sequence bucket (docs/architecture/08-sampling.md, "Sampling")."""
+    masked = apply_token_bitmask(logits.astype(jnp.float32), t.token_bitmask)
+    return masked, apply_logits_processors(masked, t)
+
+
+def basic_tensors(t: SamplingTensors) -> SamplingTensors:
+    """`t` without its full variant's fields: what `sample_processed` takes, whichever variant `t` is."""
+    return SamplingTensors(temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, seeds=t.seeds,
+                           positions=t.positions, draft_token_ids=t.draft_token_ids)
+
+
+def sample_processed(masked: jax.Array, processed: jax.Array, t: SamplingTensors, num_logprobs: int | None = None,
+                     logprobs_on: jax.Array | None = None) -> SamplerOutput:
+    """`sample` after the logits processors: the logprobs come from `masked`, the token from `processed` (the
+    same array in the basic variant); `t` holds the basic fields only (`basic_tensors`)."""
+    if t.is_full:
+        raise ValueError("sample_processed takes basic_tensors(t): the processors already ran")
+    masked = masked.astype(jnp.float32)
+    processed = processed.astype(jnp.float32)
     greedy = t.temperature < GREEDY_TEMPERATURE
     greedy_ids = row_argmax(processed)
     accepted = None
@@ -112,10 +140,10 @@ def sample(logits: jax.Array, t: SamplingTensors, num_logprobs: int | None = Non
     if num_logprobs is None or num_logprobs < 0:
         return SamplerOutput(token_ids=token_ids, accepted=accepted)
     if logprobs_on is None:
-        ids, lps, ranks = compute_logprobs(logits, token_ids, num_logprobs)
+        ids, lps, ranks = compute_logprobs(masked, token_ids, num_logprobs)
     else:
-        ids, lps, ranks = jax.lax.cond(logprobs_on, lambda: compute_logprobs(logits, token_ids, num_logprobs),
-                                       lambda: _no_logprobs(token_ids.shape[0], logits.shape[-1], num_logprobs))
+        ids, lps, ranks = jax.lax.cond(logprobs_on, lambda: compute_logprobs(masked, token_ids, num_logprobs),
+                                       lambda: _no_logprobs(token_ids.shape[0], masked.shape[-1], num_logprobs))
     return SamplerOutput(token_ids=token_ids, logprob_token_ids=ids, logprobs=lps, ranks=ranks, accepted=accepted)
 
 
@@ -149,7 +177,7 @@ def verify_proposals(processed: jax.Array, t: SamplingTensors, greedy: jax.Array
         column = jnp.arange(filtered.shape[-1], dtype=jnp.int32)[None, :]
         residual = jnp.where(has_draft[:, None] & (column == draft[:, None]), -jnp.inf, filtered)
         noise = gumbel_noise(t.seeds, t.positions, filtered.shape[-1])
-        return row_argmax(residual + noise), accept
+        return row_argmax(_materialized(residual + noise)), accept
 
     random_ids, random_accept = jax.lax.cond(jnp.all(greedy), lambda: (greedy_ids, jnp.zeros_like(has_draft)),
                                              sampled_rows)
@@ -250,7 +278,14 @@ def _random_sample(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> 
     """Temperature, min_p, top-k/top-p, then Gumbel-max. Greedy rows pass through harmlessly (T treated as 1)."""
     logits = _filtered_logits(logits, t, greedy)
     noise = gumbel_noise(t.seeds, t.positions, logits.shape[-1])
-    return row_argmax(logits + noise)
+    return row_argmax(_materialized(logits + noise))
+
+
+def _materialized(x: jax.Array) -> jax.Array:
+    """`x` written out before its consumers read it, so XLA does not fuse the Gumbel noise's RNG into both levels
+    of `row_argmax`: the same values, and a third of the sampling program's XLA:TPU compile time for the noise
+    and argmax (docs/accelerators.md, "Ahead-of-time compile checks")."""
+    return jax.lax.optimization_barrier(x)
 
 
 def _filtered_logits(logits: jax.Array, t: SamplingTensors, greedy: jax.Array) -> jax.Array:

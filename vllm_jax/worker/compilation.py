@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WarmupPlan = list[tuple[str, Callable[[], object]]]
-_SAMPLER_VARIANTS = (("greedy", SamplingParams(temperature=0.0)),
-                     ("penalties", SamplingParams(temperature=0.0, repetition_penalty=1.1)))
+# (label, a row that needs the full variant, which program): the one sampling program, then the full variant's
+# logits processors
+_SAMPLER_PROGRAMS = (("sampler", SamplingParams(temperature=0.0), "sample"),
+                     ("sampler processors", SamplingParams(temperature=0.0, repetition_penalty=1.1), "process"))
 
 
 class TraceCounter:
@@ -91,9 +93,9 @@ class CompilationManager:
         """Every program a workload can need, one (label, make-it-ready) pair each, in a fixed order.
 
         Each token bucket's forward (with async scheduling its token-feed program), then per new sequence bucket
-        the sampler variants (plain and with penalties, each serving steps with and without logprobs; with async
-        scheduling the token-record program). Deterministic given the config, so every process of a multi-host run
-        performs the same calls."""
+        the sampling program (both sampler variants, steps with and without logprobs) and the full variant's
+        logits processors (with async scheduling the token-record program). Deterministic given the config, so
+        every process of a multi-host run performs the same calls."""
         plan: WarmupPlan = []
         logits_for: dict[int, jax.ShapeDtypeStruct] = {}  # sequence bucket -> the forward's logits (abstract)
         sampled_buckets: set[int] = set()
@@ -117,9 +119,9 @@ class CompilationManager:
             if self.shapes.token_feedback:
                 plan.append((f"token record S={num_seqs}",
                              functools.partial(self.device.precompile_record, num_seqs)))
-            for name, params in _SAMPLER_VARIANTS:
-                plan.append((f"sampler {name} S={num_seqs}",
-                             functools.partial(self._sampler, num_seqs, params, logits_for)))
+            for name, params, program in _SAMPLER_PROGRAMS:
+                plan.append((f"{name} S={num_seqs}",
+                             functools.partial(self._sampler, num_seqs, params, program, logits_for)))
         if self.device.lora is not None:
             plan.append(("lora slot write", self.device.precompile_lora_write))
         for num_tokens, num_seqs in self.chain_buckets:
@@ -165,7 +167,8 @@ class CompilationManager:
     def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         logits_for[num_seqs] = self.device.precompile_forward(self._empty_inputs(num_tokens, num_seqs))
 
-    def _sampler(self, num_seqs: int, params: SamplingParams, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
+    def _sampler(self, num_seqs: int, params: SamplingParams, program: str,
+                 logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
         tensors, _ = build_sampling_tensors([RowSamplingInput(params, 0, [0], [], 1)], num_seqs,
                                             self.shapes.vocab_size)
         if self.shapes.speculative:
@@ -173,7 +176,10 @@ class CompilationManager:
         if num_seqs not in logits_for:  # the ahead-of-time check goes on past a forward that did not compile
             raise RuntimeError(f"not compiled: the forward of sequence bucket S={num_seqs} failed, so there are no "
                                "logits to compile this sampler for (see that forward's error)")
-        self.device.precompile_sample(logits_for[num_seqs], tensors)
+        if program == "sample":
+            self.device.precompile_sample(logits_for[num_seqs], tensors)
+        else:
+            self.device.precompile_process(logits_for[num_seqs], tensors)
 
     def warmup(self, show_progress: bool = True) -> float:
         """Make every program of `plan` ready (loaded from the compilation cache, or compiled and stored); returns

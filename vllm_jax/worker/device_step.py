@@ -26,7 +26,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.model.decoder import forward
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors, compute_logprobs, sample
+from vllm_jax.sample.sampler import (
+    SamplerOutput,
+    SamplingTensors,
+    basic_tensors,
+    compute_logprobs,
+    process_logits,
+    sample_processed,
+)
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
 from vllm_jax.worker.lora_slots import LoRASlotArrays
 from vllm_jax.worker.step_payload import StepPayload
@@ -66,7 +73,8 @@ class DeviceStep:
         replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
         self._to_device = _replicator(replicated)
         self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
-        self._sample = jax.jit(self._sample_impl, static_argnums=(3,), out_shardings=replicated)
+        self._sample = jax.jit(self._sample_impl, static_argnums=(4,), out_shardings=replicated)
+        self._process: dict[Any, Any] = {}  # the logits processors' jitted program, by the logits' sharding
         self._prompt_logprobs = jax.jit(self._prompt_logprobs_impl, static_argnums=(2,), out_shardings=replicated)
         self._record = jax.jit(self._record_impl, donate_argnums=(0,), out_shardings=replicated)
         self._feed = jax.jit(self._feed_impl, out_shardings=replicated)
@@ -83,9 +91,21 @@ class DeviceStep:
     def _lora_args(self) -> tuple:
         return () if self.lora is None else (self.lora.arrays,)
 
-    def _sample_impl(self, logits, tensors: SamplingTensors, logprobs_on, num_logprobs: int):
+    def _sample_impl(self, masked, processed, tensors: SamplingTensors, logprobs_on, num_logprobs: int):
         self.on_trace()
-        return sample(logits, tensors, num_logprobs, logprobs_on)
+        return sample_processed(masked, processed, tensors, num_logprobs, logprobs_on)
+
+    def _process_impl(self, logits, tensors: SamplingTensors):
+        self.on_trace()
+        return process_logits(logits, tensors)
+
+    def _process_program(self, logits: Any) -> Any:
+        """The logits processors' jitted program, its outputs laid out as its input `logits` (so the sampling
+        program compiled for the forward's logits takes them)."""
+        sharding = logits.sharding
+        if sharding not in self._process:
+            self._process[sharding] = jax.jit(self._process_impl, out_shardings=(sharding, sharding))
+        return self._process[sharding]
 
     def _prompt_logprobs_impl(self, logits, targets, num_logprobs: int):
         self.on_trace()
@@ -141,16 +161,23 @@ class DeviceStep:
     def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
         """The sampler's output, on the device; its logprobs are None when `num_logprobs` is NO_LOGPROBS (-1).
 
-        One program per sampling-tensors signature serves steps with and without logprobs: it always has the
-        engine's max_logprobs columns and computes them only when a row asked (docs/architecture/08-sampling.md,
+        One sampling program per sequence bucket serves both variants and steps with and without logprobs: the
+        full variant's [S, V] processors run first as a program of their own, and the sampling program always
+        has the engine's max_logprobs columns, computed only when a row asked (docs/architecture/08-sampling.md,
         "Sampling")."""
-        executable = self._executables.get(("sample", input_signature(tensors)))
         wanted = num_logprobs >= 0
-        args = self._to_device((tensors, np.array(wanted)))
+        tensors, flag = self._to_device((tensors, np.array(wanted)))
+        masked = processed = logits
+        if tensors.is_full:
+            key = ("process", input_signature(tensors))
+            program = self._executables.get(key) or self._process_program(logits)
+            masked, processed = program(logits, tensors)
+            tensors = basic_tensors(tensors)
+        executable = self._executables.get(("sample", input_signature(tensors)))
         if executable is not None:
-            sampled = executable(logits, *args)
+            sampled = executable(masked, processed, tensors, flag)
         else:
-            sampled = self._sample(logits, *args, self.max_logprobs)
+            sampled = self._sample(masked, processed, tensors, flag, self.max_logprobs)
         if not wanted:  # zeros: never copied to the host
             sampled = dataclasses.replace(sampled, logprob_token_ids=None, logprobs=None, ranks=None)
         return sampled
@@ -204,7 +231,7 @@ class DeviceStep:
 
     def adopt_samplers(self, other: DeviceStep) -> None:
         """Take `other`'s compiled samplers (same mesh and vocabulary): they read no KV cache, so a probe's serve."""
-        self._executables.update({k: v for k, v in other._executables.items() if k[0] == "sample"})
+        self._executables.update({k: v for k, v in other._executables.items() if k[0] in ("sample", "process")})
 
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
@@ -223,14 +250,23 @@ class DeviceStep:
                 for info, sharding in zip(executable.out_info, executable.output_shardings)]
 
     def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors) -> None:
-        """Make the sampler for these sampling tensors' signature ready (with and without logprobs: see sample)."""
+        """Make the sampling program for these sampling tensors' basic signature ready (either variant's steps,
+        with and without logprobs: see sample)."""
+        tensors, logprobs_on = self._to_device((basic_tensors(tensors), np.array(False)))
         key = ("sample", input_signature(tensors))
         if key not in self._executables:
-            tensors, logprobs_on = self._to_device((tensors, np.array(False)))
             accepted = None if tensors.draft_token_ids is None else 0  # see sampler.sample
-            args = (logits, tensors, logprobs_on)
+            args = (logits, logits, tensors, logprobs_on)
             self._executables[key] = self.load_or_compile(key, self._sample, (*args, self.max_logprobs), args,
                                                            SamplerOutput(0, 0, 0, 0, accepted))
+
+    def precompile_process(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors) -> None:
+        """Make the full variant's logits-processors program for these (full) sampling tensors ready."""
+        tensors = self._to_device(tensors)
+        key = ("process", input_signature(tensors))
+        if key not in self._executables:
+            args = (logits, tensors)
+            self._executables[key] = self.load_or_compile(key, self._process_program(logits), args, args, (0, 0))
 
     def load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
         """The executable for `key`: loaded from the store, else compiled (and stored when freshly compiled).
