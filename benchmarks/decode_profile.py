@@ -25,6 +25,7 @@ import numpy as np
 from step_timing import decode_inputs
 
 from vllm_jax import LLM, EngineArgs, SamplingParams
+from vllm_jax.model.embedding_head import HEAD_CHUNK_ROWS
 from vllm_jax.sample.metadata import build_sampling_tensors
 from vllm_jax.worker.model_runner import ModelRunner
 
@@ -43,40 +44,55 @@ def best_ms(fn, repeats: int) -> tuple[float, float]:
     return 1000 * float(np.median(times)), 1000 * float(np.min(times))
 
 
-def fusion_operands(hlo: str) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
-    """fusion instruction name -> its fused computation's parameter (dtype, shape) list."""
+def hlo_instructions(hlo: str) -> dict[str, tuple[str, list[tuple[str, tuple[int, ...]]], tuple[int, ...]]]:
+    """instruction name -> (its jax op_name, its fused computation's parameter (dtype, shape) list ([] if not a
+    fusion), its output shape)."""
     params = {}
     for m in re.finditer(r"^%(\S+) \((.*?)\) -> ", hlo, re.M):
         params[m.group(1)] = [(d, tuple(int(s) for s in dims.split(",") if s))
                               for d, dims in _SHAPE.findall(m.group(2))]
     out = {}
-    for m in re.finditer(r"%(\S+) = [^\n]*? fusion\([^\n]*?calls=%([\w.\-]+)", hlo):
-        out[m.group(1)] = params.get(m.group(2), [])
+    for m in re.finditer(r"^\s+(?:ROOT )?%(\S+) = ([^\n]*)", hlo, re.M):
+        line = m.group(2)
+        calls = re.search(r"calls=%([\w.\-]+)", line) if " fusion(" in line else None
+        op_name = re.search(r'op_name="([^"]*)"', line)
+        shape = _SHAPE.match(line)
+        out[m.group(1)] = (op_name.group(1) if op_name else "", params.get(calls.group(1), []) if calls else [],
+                           tuple(int(s) for s in shape.group(2).split(",") if s) if shape else ())
     return out
 
 
-def classify(name: str, operands: dict, hidden: int, vocab: int) -> tuple[str, int]:
-    """(category, weight bytes read) of one thunk event."""
-    if name.startswith(("cond", "conditional")):
+def _nbytes(operand: tuple[str, tuple[int, ...]]) -> int:
+    dtype, shape = operand
+    return int(np.prod(shape or (1,))) * _BYTES.get(dtype, 4)
+
+
+def classify(name: str, instructions: dict, head_dims: tuple[int, ...]) -> tuple[str, int]:
+    """(category, weight bytes read) of one thunk event: a dot inside the per-layer switch is a layer GEMV (its
+    weight: every operand but the activations, the first); the LM head is what outside the switch and outside
+    attention's einsums outputs a vocab-sized or vocab-chunk dim (`head_dims`: its dots, its chunk loop's slices
+    and dequantization); a fusion reading int8 / uint8 inside the switch dequantizes a kept weight; the
+    conditionals and loops themselves are dispatch; the rest of the layer loop is attention (page gathers, KV
+    writes, softmax, rotary, norms)."""
+    op_name, operands, shape = instructions.get(name, ("", [], ()))
+    if name.startswith(("cond", "conditional", "while")):
         return "dispatch", 0
-    if name.startswith("while"):
-        return "dispatch", 0
-    ops = operands.get(name)
-    if ops is None or "ynn" not in name and "dot" not in name and "gemv" not in name:
-        return ("attention" if "gather" in name or "scatter" in name else "other"), 0
-    weight = max(ops, key=lambda o: int(np.prod(o[1] or (1,))))
-    nbytes = sum(int(np.prod(s or (1,))) * _BYTES.get(d, 4) for d, s in ops if s and max(s) > 64 and len(s) >= 2
-                 and int(np.prod(s)) >= 64 * hidden)
-    if vocab in weight[1]:
-        return "lm_head", nbytes
-    if len(weight[1]) >= 2 and hidden in weight[1] and int(np.prod(weight[1])) >= hidden * 64:
-        return "layer_gemv", nbytes
-    return "attention", 0
+    is_dot = "dot_general" in op_name or "ynn" in name
+    in_switch = "/cond/branch" in op_name
+    if is_dot and in_switch:
+        return "layer_gemv", sum(_nbytes(o) for o in operands[1:])
+    if not in_switch and "->" not in op_name and any(d in head_dims for d in shape):
+        return "lm_head", sum(_nbytes(o) for o in operands[1:]) if is_dot else 0
+    if in_switch and any(d in ("u8", "s8") for d, _ in operands):
+        return "dequantize", 0
+    if "/while/body/" in op_name:
+        return "attention+norms", 0
+    return "other", 0
 
 
 def profile_forward(runner: ModelRunner, inputs, steps: int, hlo: str) -> dict:
-    spec = runner.spec
-    operands = fusion_operands(hlo)
+    instructions = hlo_instructions(hlo)
+    head_dims = (runner.spec.vocab_size, HEAD_CHUNK_ROWS["cpu"])
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.block_until_ready(runner.step(inputs))
         jax.profiler.start_trace(trace_dir)
@@ -88,6 +104,7 @@ def profile_forward(runner: ModelRunner, inputs, steps: int, hlo: str) -> dict:
         data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/plugins/profile/*/*.xplane.pb")[0])
     totals: dict[str, float] = collections.defaultdict(float)
     gemv_rates: dict[tuple, list[float]] = collections.defaultdict(list)
+    names: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     busy = 0.0
     for line in data.find_plane_with_name("/host:CPU").lines:
         if not line.name.startswith("tf_XLA"):
@@ -100,10 +117,11 @@ def profile_forward(runner: ModelRunner, inputs, steps: int, hlo: str) -> dict:
             if name.startswith("ThunkExecutor::Execute"):
                 return
             self_ns = (end - start) - child
-            category, nbytes = classify(name, operands, spec.hidden_size, spec.vocab_size)
+            category, nbytes = classify(name, instructions, head_dims)
             totals[category] += self_ns
+            names[category][name.split(".")[0]] += self_ns
             if category == "layer_gemv" and self_ns > 0:
-                gemv_rates[tuple(o[1] for o in operands[name])].append(nbytes / self_ns)
+                gemv_rates[tuple(o[1] for o in instructions[name][1])].append(nbytes / self_ns)
 
         for start, duration, name in events:
             while stack and stack[-1][0] <= start:
@@ -122,7 +140,8 @@ def profile_forward(runner: ModelRunner, inputs, steps: int, hlo: str) -> dict:
     ms = {k: v / 1e6 / steps for k, v in totals.items()}
     ms["dispatch"] = ms.get("dispatch", 0.0) + max(0.0, busy / 1e6 / steps - sum(ms.values()))
     rates = {shape: float(np.median(r)) for shape, r in gemv_rates.items()}
-    return {"wall_ms": 1000 * wall, "ms": ms, "gemv_gbs": rates}
+    top = {k: [(n, v / 1e6 / steps) for n, v in c.most_common(3)] for k, c in names.items()}
+    return {"wall_ms": 1000 * wall, "ms": ms, "gemv_gbs": rates, "top": top}
 
 
 def sampler_ms(runner: ModelRunner, repeats: int) -> tuple[float, float]:
@@ -166,7 +185,8 @@ def main() -> None:
     print(f"sampler (greedy, basic variant): median {smp_med:.2f} ms, min {smp_min:.2f} ms")
     print(f"traced forward: {prof['wall_ms']:.1f} ms a step; self time by category (ms a step):")
     for category, value in sorted(prof["ms"].items(), key=lambda kv: -kv[1]):
-        print(f"  {category:12s} {value:7.2f}")
+        top = ", ".join(f"{n} {v:.2f}" for n, v in prof["top"].get(category, []))
+        print(f"  {category:16s} {value:7.2f}   ({top})")
     print("layer GEMVs, median GB/s each streams its operands at (shapes of the fused dot's operands):")
     for shape, gbs in sorted(prof["gemv_gbs"].items()):
         print(f"  {shape}: {gbs:.1f} GB/s")
