@@ -62,8 +62,8 @@ def _dividing_chunk(v: int, target: int) -> int | None:
 
 def dot_rows(x: jax.Array, table: jax.Array, chunk_rows: int | None) -> jax.Array:
     """float32 x @ E^T for a float table E [V, H] (the tied LM head), in row chunks on CPU (`_over_row_chunks`:
-    XLA:CPU's dot packs the transposed operand before it multiplies, a 113 MB copy for the default model's whole
-    table; docs/performance.md, "Batch-1 decode profile": 2.3x faster at 2 rows, bit-identical logits)."""
+    XLA:CPU's dot over the whole transposed table streamed it at a fifth of the layers' GB/s; docs/performance.md,
+    "Batch-1 decode profile": 2.3-2.8x faster at 2-32 rows, bit-identical logits)."""
     def dot_chunk(e: jax.Array) -> jax.Array:
         return jnp.dot(x, e.T, preferred_element_type=jnp.float32)
 
