@@ -37,7 +37,7 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs
 from vllm_jax.model.layers import QuantizedWeight, linear
 from vllm_jax.model.quantization import dequantize, quantize, quantize_table
-from vllm_jax.model.quantized_dots import quantized_dot_rows
+from vllm_jax.model.quantized_dots import dot_rows, quantized_dot_rows
 
 LOGIT_BOUNDS = {"int8": 0.15, "fp8": 0.25}  # relative L2 error of the logits vs float32 (measured 0.069, 0.134)
 
@@ -136,6 +136,15 @@ def test_a_tied_quantized_head_in_row_chunks_equals_the_whole_table(vocab, targe
     np.testing.assert_allclose(chunked, whole, rtol=1e-6, atol=1e-6)
     program = str(jax.make_jaxpr(quantized_dot_rows, static_argnums=3)(x, values, scale, target))
     assert ("while[" in program or "scan[" in program) == (chunks > 1)
+
+
+def test_a_float_tied_head_in_row_chunks_gives_the_whole_tables_logits_bit_for_bit():
+    """The float tied head's CPU chunk loop (dot_rows) changes no logit: each is the same dot over hidden."""
+    table = jnp.asarray(np.random.RandomState(3).randn(256, 64).astype(np.float32))
+    x = jnp.asarray(np.random.RandomState(4).randn(2, 64).astype(np.float32))
+    whole = jax.jit(dot_rows, static_argnums=2)(x, table, None)
+    np.testing.assert_array_equal(jax.jit(dot_rows, static_argnums=2)(x, table, 64), whole)
+    np.testing.assert_allclose(whole, np.asarray(x) @ np.asarray(table).T, rtol=1e-5, atol=1e-5)
 
 
 def test_unknown_quantization_is_a_value_error_naming_the_flag():

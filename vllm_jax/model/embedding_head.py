@@ -22,13 +22,16 @@ from flax import nnx
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import QuantizedWeight, grouped_params, init_param, linear_params, matmul_f32
 from vllm_jax.model.quantization import quantize_table, scale_name
-from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, quantized_dot_rows
+from vllm_jax.model.quantized_dots import dot_rows, gguf_dot, gguf_dot_rows, quantized_dot_rows
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
 # table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100;
 # docs/architecture/06-model.md, "Quantized weights")
 HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
+# A float tied head's: on CPU only (quantized_dots.dot_rows: XLA:CPU packs the whole transposed table before its
+# dot otherwise); accelerators read it in place
+FLOAT_HEAD_CHUNK_ROWS = {"cpu": 1024}
 
 
 class EmbeddingHead:
@@ -77,7 +80,8 @@ class EmbeddingHead:
     def _lm_head(self, last: jax.Array) -> jax.Array:
         """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
         inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
-        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`)."""
+        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`); a float tied table in
+        row chunks on CPU (`dot_rows`)."""
         chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
         if not self.spec.tie_word_embeddings:
             if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
@@ -92,7 +96,7 @@ class EmbeddingHead:
         if embed_fmt is None:
             if self._table_quantized():
                 return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
-            return jnp.dot(last, self.embed_tokens[...].T, preferred_element_type=jnp.float32)
+            return dot_rows(last, self.embed_tokens[...], FLOAT_HEAD_CHUNK_ROWS.get(self.kernels.platform))
         return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
 
     def _untied_head_quantized(self) -> bool:
