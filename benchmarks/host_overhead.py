@@ -197,8 +197,11 @@ def baseline_tok_s(path: str, model: str, num_requests: int, input_len: int, out
     """`end_to_end` with another checkout's vllm_jax (its defaults), in a subprocess started in that checkout, so
     that its package is the one imported (checked)."""
     root = Path(path).resolve()
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import vllm_jax; "
-            f"assert vllm_jax.__file__.startswith({str(root)!r}), vllm_jax.__file__; import host_overhead as h; "
+    # Loaded by path: benchmarks/ on sys.path would shadow packages (its kernels.py hides HF's `kernels`).
+    code = (f"import importlib.util as u; import vllm_jax; "
+            f"assert vllm_jax.__file__.startswith({str(root)!r}), vllm_jax.__file__; "
+            f"s = u.spec_from_file_location('host_overhead', {str(Path(__file__).resolve())!r}); "
+            f"h = u.module_from_spec(s); s.loader.exec_module(h); "
             f"print(h.end_to_end({model!r}, {num_requests}, {input_len}, {output_len}, None))")
     env = os.environ | {"PYTHONPATH": str(root)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True)
