@@ -88,6 +88,8 @@ class _Request:
         self.sent_output = False  # a RequestOutput went out (a CUMULATIVE abort repeats it)
         # FINAL_ONLY: nothing goes out before a completion ends, so a step that ends none skips it
         self.final_only = params.output_kind == RequestOutputKind.FINAL_ONLY
+        # No stop strings and no logprobs: a step that ends nothing only appends tokens and text (`_update`)
+        self.plain = not self.stops and params.logprobs is None
 
     @property
     def finished(self) -> bool:
@@ -213,6 +215,14 @@ class OutputProcessor:
 
     def _update(self, req: _Request, comp: _Completion, out: EngineCoreOutput) -> bool:
         """Fold one core output into a completion; True when a stop string ended it here."""
+        # Most steps: what the general path below does for them, without its checks.
+        if req.plain and out.finish_reason is None and comp.detokenizer is not None:
+            new_ids = out.new_token_ids
+            if new_ids:
+                comp.token_ids.extend(new_ids)
+                comp.changed = True
+                comp.text += comp.detokenizer.push(new_ids)
+            return False
         params = req.params
         new_ids = out.new_token_ids  # read only
         comp.token_ids.extend(new_ids)

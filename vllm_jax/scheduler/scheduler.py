@@ -215,6 +215,7 @@ class Scheduler:
                                                    or len(self.running) <= self.spec_disable_batch_size)
         snapshot = list(self.running)
         running, max_model_len = RequestStatus.RUNNING, self.max_model_len
+        manager, lookahead = self.kv_cache_manager, self.num_lookahead_tokens
         for index, request in enumerate(snapshot):
             if plan.budget <= 0:
                 return
@@ -233,6 +234,11 @@ class Scheduler:
                 if speculates:  # a token of the budget stays for each request after it
                     spec = self._spec_tokens(request, num_new, plan.budget - (len(snapshot) - index - 1))
                 request.spec_token_ids = []  # consumed: the runner proposes afresh after this step
+            if not spec and not lookahead:  # most steps: the slots are had without anybody preempted
+                blocks = manager.allocate_slots(request, num_new)
+                if blocks is not None:
+                    plan.add_running(request, num_new, blocks)
+                    continue
             allocated = self._allocate_or_preempt(request, num_new, plan, spec)
             if allocated is not None:  # else it gave way itself; those after it may still fit
                 blocks, spec = allocated
@@ -340,9 +346,10 @@ class Scheduler:
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
                 lora_slot=r.lora_slot, mm_inputs=r.mm_inputs)
                 for r in plan.new],
-            scheduled_cached_reqs=[CachedRequestData(
-                req_id=r.request_id, new_block_ids=plan.new_block_ids[r.request_id],
-                num_computed_tokens=r.num_computed_tokens) for r in plan.running],
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=(cached_ids := [r.request_id for r in plan.running]),
+                new_block_ids=[plan.new_block_ids[req_id] for req_id in cached_ids],
+                num_computed_tokens=[r.num_computed_tokens for r in plan.running]),
             num_scheduled_tokens=plan.num_scheduled,
             total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
