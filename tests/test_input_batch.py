@@ -78,7 +78,7 @@ def test_rows_updated_by_what_changed_pack_the_same_arrays_as_a_rebuild(seed):
     refs: dict[str, _Ref] = {}
     next_block, next_id = 1, 0
     for _ in range(60):
-        new, cached, gone = [], [], set()
+        new, cached, gone = [], CachedRequestData(), set()
         for req_id in list(refs):  # some leave (finished or preempted)
             if rng.random() < 0.15:
                 gone.add(req_id)
@@ -101,7 +101,9 @@ def test_rows_updated_by_what_changed_pack_the_same_arrays_as_a_rebuild(seed):
             added = list(range(next_block, next_block + min(needed, WIDTH - len(ref.blocks))))
             next_block += len(added)
             ref.blocks += added
-            cached.append(CachedRequestData(req_id, added, ref.num_computed))
+            cached.req_ids.append(req_id)
+            cached.new_block_ids.append(added)
+            cached.num_computed_tokens.append(ref.num_computed)
         batch.update(SchedulerOutput(new, cached, {}, 0, finished_req_ids=gone))
         assert set(batch.slot_of) == set(refs)
         if refs:

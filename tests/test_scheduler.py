@@ -54,8 +54,9 @@ class FakeRunner:
         for new in out.scheduled_new_reqs:
             assert new.req_id not in self.block_tables
             self.block_tables[new.req_id] = list(new.block_ids)
-        for cached in out.scheduled_cached_reqs:
-            self.block_tables[cached.req_id] += cached.new_block_ids
+        cached = out.scheduled_cached_reqs
+        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids):
+            self.block_tables[req_id] += new_block_ids
         ids, sampled, logprobs = list(out.num_scheduled_tokens), [], []
         kv = self.scheduler.kv_cache_manager
         for req_id in ids:
@@ -116,10 +117,11 @@ def test_long_prompt_is_chunked_across_steps_and_samples_only_after_the_last_chu
     seen = []
     for _ in range(3):
         out, outputs = step(sched, runner)
-        reqs = out.scheduled_new_reqs + out.scheduled_cached_reqs
-        seen.append((out.num_scheduled_tokens["long"], reqs[0].num_computed_tokens, len(outputs)))
+        computed = [r.num_computed_tokens for r in out.scheduled_new_reqs]
+        computed += out.scheduled_cached_reqs.num_computed_tokens
+        seen.append((out.num_scheduled_tokens["long"], computed[0], len(outputs)))
     assert seen == [(16, 0, 0), (16, 16, 0), (8, 32, 1)]
-    assert out.scheduled_new_reqs == [] and [r.req_id for r in out.scheduled_cached_reqs] == ["long"]
+    assert out.scheduled_new_reqs == [] and out.scheduled_cached_reqs.req_ids == ["long"]
 
 
 def test_without_chunked_prefill_a_prompt_that_does_not_fit_waits_whole():
@@ -141,7 +143,7 @@ def test_running_requests_come_before_new_ones_in_batch_order():
     sched.add_request(make_request("new", 5))
     out = sched.schedule()
     assert list(out.num_scheduled_tokens) == ["old", "new"]
-    assert [r.req_id for r in out.scheduled_cached_reqs] == ["old"]
+    assert out.scheduled_cached_reqs.req_ids == ["old"]
     assert [r.req_id for r in out.scheduled_new_reqs] == ["new"]
 
 
@@ -198,7 +200,7 @@ def test_preemption_victim_is_last_running_for_fcfs_and_lowest_priority_for_prio
     assert out.preempted_req_ids == {victim}
     survivor = "b" if victim == "a" else "a"
     assert out.num_scheduled_tokens == {survivor: 1}  # the victim's tokens were taken back
-    assert [r.req_id for r in out.scheduled_cached_reqs] == [survivor]
+    assert out.scheduled_cached_reqs.req_ids == [survivor]
     drain(sched, runner)
     assert sched.kv_cache_manager.num_free_blocks == 5
 
@@ -247,7 +249,7 @@ def test_one_allocation_preempts_victims_in_policy_order_until_it_fits_and_takes
     assert [request_id for request_id, _ in events] == ["c", "b"]
     assert out.preempted_req_ids == {"b", "c"}
     assert out.num_scheduled_tokens == {"a": 8} and out.total_num_scheduled_tokens == 8
-    assert [r.req_id for r in out.scheduled_cached_reqs] == ["a"] and out.scheduled_new_reqs == []
+    assert out.scheduled_cached_reqs.req_ids == ["a"] and out.scheduled_new_reqs == []
     assert [r.request_id for r in sched.waiting] == ["b", "c"] and sched.kv_cache_manager.num_free_blocks == 1
     outputs = drain(sched, runner)
     assert {o.req_id for o in outputs if o.finish_reason == "length"} == {"a", "b", "c"}
@@ -551,3 +553,40 @@ def test_kv_starved_workload_never_preempts_a_request_twice_without_progress(pol
         assert sched.kv_cache_manager.num_free_blocks == 11
         total_preemptions += len(events)
     assert total_preemptions >= 20  # the cache really was starved
+
+
+def _reference_check_stop(request, max_model_len):
+    """check_stop's rules without its pre-check (what it must always agree with)."""
+    params = request.sampling_params
+    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED, None
+    if request.num_output_tokens < params.min_tokens:
+        return None, None
+    last = request.output_token_ids[-1]
+    if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
+        return RequestStatus.FINISHED_STOPPED, None
+    if params.stop_token_ids and last in params.stop_token_ids:
+        return RequestStatus.FINISHED_STOPPED, last
+    return None, None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=12), st.integers(1, 10), st.integers(0, 4), st.booleans(),
+       st.sampled_from([None, [], [3], [4, 5]]), st.sampled_from([EOS, None]), st.integers(8, 30))
+def test_check_stop_pre_check_agrees_with_the_rules(tokens, max_tokens, min_tokens, ignore_eos, stop_ids, eos,
+                                                     max_model_len):
+    """check_stop's plain-int pre-check never skips a stop that the rules make, nor changes the outcome."""
+    from vllm_jax.scheduler.request import check_stop
+
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens), ignore_eos=ignore_eos,
+                            stop_token_ids=stop_ids)
+    request = Request(request_id="r", prompt_token_ids=[7] * 5, sampling_params=params, eos_token_id=eos,
+                      arrival_time=0.0, seed=0)
+    request.max_model_len = max_model_len
+    for token in tokens:
+        request.append_output_token_ids(token)
+        expected = _reference_check_stop(request, max_model_len)
+        assert check_stop(request, max_model_len) == (expected[0] is not None)
+        if expected[0] is not None:
+            assert (request.status, request.stop_reason) == expected
+            break

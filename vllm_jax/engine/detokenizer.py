@@ -137,21 +137,21 @@ class _StreamDecoder:
     def push(self, token_ids: list[int]) -> str:
         if self._fallback is not None:
             return self._fallback.push(token_ids)
-        pieces: list[str] = []
+        text = ""  # usually one token: plain concatenation beats a list and a join
+        stream, backend = self._stream, self._backend
         for i, token_id in enumerate(token_ids):
             try:
-                piece = self._stream.step(self._backend, token_id)
+                piece = stream.step(backend, token_id)
             except Exception as exc:  # "Invalid prefix": text that is not prefix-stable (invalid bytes)
                 if "prefix" not in str(exc).lower():
                     raise
                 self._fallback = _OffsetDecoder(self._decode, self._context)
-                pieces.append(self._fallback.push(self._pending + list(token_ids[i:])))
-                return "".join(pieces)
+                return text + self._fallback.push(self._pending + list(token_ids[i:]))
             self._pending.append(token_id)
             if piece is not None:
                 self._context, self._pending = self._pending, []
-                pieces.append(piece)
-        return "".join(pieces)
+                text += piece
+        return text
 
     def flush(self) -> str:
         """Emit whatever is pending, incomplete characters included (as U+FFFD)."""
@@ -189,7 +189,7 @@ class IncrementalDetokenizer:
         """Add new output tokens; return the text they complete ("" while a character is incomplete)."""
         if not token_ids:
             return ""
-        return self._impl.push(list(token_ids))
+        return self._impl.push(token_ids if isinstance(token_ids, list) else list(token_ids))  # read, never kept
 
     def flush(self) -> str:
         """Return text still held for an incomplete character (as U+FFFD); call when the request ends."""

@@ -86,6 +86,10 @@ class _Request:
         self.num_cached_tokens: int | None = None
         self.metrics: dict[str, float] = {"arrival_time": arrival_time}
         self.sent_output = False  # a RequestOutput went out (a CUMULATIVE abort repeats it)
+        # FINAL_ONLY: nothing goes out before a completion ends, so a step that ends none skips it
+        self.final_only = params.output_kind == RequestOutputKind.FINAL_ONLY
+        # No stop strings and no logprobs: a step that ends nothing only appends tokens and text (`_update`)
+        self.plain = not self.stops and params.logprobs is None
 
     @property
     def finished(self) -> bool:
@@ -140,10 +144,13 @@ class OutputProcessor:
             if self._update(req, comp, out):
                 result.reqs_to_abort.append(comp.req_id)
             if comp.changed:
-                touched[req.request_id] = req
+                if not req.final_only or comp.finish_reason is not None:
+                    touched[req.request_id] = req
                 if out.new_token_ids:
-                    req.metrics.setdefault("first_token_time", now)
-                    req.metrics["last_token_time"] = now
+                    metrics = req.metrics
+                    if "first_token_time" not in metrics:
+                        metrics["first_token_time"] = now
+                    metrics["last_token_time"] = now
         for req in touched.values():
             finished = req.finished
             if finished:
@@ -208,8 +215,16 @@ class OutputProcessor:
 
     def _update(self, req: _Request, comp: _Completion, out: EngineCoreOutput) -> bool:
         """Fold one core output into a completion; True when a stop string ended it here."""
+        # Most steps: what the general path below does for them, without its checks.
+        if req.plain and out.finish_reason is None and comp.detokenizer is not None:
+            new_ids = out.new_token_ids
+            if new_ids:
+                comp.token_ids.extend(new_ids)
+                comp.changed = True
+                comp.text += comp.detokenizer.push(new_ids)
+            return False
         params = req.params
-        new_ids = list(out.new_token_ids)
+        new_ids = out.new_token_ids  # read only
         comp.token_ids.extend(new_ids)
         comp.changed = comp.changed or bool(new_ids) or out.finish_reason is not None
         if comp.logprobs is not None and out.new_logprobs:

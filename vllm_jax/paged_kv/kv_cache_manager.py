@@ -106,9 +106,12 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0; got {num_new_tokens}")
-        new_computed_blocks = new_computed_blocks or []
         req_id = request.request_id
         req_blocks = self.req_to_blocks.get(req_id, [])
+        num_tokens = num_new_computed_tokens + num_new_tokens
+        if not new_computed_blocks and self._fits_unchanged(request, req_blocks, num_tokens, num_lookahead_tokens):
+            return []  # most decode steps: the tokens fit the last block and fill none, so nothing changes
+        new_computed_blocks = new_computed_blocks or []
         if new_computed_blocks and req_blocks:
             raise ValueError(f"request {req_id} already holds blocks; prefix hits apply to fresh requests only")
         num_computed = request.num_computed_tokens + num_new_computed_tokens
@@ -123,7 +126,7 @@ class KVCacheManager:
             num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
             num_cached = self._num_cached_blocks.get(req_id, 0)
         if num_needed <= 0 and not new_computed_blocks and num_full <= num_cached:
-            return []  # most decode steps: the tokens fit the last block and fill none, so nothing changes
+            return []
 
         self.block_pool.touch(new_computed_blocks)
         req_blocks = self.req_to_blocks.setdefault(req_id, [])
@@ -134,6 +137,18 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(req_blocks, self.block_hashes(request), num_cached, num_full)
             self._num_cached_blocks[req_id] = num_full
         return [b.block_id for b in new_blocks]
+
+    def _fits_unchanged(self, request: CacheRequest, req_blocks: list[KVBlock], num_new_tokens: int,
+                        num_lookahead_tokens: int) -> bool:
+        """allocate_slots' fast path (run per request per step, so plain ints): the tokens (after the computed
+        ones) and the lookahead fit the blocks held, and no block fills up for the prefix cache."""
+        num_computed, size = request.num_computed_tokens, self.block_size
+        num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        if (num_slots + size - 1) // size > len(req_blocks):
+            return False
+        return not self.enable_caching or \
+            min(num_computed + num_new_tokens, request.num_tokens) // size <= self._num_cached_blocks.get(
+                request.request_id, 0)
 
     def free(self, request: CacheRequest) -> None:
         """Release the request's blocks, tail first, so its last blocks are the first evicted.

@@ -35,17 +35,18 @@ class NewRequestData:
 
 @dataclass
 class CachedRequestData:
-    """A request the runner already holds: only what changed since last step."""
+    """The requests the runner already holds, batched as in vLLM (one list per field, in the same order): only
+    what changed since the last step. Lists, not an object per request: a step has hundreds."""
 
-    req_id: str
-    new_block_ids: list[int]
-    num_computed_tokens: int
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)  # [] for a request without new blocks
+    num_computed_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
 class SchedulerOutput:
     scheduled_new_reqs: list[NewRequestData]
-    scheduled_cached_reqs: list[CachedRequestData]
+    scheduled_cached_reqs: CachedRequestData
     # req_id -> tokens to compute this step; iteration order == batch row order
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
@@ -87,7 +88,7 @@ class ModelRunnerOutput:
     pooler_output: dict[str, list[float]] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)  # one per request per step
 class EngineCoreOutput:
     """What a step produced for one request."""
 

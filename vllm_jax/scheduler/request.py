@@ -30,19 +30,19 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISH_REASONS
+        return self._finish_reason is not None
 
     @property
     def finish_reason(self) -> str | None:
         """vLLM's finish_reason string ("stop" / "length" / "abort"), None while unfinished."""
-        return _FINISH_REASONS.get(self)
+        return self._finish_reason
 
 
-_FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-}
+# Kept on each member: read per request per step, and an Enum's hash (for a dict lookup) is a Python call.
+for _status, _reason in ((RequestStatus.WAITING, None), (RequestStatus.RUNNING, None),
+                         (RequestStatus.PREEMPTED, None), (RequestStatus.FINISHED_STOPPED, "stop"),
+                         (RequestStatus.FINISHED_LENGTH_CAPPED, "length"), (RequestStatus.FINISHED_ABORTED, "abort")):
+    _status._finish_reason = _reason
 
 
 @dataclass(kw_only=True, eq=False)
@@ -92,6 +92,9 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
     _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
+    # check_stop's pre-check (`_stop_filter`), built on first use: (length cap in tokens, the id that may stop it
+    # or -1, whether every token needs the full check); depends only on params fixed at arrival.
+    _stop_filter: tuple[int, int, bool] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -178,13 +181,26 @@ def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len:
                          f"completion). Please reduce the length of the input or of the completion (max_tokens).")
 
 
+def _stop_filter(request: Request, max_model_len: int) -> tuple[int, int, bool]:
+    cap = min(request.num_prompt_tokens + request.max_tokens, max_model_len)
+    params = request.sampling_params
+    eos = request.eos_token_id if not params.ignore_eos and request.eos_token_id is not None else -1
+    request._stop_filter = (cap, eos, bool(params.stop_token_ids))
+    return request._stop_filter
+
+
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Decide, after a token was appended, whether the request is done; sets status and stop_reason.
 
     vLLM v1's order: the length caps first (max_tokens, max_model_len), so a last token that is also EOS
     reports "length"; then min_tokens gates EOS (unless ignore_eos) and stop_token_ids (stop_reason = id).
-    Stop strings are the output processor's job.
+    Stop strings are the output processor's job. Runs per request per step: a pre-check on plain ints returns
+    False for the common token that can stop nothing.
     """
+    cap, eos, stop_ids = request._stop_filter or _stop_filter(request, max_model_len)
+    all_ids = request._all_token_ids
+    if len(all_ids) < cap and not stop_ids and all_ids[-1] != eos:
+        return False
     if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 def step_starts(sched: SchedulerOutput) -> dict[str, int]:
     """Each scheduled request's progress before the step (where its scored prompt positions begin)."""
     return ({new.req_id: new.num_computed_tokens for new in sched.scheduled_new_reqs}
-            | {c.req_id: c.num_computed_tokens for c in sched.scheduled_cached_reqs})
+            | dict(zip(sched.scheduled_cached_reqs.req_ids, sched.scheduled_cached_reqs.num_computed_tokens)))
 
 
 def grammar_bitmasks(requests: list[Request], num_scheduled: dict[str, int],

@@ -193,11 +193,13 @@ class Scheduler:
         self.finished_req_ids = set()
         # vLLM v1: progress advances at scheduling time; the output above carries the values before it. A request
         # scheduled up to its last token samples one more: a placeholder until update_from_output brings it.
+        num_scheduled = plan.num_scheduled
         for request in plan.running + plan.new:
-            request.num_computed_tokens += plan.num_scheduled[request.request_id]
+            computed = request.num_computed_tokens + num_scheduled[request.request_id]
             if limits is not None:  # the chunk computes its own samples too; its tokens arrive at once
-                request.num_computed_tokens += limits[request.request_id] - 1
-            if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
+                computed += limits[request.request_id] - 1
+            request.num_computed_tokens = computed
+            if computed >= request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1
         return output
 
@@ -212,23 +214,31 @@ class Scheduler:
         speculates = self.num_spec_tokens > 0 and (self.spec_disable_batch_size is None
                                                    or len(self.running) <= self.spec_disable_batch_size)
         snapshot = list(self.running)
+        running, max_model_len = RequestStatus.RUNNING, self.max_model_len
+        manager, lookahead = self.kv_cache_manager, self.num_lookahead_tokens
         for index, request in enumerate(snapshot):
             if plan.budget <= 0:
                 return
-            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+            if request.status is not running:  # preempted earlier in this loop
                 continue
-            if request.num_output_placeholders and (request.needs_host_tokens or request.reaches_its_end_in_flight):
+            placeholders, num_computed = request.num_output_placeholders, request.num_computed_tokens
+            if placeholders and (request.needs_host_tokens or request.reaches_its_end_in_flight):
                 continue  # async scheduling: wait for the token in flight (see the module docstring)
             # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the budget
             # cap only chunks where chunking is on (or a resumed request longer than the budget).
-            num_new = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens,
-                          plan.budget, self.max_model_len - request.num_computed_tokens)
+            num_new = min(request.num_tokens + placeholders - num_computed, plan.budget, max_model_len - num_computed)
             if num_new <= 0:
                 continue
             spec = []
-            if speculates and request.spec_token_ids:  # a token of the budget stays for each request after it
-                spec = self._spec_tokens(request, num_new, plan.budget - (len(snapshot) - index - 1))
-            request.spec_token_ids = []  # consumed: the runner proposes afresh after this step
+            if request.spec_token_ids:
+                if speculates:  # a token of the budget stays for each request after it
+                    spec = self._spec_tokens(request, num_new, plan.budget - (len(snapshot) - index - 1))
+                request.spec_token_ids = []  # consumed: the runner proposes afresh after this step
+            if not spec and not lookahead:  # most steps: the slots are had without anybody preempted
+                blocks = manager.allocate_slots(request, num_new)
+                if blocks is not None:
+                    plan.add_running(request, num_new, blocks)
+                    continue
             allocated = self._allocate_or_preempt(request, num_new, plan, spec)
             if allocated is not None:  # else it gave way itself; those after it may still fit
                 blocks, spec = allocated
@@ -336,9 +346,10 @@ class Scheduler:
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
                 lora_slot=r.lora_slot, mm_inputs=r.mm_inputs)
                 for r in plan.new],
-            scheduled_cached_reqs=[CachedRequestData(
-                req_id=r.request_id, new_block_ids=plan.new_block_ids[r.request_id],
-                num_computed_tokens=r.num_computed_tokens) for r in plan.running],
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=(cached_ids := [r.request_id for r in plan.running]),
+                new_block_ids=[plan.new_block_ids[req_id] for req_id in cached_ids],
+                num_computed_tokens=[r.num_computed_tokens for r in plan.running]),
             num_scheduled_tokens=plan.num_scheduled,
             total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
@@ -389,49 +400,65 @@ class Scheduler:
 
         Under async scheduling the next step has been scheduled already: a request preempted by it still gets
         its token (its recompute will include it), and one that finished meanwhile gets nothing."""
-        row = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        req_ids = runner_output.req_ids
+        # The runner's rows are the scheduled order unless it skipped some: then look each row up.
+        row = None if req_ids == list(scheduler_output.num_scheduled_tokens) else {
+            req_id: i for i, req_id in enumerate(req_ids)}
         starts = step_starts(scheduler_output) if runner_output.prompt_logprobs else {}
         outputs: list[EngineCoreOutput] = []
         scheduled = scheduler_output.scheduled_requests
-        for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(req_id)
-            i = row.get(req_id)
+        requests, max_model_len = self.requests, self.max_model_len
+        sampled_rows, logprob_rows = runner_output.sampled_token_ids, runner_output.logprobs
+        spec_tokens, prompt_chunks = scheduler_output.scheduled_spec_decode_tokens, runner_output.prompt_logprobs
+        pooled, drafts = runner_output.pooler_output, runner_output.draft_token_ids
+        for index, req_id in enumerate(scheduler_output.num_scheduled_tokens):
+            request = requests.get(req_id)
+            i = index if row is None else row.get(req_id)
             if request is None or i is None:  # finished meanwhile (e.g. aborted), or the runner skipped it
                 continue
             if scheduled and scheduled.get(req_id) is not request:  # ended, and its id taken by a new request
                 continue
-            sampled = runner_output.sampled_token_ids[i]
-            if sampled:
-                request.num_output_placeholders = max(0, request.num_output_placeholders - 1)
-            spec = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
-            if spec and sampled:
+            sampled = sampled_rows[i]
+            if sampled and request.num_output_placeholders:
+                request.num_output_placeholders -= 1
+            if spec_tokens and sampled and (spec := spec_tokens.get(req_id)):
                 self._roll_back_rejected(request, len(spec), len(sampled) - 1)
-            chunk = runner_output.prompt_logprobs.get(req_id)
+            chunk = prompt_chunks.get(req_id) if prompt_chunks else None
             prompt_logprobs = new_prompt_logprobs(request, starts[req_id], chunk) if chunk is not None else None
             if not sampled and prompt_logprobs is None:
                 continue
-            was_running = request.status == RequestStatus.RUNNING
-            new_tokens: list[int] = []
-            if req_id in runner_output.pooler_output:  # a pooled prompt ends "stop" and generates nothing (vLLM)
+            was_running = request.status is RequestStatus.RUNNING
+            if pooled and req_id in pooled:  # a pooled prompt ends "stop" and generates nothing (vLLM)
                 request.status = RequestStatus.FINISHED_STOPPED
-            for token in sampled if not request.is_finished else ():
-                request.append_output_token_ids(token)
-                new_tokens.append(token)
-                if check_stop(request, self.max_model_len) or grammar_stops(request, token):
-                    break
-            logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
-            if not request.is_finished:
-                request.spec_token_ids = runner_output.draft_token_ids.get(req_id, [])
+            if request.status.is_finished:
+                new_tokens: list[int] = []
+            elif len(sampled) == 1:  # the common step: one token (inlined append_output_token_ids)
+                new_tokens = sampled
+                token = sampled[0]
+                request.output_token_ids.append(token)
+                request._all_token_ids.append(token)
+                if not check_stop(request, max_model_len) and request.grammar is not None:
+                    grammar_stops(request, token)
+            else:
+                new_tokens = []
+                for token in sampled:
+                    request.append_output_token_ids(token)
+                    new_tokens.append(token)
+                    if check_stop(request, max_model_len) or grammar_stops(request, token):
+                        break
+            logprobs = logprob_rows[i] if logprob_rows is not None else None
+            finish_reason = request.status.finish_reason
+            if finish_reason is None:
+                request.spec_token_ids = drafts.get(req_id, []) if drafts else []
             outputs.append(EngineCoreOutput(
-                req_id=req_id, new_token_ids=new_tokens, finish_reason=request.status.finish_reason,
+                req_id=req_id, new_token_ids=new_tokens, finish_reason=finish_reason,
                 stop_reason=request.stop_reason,
                 new_logprobs=logprobs[:len(new_tokens)] if logprobs is not None else None,
                 new_prompt_logprobs=prompt_logprobs, num_cached_tokens=max(request.num_cached_tokens, 0)))
-            if request.is_finished:
+            if finish_reason is not None:
                 (self.running if was_running else self.waiting).remove(request)
                 self._free_request(request)
         return outputs
-
 
     def _roll_back_rejected(self, request: Request, num_spec: int, num_accepted: int) -> None:
         """Verified proposals: the rejected ones' positions were computed but hold the wrong tokens, so progress

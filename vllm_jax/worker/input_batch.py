@@ -64,13 +64,13 @@ class InputBatch:
             self.add(new.req_id, new.token_ids, new.block_ids, new.num_computed_tokens, new.sampling_params,
                      new.seed, new.lora_slot)
         cached = sched.scheduled_cached_reqs
-        if not cached:
+        if not cached.req_ids:
             return
-        slots = self.slots([c.req_id for c in cached])
-        self.num_computed[slots] = [c.num_computed_tokens for c in cached]
-        for slot, c in zip(slots.tolist(), cached):
-            if c.new_block_ids:
-                self.append_blocks(slot, c.new_block_ids)
+        slots = self.slots(cached.req_ids)
+        self.num_computed[slots] = cached.num_computed_tokens
+        for slot, block_ids in zip(slots.tolist(), cached.new_block_ids):
+            if block_ids:
+                self.append_blocks(slot, block_ids)
 
     def add(self, req_id: str, token_ids: Sequence[int], block_ids: Sequence[int], num_computed: int,
             params: SamplingParams, seed: int, lora_slot: int = 0) -> int:

@@ -306,6 +306,8 @@ class ModelRunner:
         """One token per row (logits row i is batch row i): the common step."""
         token_ids = result.sampled.token_ids[:len(step.req_ids)]
         self.input_batch.append_tokens(step.slots[update], token_ids[update])
+        if result.sampled.logprobs is None and step.completes.all():  # the common step, without a row loop
+            return _plain_tokens(self.requests, step.req_ids, token_ids.tolist(), update.tolist())
         sampled: list[list[int]] = []
         logprobs: list[list[Logprobs] | None] = []
         rows = zip(step.req_ids, step.completes.tolist(), update.tolist(), token_ids.tolist(),
@@ -440,6 +442,16 @@ def _draft_rows(req_ids: list[str], drafts: dict[str, list[int]], num_drafts: np
             out[start:start + num_draft] = drafts[req_id]
         start += num_draft + 1
     return out
+
+
+def _plain_tokens(states: dict[str, CachedRequestState], req_ids: list[str], tokens: list[int],
+                  update: list[bool]) -> tuple[list[list[int]], list[None]]:
+    """`_single_tokens` where every row samples and the step computed no logprobs: the per-row work left is the
+    state's append."""
+    for req_id, token_id, updates in zip(req_ids, tokens, update):
+        if updates:
+            states[req_id].append_sampled(token_id)
+    return [[token_id] for token_id in tokens], [None] * len(tokens)
 
 
 def _row_logprobs(out: SamplerOutput, row: int, num_logprobs: int | None) -> Logprobs | None:

@@ -48,5 +48,6 @@ def update_request_states(states: dict[str, CachedRequestState], sched: Schedule
         states[new.req_id] = CachedRequestState(
             new.req_id, list(new.token_ids), new.num_prompt_tokens, new.num_computed_tokens,
             new.sampling_params, new.seed, output_token_ids=list(new.token_ids[new.num_prompt_tokens:]))
-    for cached in sched.scheduled_cached_reqs:
-        states[cached.req_id].num_computed_tokens = cached.num_computed_tokens
+    cached = sched.scheduled_cached_reqs
+    for req_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens):
+        states[req_id].num_computed_tokens = num_computed
