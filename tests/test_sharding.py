@@ -3,13 +3,10 @@ two-process test keeps its subprocesses: jax.distributed across processes is wha
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from tests.helpers.multidevice_checks import run_check
-from tests.helpers.processes import REPO, last_json, unoptimized
+from tests.helpers.processes import last_json, run_two_jax_processes
 from vllm_jax.sharding.rules import param_partition_spec
 
 
@@ -68,27 +65,12 @@ def test_orbax_converted_params_restore_into_a_tp2_mesh_unchanged(tmp_path):
 
 
 def test_two_processes_with_tp_across_both_match_one_process(tmp_path):
-    import socket
-
     from tests.helpers.parallel_workload import ENGINE_ARGS, prompts
     from tests.helpers.tiny_models import make_tiny_checkpoint
     from vllm_jax import LLM, SamplingParams
 
     make_tiny_checkpoint("llama", tmp_path, seed=6)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.multihost_process", str(rank), str(port),
-                               str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=unoptimized())
-             for rank in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
-    two_process = last_json(outs[0][0])
+    two_process = last_json(run_two_jax_processes("tests.helpers.multihost_process", str(tmp_path)))
     single = LLM(str(tmp_path), **ENGINE_ARGS).generate(
         prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     assert two_process == [o.outputs[0].token_ids for o in single]

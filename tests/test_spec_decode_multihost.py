@@ -5,12 +5,9 @@ one process's greedy tokens without speculation. One pair of processes serves bo
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 
 from tests.helpers.parallel_workload import ENGINE_ARGS, prompts
-from tests.helpers.processes import REPO, last_json, unoptimized
+from tests.helpers.processes import last_json, run_two_jax_processes
 from tests.helpers.tiny_models import make_tiny_checkpoint, make_tiny_eagle3_head
 from vllm_jax import LLM, SamplingParams
 
@@ -24,20 +21,8 @@ def test_draft_model_and_eagle3_across_two_processes_match_one_process(tmp_path)
                              "disable_by_batch_size": 64},
              "eagle3": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 2,
                         "disable_by_batch_size": 64}}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.multihost_spec_process", str(rank), str(port),
-                               str(target), json.dumps(specs)], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=unoptimized())
-             for rank in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
-    two_process = last_json(outs[0][0])
+    two_process = last_json(run_two_jax_processes("tests.helpers.multihost_spec_process", str(target),
+                                                  json.dumps(specs)))
     single = LLM(str(target), **ENGINE_ARGS).generate(
         prompts(), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     expected = [o.outputs[0].token_ids for o in single]

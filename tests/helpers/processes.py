@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,21 @@ def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 6
 def last_json(stdout: str) -> Any:
     """The JSON object a script printed last (libraries may print before it)."""
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run_two_jax_processes(module: str, *args: str, timeout: float = 600) -> str:
+    """`python -m module RANK PORT *args` as ranks 0 and 1 of one jax.distributed job on 127.0.0.1 (compiled
+    unoptimized); both must exit 0. -> rank 0's stdout."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", module, str(rank), str(port), *args], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=unoptimized())
+             for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    return outs[0][0]

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from vllm_jax.model.layers import apply_rotary, init_param, linear, rms_norm
-from vllm_jax.model.qwen2_5_vl_spec import VisionSpec
+from vllm_jax.model.qwen2_5_vl_spec import VisionSpec, VisionTowerSpec
 from vllm_jax.model.vision_layout import VisionInputs
 
 _EPS = 1e-6  # HF's vision RMSNorms
@@ -82,7 +82,7 @@ _BLOCK_PARAMS = ("norm1", "norm2", "qkv", "qkv_bias", "proj", "proj_bias", "gate
                  "up_bias", "down_proj", "down_bias")
 
 
-def vision_rotary(spec: VisionSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+def vision_rotary(spec: VisionTowerSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """HF's axial 2D rope: head_dim / 4 frequencies for the row, the same for the column, concatenated and
     repeated over the two halves: cos and sin [P, head_dim]."""
     quarter = spec.head_dim // 2
@@ -93,7 +93,7 @@ def vision_rotary(spec: VisionSpec, positions: jax.Array) -> tuple[jax.Array, ja
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def vision_attention(spec: VisionSpec, w: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
+def vision_attention(spec: VisionTowerSpec, w: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
                mask: jax.Array) -> jax.Array:
     """Bidirectional attention of every patch over the patches of its segment (dense [heads, P, P] scores)."""
     p = x.shape[0]

@@ -15,9 +15,9 @@ QWEN2_5_VL_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
 
 
 @dataclass(frozen=True)
-class VisionSpec:
-    """The vision transformer: patch embedding, `depth` blocks (window attention except `fullatt_block_indexes`),
-    the 2x2 patch merger into the language model's width."""
+class VisionTowerSpec:
+    """What the Qwen vision towers share: patch embedding over `patch_size` pixels and `temporal_patch_size` frames,
+    `depth` blocks of `num_heads` heads with 2D rope, the 2x2 merger into the language model's width."""
 
     depth: int
     hidden_size: int
@@ -28,8 +28,6 @@ class VisionSpec:
     temporal_patch_size: int
     in_channels: int
     spatial_merge_size: int
-    window_size: int
-    fullatt_block_indexes: tuple[int, ...]
     rope_theta: float
     hidden_act: str
 
@@ -46,6 +44,14 @@ class VisionSpec:
     def merge_unit(self) -> int:
         """Patches merged into one language-model token."""
         return self.spatial_merge_size ** 2
+
+
+@dataclass(frozen=True)
+class VisionSpec(VisionTowerSpec):
+    """Qwen2.5-VL's tower: window attention except in `fullatt_block_indexes`."""
+
+    window_size: int
+    fullatt_block_indexes: tuple[int, ...]
 
     def encoder_inputs(self, pixels: np.ndarray, grids: list[tuple[int, int, int]],
                        num_patches_padded: int) -> VisionInputs:

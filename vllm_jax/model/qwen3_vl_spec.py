@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
+from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec, VisionTowerSpec
 from vllm_jax.model.qwen3_vision_layout import Qwen3VisionInputs, qwen3_vision_inputs
 from vllm_jax.model.spec import common_spec_fields, pick_architecture, rope_parameters_of
 
@@ -17,38 +17,13 @@ _ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "quick_gelu")
 
 
 @dataclass(frozen=True)
-class Qwen3VisionSpec:
+class Qwen3VisionSpec(VisionTowerSpec):
     """The vision transformer: patch embedding plus a learned position table resampled to each image's grid,
     `depth` LayerNorm blocks of full attention within an image, the 2x2 patch merger, and one more merger per
     DeepStack layer (`deepstack_visual_indexes`) whose output is added to the LM's first layers."""
 
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    out_hidden_size: int
-    patch_size: int
-    temporal_patch_size: int
-    in_channels: int
-    spatial_merge_size: int
     num_position_embeddings: int
     deepstack_visual_indexes: tuple[int, ...]
-    rope_theta: float
-    hidden_act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        """One flattened patch (channels x frames x rows x columns): a row of the processor's pixel_values."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @property
-    def merge_unit(self) -> int:
-        """Patches merged into one language-model token."""
-        return self.spatial_merge_size ** 2
 
     def encoder_inputs(self, pixels: np.ndarray, grids: list[tuple[int, int, int]],
                        num_patches_padded: int) -> Qwen3VisionInputs:
