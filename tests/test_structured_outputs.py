@@ -96,18 +96,57 @@ def test_compiler_caches_by_constraint_and_names_the_field_of_a_bad_one(compiler
 
 
 
+def _accepts(compiler: GrammarCompiler, grammar: str, value: object) -> bool:
+    """Whether `grammar` takes `value` as compact JSON, whole (the byte tokenizer: token id = 3 + byte)."""
+    matcher = compiler.new_matcher(grammar)
+    tokens = [3 + byte for byte in json.dumps(value, separators=(",", ":")).encode()]
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+
 def test_the_required_tool_call_grammar_refuses_extra_keys_in_a_call_object(compiler):
     """Issue #37: tool_choice "required" compiles call objects that hold exactly `name` and `parameters`."""
     from tests.test_tool_choice import REQUIRED_EXTRA_KEYS, REQUIRED_GOOD, required_schema
 
     grammar = compiler.compile(StructuredOutputsParams(json=required_schema()))
+    assert _accepts(compiler, grammar, REQUIRED_GOOD) and not _accepts(compiler, grammar, REQUIRED_EXTRA_KEYS)
 
-    def accepts(value: object) -> bool:
-        matcher = compiler.new_matcher(grammar)
-        tokens = [3 + byte for byte in json.dumps(value, separators=(",", ":")).encode()]  # byte_tokenizer's ids
-        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
 
-    assert accepts(REQUIRED_GOOD) and not accepts(REQUIRED_EXTRA_KEYS)
+OPEN_PERSON = {"type": "object", "properties": {"name": {"enum": ["ada", "bob"]}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize("config, extra_keys", [("{}", False), ('{"backend": "auto"}', False),
+                                                ('{"backend": "guidance"}', True),
+                                                ('{"backend": "guidance", "disable_additional_properties": true}',
+                                                 False)])
+def test_the_backend_reads_listed_properties_as_vllms_backend_of_that_name(config, extra_keys):
+    """"auto" (the default) reads a schema as vLLM's default backend, xgrammar, does: an object that lists its
+    properties gets no others; "guidance" as vLLM's guidance backend: others allowed unless
+    disable_additional_properties. Either way a bare object (json_object) stays any object, and the required
+    tool-call list still takes its calls (closing its bare `items` object made it unsatisfiable)."""
+    from tests.test_tool_choice import REQUIRED_GOOD, required_schema
+
+    so = StructuredOutputsConfig.parse(config)
+    compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID],
+                               disable_additional_properties=so.closes_objects)
+    person = compiler.compile(StructuredOutputsParams(json=OPEN_PERSON))
+    assert _accepts(compiler, person, {"name": "ada"})
+    assert _accepts(compiler, person, {"name": "ada", "age": 3}) == extra_keys
+    nested = compiler.compile(StructuredOutputsParams(json={"type": "array", "items": OPEN_PERSON}))
+    assert _accepts(compiler, nested, [{"name": "bob", "x": [1]}]) == extra_keys
+    assert _accepts(compiler, compiler.compile(StructuredOutputsParams(json_object=True)), {"any": {"key": 1}})
+    required = compiler.compile(StructuredOutputsParams(json=required_schema()))
+    assert _accepts(compiler, required, [{"name": "get_weather", "parameters": {"city": "Rome"}}])
+    assert _accepts(compiler, required, REQUIRED_GOOD) == extra_keys  # an argument the parameters do not list
+
+
+def test_a_property_named_properties_is_not_taken_for_a_schema_map():
+    """Closing objects walks `properties` by value: a property called "properties" keeps its own schema."""
+    compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID], disable_additional_properties=True)
+    schema = {"type": "object", "properties": {"properties": {"type": "integer"}}, "required": ["properties"]}
+    grammar = compiler.compile(StructuredOutputsParams(json=schema))
+    assert _accepts(compiler, grammar, {"properties": 7})
+    assert not _accepts(compiler, grammar, {"properties": 7, "additionalProperties": False})
+
 
 def test_reasoning_keeps_the_row_free_until_the_end_token(compiler):
     think, end = 259, 260  # stand-ins for <think> and </think> ('a', 'b' in the byte tokenizer)
@@ -184,6 +223,8 @@ def test_bad_constraints_are_value_errors_and_the_engine_lives_on(llm):
 def test_structured_outputs_config_flag_is_validated():
     assert StructuredOutputsConfig.parse('{"backend": "auto", "disable_any_whitespace": true}') == \
         StructuredOutputsConfig(disable_any_whitespace=True)
+    assert StructuredOutputsConfig.parse(None).closes_objects
+    assert not StructuredOutputsConfig.parse('{"backend": "guidance"}').closes_objects
     for bad, match in [('{"backend": "xgrammar"}', "backend"), ('{"whitespace": 1}', "unknown keys"),
                        ("[1]", "JSON object"), ("{", "JSON object"),
                        ('{"disable_any_whitespace": "yes"}', "disable_any_whitespace")]:

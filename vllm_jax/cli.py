@@ -73,7 +73,9 @@ ENGINE_FLAG_HELP = {
     "min_seq_bucket": "smallest sequence bucket compiled (default: 2 on CPU, 8 on TPU/GPU)",
     "bucket_growth": "ratio between consecutive token / sequence buckets (default: 4 on CPU, 2 on TPU/GPU)",
     "structured_outputs_config": "JSON defaults for every structured-output request, e.g. "
-                                 "'{\"disable_any_whitespace\": true}' (backend: guidance, i.e. llguidance)",
+                                 "'{\"disable_any_whitespace\": true}'; backend auto (default: an object schema "
+                                 "listing its properties gets no others, as vLLM's default backend reads it) or "
+                                 "guidance",
     "reasoning_parser": "split thinking models' reasoning from the answer: deepseek_r1, qwen3 or openai_gptoss "
                         "(the server answers it in `reasoning`; default: none)",
     "async_scheduling": "schedule and prepare step n + 1 while the device runs step n (default: on; "

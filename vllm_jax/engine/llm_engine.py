@@ -101,7 +101,7 @@ class LLMEngine:
         self.grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size,
                                                 {self.eos_token_id, *self.extra_stop_ids},
                                                 disable_any_whitespace=so.disable_any_whitespace,
-                                                disable_additional_properties=so.disable_additional_properties)
+                                                disable_additional_properties=so.closes_objects)
         self.reasoning_tokens = reasoning_tokens(self.tokenizer, config.reasoning_parser)
         self._seed_rng = random.Random(mc.seed)
         self.async_scheduling = config.async_scheduling

@@ -32,7 +32,7 @@ from vllm_jax.server.response_format import ResponseFormat, StructuredOutputsReq
 from vllm_jax.server.tool_choice import (
     ToolChoice,
     ToolChoiceError,
-    forced_schema,
+    forced_structured_outputs,
     resolve_tool_choice,
 )
 
@@ -272,13 +272,13 @@ class ChatCompletionRequest(_SamplingRequest):
     def to_sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
         """As for every request, plus the schema that "required" or a named tool_choice forces."""
         params = super().to_sampling_params(max_model_len, prompt_len)
-        schema = forced_schema(self.resolved_tool_choice(), self.tools)
-        if schema is None:
+        forced = forced_structured_outputs(self.resolved_tool_choice(), self.tools)
+        if forced is None:
             return params
         if params.structured_outputs is not None:
             raise ToolChoiceError("tool_choice \"required\" or a named function already constrains the output; "
                                   "it cannot be combined with structured outputs.", "tool_choice")
-        return dataclasses.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
+        return dataclasses.replace(params, structured_outputs=forced)
 
     @property
     def structured_outputs_param(self) -> str:

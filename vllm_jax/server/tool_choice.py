@@ -12,6 +12,8 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from vllm_jax.sampling_params import StructuredOutputsParams
+
 if TYPE_CHECKING:
     from vllm_jax.server.chat_messages import ChatTool
 
@@ -60,6 +62,14 @@ def resolve_tool_choice(tools: list[ChatTool] | None, tool_choice: str | dict[st
         raise ToolChoiceError(f"tool_choice names the function {name!r}, which is not one of the tools "
                               f"({', '.join(map(repr, known))}).", "tool_choice")
     return ToolChoice("named", name)
+
+
+def forced_structured_outputs(choice: ToolChoice, tools: list[ChatTool] | None) -> StructuredOutputsParams | None:
+    """The constraint a forced tool choice puts on the output (None when nothing is forced): `forced_schema`, in
+    compact JSON. The call text is read by the tool parser, never shown, so free whitespace there only spends
+    tokens, and a small model's sampled whitespace runs replies to max_tokens (docs/decisions.md, issue #37)."""
+    schema = forced_schema(choice, tools)
+    return None if schema is None else StructuredOutputsParams(json=schema, disable_any_whitespace=True)
 
 
 def forced_schema(choice: ToolChoice, tools: list[ChatTool] | None) -> dict[str, Any] | None:

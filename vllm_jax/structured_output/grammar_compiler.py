@@ -131,14 +131,21 @@ def _grammar_text(params: StructuredOutputsParams) -> str:
     return llguidance.grammar_from("grammar", params.grammar)  # EBNF / GBNF, or Lark
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
 def _close_objects(schema: Any) -> Any:
-    """vLLM's disable_additional_properties: every object schema without an explicit additionalProperties gets
-    `additionalProperties: false`."""
+    """vLLM's disable_additional_properties: every object schema that lists `properties` or `patternProperties`
+    and says nothing of `additionalProperties` gets `additionalProperties: false`. A bare `{"type": "object"}`
+    (any object, as json_object asks) stays open, as in vLLM and in xgrammar's strict mode. The maps of named
+    subschemas are walked by value, so a property that happens to be called "properties" is not taken for one."""
     if isinstance(schema, list):
         return [_close_objects(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _close_objects(v) for k, v in schema.items()}
-    if out.get("type") == "object" or "properties" in out:
+    out = {k: ({name: _close_objects(sub) for name, sub in v.items()} if k in _SCHEMA_MAPS and isinstance(v, dict)
+               else v if k in ("const", "enum", "default", "examples") else _close_objects(v))
+           for k, v in schema.items()}
+    if isinstance(out.get("properties"), dict) or isinstance(out.get("patternProperties"), dict):
         out.setdefault("additionalProperties", False)
     return out
