@@ -69,7 +69,7 @@ def test_narrow_layer_padded_and_repeated_into_a_wide_cache_attends_as_its_own_s
 
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=24, max_num_seqs=4,
-                   max_num_batched_tokens=32, enable_prefix_caching=False)
+                   max_num_batched_tokens=32, enable_prefix_caching=False, min_token_bucket=32, min_seq_bucket=4)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
 
 
