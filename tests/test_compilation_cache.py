@@ -33,9 +33,14 @@ print(json.dumps(warm))
 """
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """A bare environment (no session cache root) keeping the session's XLA flags (tests/conftest.py)."""
+    return {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), **extra}
+
+
 def _start(model: Path, env: dict[str, str], **kwargs) -> dict:
-    proc = run_python("-c", SCRIPT, str(model), json.dumps(kwargs),
-                      env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **env})
+    proc = run_python("-c", SCRIPT, str(model), json.dumps(kwargs), env=_env(**env))
     return last_json(proc.stdout) | {"stderr": proc.stderr}
 
 
@@ -131,9 +136,7 @@ def test_programs_jax_read_from_its_cache_are_not_stored_again(model, tmp_path):
     """The second engine gets its smallest buckets' programs from jax's cache (the first compiled them); storing
     those would store executables without their kernels on CPU, so only its fresh compiles are stored, and the
     third engine, loading them, runs."""
-    proc = run_python("-c", SHARED_PROGRAMS, str(model), env={"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-                                                              "PATH": "/usr/bin:/bin",
-                                                              "VLLM_JAX_CACHE_ROOT": str(tmp_path / "root")})
+    proc = run_python("-c", SHARED_PROGRAMS, str(model), env=_env(VLLM_JAX_CACHE_ROOT=str(tmp_path / "root")))
     result = last_json(proc.stdout)
     assert result["tokens"][0] == result["tokens"][1] == result["tokens"][2]
     assert result["loaded_last"] > 0
