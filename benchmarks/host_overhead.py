@@ -71,6 +71,7 @@ class StageTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self._wrapped: list[tuple[object, str, Callable]] = []
 
     def wrap(self, obj: object, method: str, stage: str) -> None:
         real: Callable = getattr(obj, method)
@@ -83,6 +84,13 @@ class StageTimer:
                 self.seconds[stage] += time.perf_counter() - t0
 
         setattr(obj, method, timed)
+        self._wrapped.append((obj, method, real))
+
+    def unwrap(self) -> None:
+        """Put every wrapped method back (the engine then runs on untimed)."""
+        for obj, method, real in reversed(self._wrapped):
+            setattr(obj, method, real)
+        self._wrapped.clear()
 
 
 def _engine(model: str, num_requests: int, input_len: int, output_len: int, async_scheduling: bool | None):
@@ -110,15 +118,16 @@ def _add_requests(engine, num_requests: int, input_len: int, output_len: int, ta
 
 
 def end_to_end(model: str, num_requests: int, input_len: int, output_len: int,
-               async_scheduling: bool | None) -> float:
+               async_scheduling: bool | None, engine=None) -> float:
     """Output tok/s of `num_requests` greedy requests run to the end, after a first identical run that compiles.
 
-    Uses only the engine API every revision has (for --baseline)."""
-    engine = _engine(model, num_requests, input_len, output_len, async_scheduling)
+    Builds its engine from `model` unless given one. Uses only the engine API every revision has (for
+    --baseline)."""
+    engine = engine or _engine(model, num_requests, input_len, output_len, async_scheduling)
     busy = getattr(engine, "has_work", engine.has_unfinished_requests)
     rates = []
     for run in range(3):
-        _add_requests(engine, num_requests, input_len, output_len, tag=f"{run}-")
+        _add_requests(engine, num_requests, input_len, output_len, tag=f"e2e{run}-")
         t0 = time.perf_counter()
         tokens = 0
         while busy():
@@ -128,11 +137,10 @@ def end_to_end(model: str, num_requests: int, input_len: int, output_len: int,
     return float(max(rates))
 
 
-def measure(model: str, num_requests: int, input_len: int, output_len: int, async_scheduling: bool,
-            profile: cProfile.Profile | None = None, stat: str = "median") -> dict[str, float]:
+def measure(engine, num_requests: int, input_len: int, output_len: int, profile: cProfile.Profile | None = None,
+            stat: str = "median", tag: str = "") -> dict[str, float]:
     """Median (or `stat`) ms per decode step of each stage (and `step`, `steps`) with `num_requests` running
-    requests."""
-    engine = _engine(model, num_requests, input_len, output_len, async_scheduling)
+    requests, on `engine` (its methods timed for the run only)."""
     timer = StageTimer()
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(engine.runner, "_prepare", "prepare")
@@ -141,7 +149,7 @@ def measure(model: str, num_requests: int, input_len: int, output_len: int, asyn
     for obj, method in ((engine.runner, "_to_output"), (engine.scheduler, "update_from_output"),
                         (engine.output_processor, "process_outputs")):
         timer.wrap(obj, method, "output")
-    _add_requests(engine, num_requests, input_len, output_len)
+    _add_requests(engine, num_requests, input_len, output_len, tag=tag)
     per_step: dict[str, list[float]] = defaultdict(list)
     profiled_steps = 0
     while engine.has_work():
@@ -166,6 +174,7 @@ def measure(model: str, num_requests: int, input_len: int, output_len: int, asyn
                 per_step[stage].append(timer.seconds[stage])
             per_step["other"].append(step - sum(timer.seconds[s] for s in STAGES[:-1]))
             per_step["busy"].append(step - timer.seconds["wait"])  # per step: a min of differences, not of parts
+    timer.unwrap()
     if not per_step:
         raise RuntimeError("no decode step ran without compiling: raise --output-len")
     # Medians (or minima): the CPU may be shared, and one slow step should not move a stage's figure.
@@ -236,18 +245,23 @@ def main() -> None:
             build_tiny_llama(Path(tmp))
         rows: dict[tuple[int, str], dict[str, float]] = {}
         tok_s: dict[tuple[int, str], float] = {}
+        engines = {}  # (requests, mode) -> its engine: the end-to-end runs, the stage table and the profile share it
         for n in ns.num_requests:
             if ns.baseline:
                 tok_s[n, "baseline"] = baseline_tok_s(ns.baseline, model, n, ns.input_len, ns.output_len)
             for mode in ns.modes:
-                rows[n, mode] = measure(model, n, ns.input_len, ns.output_len, mode == "async", stat=ns.stat)
-                tok_s[n, mode] = end_to_end(model, n, ns.input_len, ns.output_len, mode == "async")
+                engine = engines[n, mode] = _engine(model, n, ns.input_len, ns.output_len, mode == "async")
+                tok_s[n, mode] = end_to_end(model, n, ns.input_len, ns.output_len, mode == "async", engine)
+                rows[n, mode] = measure(engine, n, ns.input_len, ns.output_len, stat=ns.stat, tag="stages-")
                 print(f"{n} running requests, {mode}: {rows[n, mode]['steps']} decode steps, "
                       f"{rows[n, mode]['step']:.2f} ms/step, end to end {tok_s[n, mode]:.0f} output tok/s",
                       flush=True)
         if ns.profile is not None:  # a run of its own: the profiler's overhead stays out of the table
             profile = cProfile.Profile()
-            profiled = measure(model, ns.profile, ns.input_len, ns.output_len, ns.modes[0] == "async", profile)
+            mode = ns.modes[0]
+            engine = engines.get((ns.profile, mode)) or _engine(model, ns.profile, ns.input_len, ns.output_len,
+                                                                mode == "async")
+            profiled = measure(engine, ns.profile, ns.input_len, ns.output_len, profile, tag="profiled-")
             print_profile(profile, int(profiled["profiled"]))
             if ns.profile_out:
                 profile.dump_stats(ns.profile_out)
