@@ -219,7 +219,8 @@ def test_sigterm_drains_the_stream_in_flight_refuses_new_requests_and_exits_0(ch
     command = [str(exe)] if exe.is_file() else [sys.executable, "-m", "vllm_jax.cli"]
     command += ["serve", str(checkpoint), "--port", str(port), "--shutdown-timeout", "5", "--max-model-len", "256",
                 "--block-size", "8", "--num-gpu-blocks-override", "40", "--max-num-seqs", "4",
-                "--max-num-batched-tokens", "32", "--uvicorn-log-level", "warning"]
+                "--max-num-batched-tokens", "32", "--min-token-bucket", "32", "--min-seq-bucket", "4",  # one bucket
+                "--uvicorn-log-level", "warning"]
     env = unoptimized({**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     log: list[str] = []
