@@ -43,7 +43,7 @@ def test_engine_greedy_prefix_caching_preemption_and_kv_layout(v3):
 
     path, hf = v3
     llm = LLM(str(path), max_model_len=64, num_gpu_blocks_override=14, block_size=8, max_num_seqs=8,
-              max_num_batched_tokens=16)
+              max_num_batched_tokens=16, min_token_bucket=16, min_seq_bucket=8)  # one bucket: one forward compiles
     runner = llm.llm_engine.runner
     assert runner.kv_cache.shape == (3, 14, 8, 1, 128)  # 32 + 8 padded to 128 lanes
     assert spec_bytes_per_block(runner.spec, 8, "float32") == 3 * 8 * 128 * 4

@@ -67,7 +67,7 @@ def test_greedy_matches_transformers_with_prefix_caching_and_under_preemption(ch
     prompts += [shared + rng.integers(3, VOCAB_SIZE, 4).tolist() for _ in range(4)]
     reference = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     base = dict(model=str(path), max_model_len=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
-                num_gpu_blocks_override=10)
+                num_gpu_blocks_override=10, min_token_bucket=32, min_seq_bucket=8)  # one bucket: one forward
 
     def engine(**args) -> LLMEngine:
         return LLMEngine(EngineArgs(**base, **args).create_config(), warmup=False)

@@ -27,9 +27,10 @@ from vllm_jax import LLM, EngineArgs, LoRARequest, SamplingParams
 from vllm_jax.engine.llm_engine import LLMEngine
 from vllm_jax.worker.sleep import DeviceSleep
 
-# 4 prompts of 4 tokens: the prefill and every verification step fit one 16-token bucket (few programs to compile)
+# 4 prompts of 4 tokens: the prefill and every verification step fit one 16-token bucket; one token and one
+# sequence bucket (min_seq_bucket at the step's tokens, which the engine caps at its max rows): few programs compile
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=40, max_num_seqs=4, max_num_batched_tokens=16,
-            enable_lora=True, max_loras=2, max_lora_rank=8)
+            min_token_bucket=16, min_seq_bucket=16, enable_lora=True, max_loras=2, max_lora_rank=8)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 ADAPTERS = [None, "A", "B", "A"]
 

@@ -15,8 +15,10 @@ from vllm_jax import LLM, EngineArgs, SamplingParams
 # disable_by_batch_size: the CPU default (4) would switch proposals off in these batches
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
          "disable_by_batch_size": 64}
+# One token and one sequence bucket (docs/contributing/testing.md, "Compile time"): min_seq_bucket at the step's
+# tokens, the most rows a speculating step holds (the engine caps it at its max rows).
 ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
-            max_num_batched_tokens=32)
+            max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=32)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def test_greedy_output_is_identical_across_engine_configurations(checkpoint, eng
     step's tokens, not by max_num_seqs)."""
     args, spec = dict(ARGS), NGRAM
     if case == "chunked":
-        args.update(max_num_batched_tokens=8)  # prompts arrive in chunks; proposals compete with them
+        args.update(max_num_batched_tokens=8, min_token_bucket=8)  # prompts arrive in chunks; proposals compete
     elif case == "no_prefix_caching":
         args.update(enable_prefix_caching=False)
     elif case == "preempting":
@@ -76,6 +78,8 @@ def test_greedy_output_is_identical_across_engine_configurations(checkpoint, eng
     else:
         args.update(max_num_seqs=1)
         spec = {**NGRAM, "num_speculative_tokens": 4}
+    if case.endswith("_k4"):  # rows beyond max_num_seqs in the sequence buckets: the engine's default buckets
+        del args["min_token_bucket"], args["min_seq_bucket"]
     llm = LLM(checkpoint, speculative_config=spec, **args)
     prompts = _repetitive_prompts(10, seed=1)
     prompts += [prompts[0] + [5, 6], prompts[0] + [7]]  # prefix-cache hits
@@ -258,7 +262,8 @@ def test_sampled_output_matches_the_targets_distribution(checkpoint):
     (two-sample chi-square; the sampler-level tests show a biased rule would fail it)."""
     from scipy import stats as scipy_stats  # jax depends on scipy
 
-    args = dict(ARGS, max_num_seqs=32, max_num_batched_tokens=128, num_gpu_blocks_override=400)
+    args = dict(ARGS, max_num_seqs=32, max_num_batched_tokens=128, num_gpu_blocks_override=400, min_token_bucket=128,
+                min_seq_bucket=128)
     allowed = [11, 57, 130, 201]
     prompt = np.random.default_rng(6).choice(allowed, 40).tolist()
     llms = {"off": LLM(checkpoint, **args), "on": LLM(checkpoint, speculative_config=NGRAM, **args)}

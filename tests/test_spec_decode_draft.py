@@ -17,8 +17,10 @@ from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, SamplingParams
 from vllm_jax.worker.draft_chain import pack_chain
 
+# One token and one sequence bucket (docs/contributing/testing.md, "Compile time"): min_seq_bucket at the step's
+# tokens, the most rows a speculating step holds (the engine caps it at its max rows).
 ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
-            max_num_batched_tokens=32)
+            max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=32)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def test_a_draft_equal_to_the_target_has_every_proposal_accepted(models, baselin
 def test_greedy_output_is_identical_across_engine_configurations(models, baseline, case):
     args = dict(ARGS)
     if case == "chunked":
-        args.update(max_num_batched_tokens=8)  # prompts arrive in chunks: the draft catches up chunk by chunk
+        args.update(max_num_batched_tokens=8, min_token_bucket=8)  # prompts arrive in chunks: the draft catches up
     elif case == "preempting":
         args.update(num_gpu_blocks_override=17)  # 16 blocks of 8 for 8 requests of up to 64 tokens
     llm = LLM(models["target"], speculative_config=_spec(models["draft"]), **args)
@@ -93,7 +95,8 @@ def test_sampled_output_matches_the_targets_distribution(models):
     every output position's empirical distribution with speculation matches the one without (chi-square)."""
     from scipy import stats as scipy_stats
 
-    args = dict(ARGS, max_num_seqs=32, max_num_batched_tokens=128, num_gpu_blocks_override=400)
+    args = dict(ARGS, max_num_seqs=32, max_num_batched_tokens=128, num_gpu_blocks_override=400, min_token_bucket=128,
+                min_seq_bucket=128)
     allowed = [11, 57, 130, 201]
     prompt = np.random.default_rng(6).choice(allowed, 20).tolist()
     llms = {"off": LLM(models["target"], **args),

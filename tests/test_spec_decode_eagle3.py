@@ -15,8 +15,10 @@ from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint, make_tiny_eagle3_head
 from vllm_jax import LLM, SamplingParams
 
+# One token and one sequence bucket (docs/contributing/testing.md, "Compile time"): min_seq_bucket at the step's
+# tokens, the most rows a speculating step holds (the engine caps it at its max rows).
 ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
-            max_num_batched_tokens=32)
+            max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=32)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
@@ -97,7 +99,8 @@ def test_proposals_are_the_heads_own_greedy_chain(setup):
     from tests.test_eagle3_head import _reference
 
     head_dir = setup["heads"]["random"]
-    llm = LLM(setup["target"], speculative_config=_spec(head_dir), **dict(ARGS, max_num_batched_tokens=8))
+    llm = LLM(setup["target"], speculative_config=_spec(head_dir), **dict(ARGS, max_num_batched_tokens=8,
+                                                                                min_token_bucket=8))
     runner = llm.llm_engine.runner
     records: list[tuple[list[int], list[int]]] = []
     propose = runner._propose
@@ -141,7 +144,7 @@ def _greedy_with_proposals(setup, tp: int):
     from vllm_jax.engine.llm_engine import LLMEngine
 
     args = EngineArgs(model=setup["target"], speculative_config=_spec(setup["heads"]["random"]),
-                      tensor_parallel_size=tp, **dict(ARGS, min_token_bucket=32, min_seq_bucket=8))
+                      tensor_parallel_size=tp, **ARGS)
     engine = LLMEngine(args.create_config(), warmup=False)
     runner, proposals = engine.runner, []
     propose = runner._propose

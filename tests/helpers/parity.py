@@ -81,7 +81,7 @@ def assert_greedy_matches_transformers(hf, path, max_tokens: int = 32) -> None:
     from vllm_jax import LLM, SamplingParams
 
     llm = LLM(str(path), max_model_len=128, num_gpu_blocks_override=64, block_size=8, max_num_seqs=8,
-              max_num_batched_tokens=32)
+              max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=8)  # one bucket: one forward compiles
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, VOCAB_SIZE, n).tolist() for n in (7, 30, 1)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
