@@ -24,7 +24,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory):
 def test_kv_starved_engine_keeps_transformers_greedy_outputs_and_never_thrashes(checkpoint) -> None:
     path, hf = checkpoint
     llm = LLM(str(path), max_model_len=128, block_size=8, num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=8,
-              max_num_batched_tokens=32)
+              max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=8)  # one bucket: one forward
     engine = llm.llm_engine
     sched = engine.scheduler
     preempted_awaiting_progress: list[str] = []

@@ -10,8 +10,9 @@ import pytest
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, SamplingParams
 
+# One bucket (docs/contributing/testing.md, "Compile time"): one forward and one sampler set to compile.
 ARGS = dict(max_model_len=128, block_size=8, num_gpu_blocks_override=160, max_num_seqs=8,
-            max_num_batched_tokens=32)
+            max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=8)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,8 @@ def _assert_drained(llm: LLM) -> None:
 @pytest.mark.parametrize("overrides", [
     pytest.param({}, id="chunked-prefill"),
     pytest.param(dict(num_gpu_blocks_override=20), id="tiny-kv-cache-preempts"),
-    pytest.param(dict(enable_prefix_caching=False, max_num_batched_tokens=64), id="prefix-caching-off"),
+    pytest.param(dict(enable_prefix_caching=False, max_num_batched_tokens=64, min_token_bucket=64),
+                 id="prefix-caching-off"),
 ])
 def test_outputs_are_identical_with_async_scheduling_on_and_off(checkpoint, engines, overrides):
     sync, fast = engines["sync"], engines["async"]
@@ -231,7 +233,7 @@ def test_structured_outputs_mixed_with_free_requests_are_identical_on_and_off(tm
     outputs = {}
     for mode in (False, True):
         llm = LLM(path, async_scheduling=mode, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=32,
-                  block_size=8)
+                  block_size=8, min_token_bucket=32, min_seq_bucket=8)
         outputs[mode] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         _assert_drained(llm)
     assert [c.token_ids for c in outputs[True]] == [c.token_ids for c in outputs[False]]

@@ -167,9 +167,11 @@ def test_default_model_params_are_at_most_20_percent_of_float32(default_runners)
     assert kept_bytes <= 0.20 * float32_bytes, (kept_bytes, float32_bytes)
 
 
-def _greedy(runner, prompts: list[list[int]], max_tokens: int, width: int = 160) -> list[list[int]]:
-    """Greedy continuations through the runner's forward program alone (no engine, no warm-up): one prefill step
-    of all prompts, then one decode step per token, every step padded to `width` tokens (one program)."""
+def _greedy(runner, prompts: list[list[int]], max_tokens: int, width: int = 160,
+            decode_width: int = 4) -> list[list[int]]:
+    """Greedy continuations through the runner's forward programs alone (no engine, no warm-up): one prefill step
+    of all prompts padded to `width` tokens, then one decode step per token padded to `decode_width` (two
+    programs; a 160-token program per decode step was most of this test's time)."""
     from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
     per_seq = runner.max_blocks_per_seq
@@ -177,9 +179,10 @@ def _greedy(runner, prompts: list[list[int]], max_tokens: int, width: int = 160)
     seqs = [list(p) for p in prompts]
     rows = [RowChunk(token_ids=p, num_computed=0, block_ids=b) for p, b in zip(seqs, blocks)]
     answers: list[list[int]] = [[] for _ in prompts]
-    for _ in range(max_tokens):
+    for step in range(max_tokens):
+        padded = width if step == 0 else decode_width
         inputs = pack_step_inputs(rows, block_size=runner.block_size, max_blocks_per_seq=per_seq,
-                                  num_tokens_padded=width, num_seqs_padded=runner.seq_bucket(width))
+                                  num_tokens_padded=padded, num_seqs_padded=runner.seq_bucket(padded))
         tokens = np.asarray(runner.step(inputs))[:len(prompts)].argmax(-1)
         rows = []
         for i, token in enumerate(tokens.tolist()):

@@ -47,7 +47,7 @@ def llm(checkpoint):
     """One engine for the generation tests (warm-up dominates their time): 16 usable blocks of 8 tokens, fewer
     than the first batch's three requests need at once (18), so the scheduler preempts."""
     return LLM(str(checkpoint[0]), max_model_len=128, block_size=8, num_gpu_blocks_override=17, max_num_seqs=8,
-               max_num_batched_tokens=32)
+               max_num_batched_tokens=32, min_token_bucket=32, min_seq_bucket=8)  # one bucket: one forward
 
 
 def test_greedy_32_tokens_under_preemption_and_prefix_cache_hits_equal_transformers(checkpoint, llm):

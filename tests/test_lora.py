@@ -35,7 +35,9 @@ from vllm_jax.worker.input_batch import InputBatch
 
 MAX_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-ENGINE = dict(max_model_len=128, num_gpu_blocks_override=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+# one bucket (docs/contributing/testing.md, "Compile time"): one forward and one sampler set to compile
+ENGINE = dict(max_model_len=128, num_gpu_blocks_override=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
+              min_token_bucket=32, min_seq_bucket=8)
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

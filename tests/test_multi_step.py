@@ -13,9 +13,10 @@ from vllm_jax import LLM, SamplingParams
 from vllm_jax.config import EngineArgs
 
 # A tiny KV cache (15 usable blocks of 8 tokens, 4 requests of up to 64 tokens): chunks and preemptions both occur.
-# min_token_bucket 4: a decode step of up to max_num_seqs rows has one bucket, so one chunk program per engine.
+# One bucket (docs/contributing/testing.md, "Compile time"): one forward, one chunk program and one sampler set
+# per engine.
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=16, max_num_seqs=4, max_num_batched_tokens=32,
-            min_token_bucket=4)
+            min_token_bucket=32, min_seq_bucket=4)
 
 
 @pytest.fixture(scope="module")

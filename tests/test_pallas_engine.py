@@ -32,7 +32,8 @@ def prompts():
 
 
 def _greedy(checkpoint: str, prompts: list[list[int]], backend: str) -> list[list[int]]:
-    llm = LLM(checkpoint, attention_backend=backend, **ENGINE_ARGS)
+    # one bucket (both backends alike): one forward to compile per engine
+    llm = LLM(checkpoint, attention_backend=backend, min_token_bucket=32, min_seq_bucket=8, **ENGINE_ARGS)
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 

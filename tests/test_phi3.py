@@ -124,7 +124,7 @@ def test_head_dim_24_engine_on_pallas_gpu_gives_the_xla_backends_tokens_and_logp
     runs = {}
     for backend in ("xla", "pallas_gpu"):
         llm = LLM(str(path), attention_backend=backend, max_model_len=128, block_size=8, num_gpu_blocks_override=32,
-                  max_num_seqs=4, max_num_batched_tokens=16)
+                  max_num_seqs=4, max_num_batched_tokens=16, min_token_bucket=16, min_seq_bucket=4)
         runs[backend] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
     for want, got in zip(runs["xla"], runs["pallas_gpu"]):
         assert list(got.token_ids) == list(want.token_ids) and len(want.token_ids) == 6

@@ -21,7 +21,9 @@ from vllm_jax import LLM, EngineArgs, SamplingParams
 from vllm_jax.engine.llm_engine import LLMEngine
 
 # 16-token budget: prefills split inside images; 14 blocks of 8: the three prompts of the greedy test preempt
-ARGS = dict(max_model_len=96, num_gpu_blocks_override=14, block_size=8, max_num_seqs=4, max_num_batched_tokens=16)
+# one bucket (docs/contributing/testing.md, "Compile time"), TP 1 and TP 2 alike
+ARGS = dict(max_model_len=96, num_gpu_blocks_override=14, block_size=8, max_num_seqs=4, max_num_batched_tokens=16,
+            min_token_bucket=16, min_seq_bucket=4)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 

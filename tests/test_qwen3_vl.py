@@ -38,7 +38,9 @@ from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 BLOCK, TOKENS, ROWS = 4, 128, 8
 IMAGE = [VISION_START, IMAGE_PAD, VISION_END]
 # 16-token budget: prefills split inside images
-ARGS = dict(max_model_len=96, num_gpu_blocks_override=32, block_size=8, max_num_seqs=4, max_num_batched_tokens=16)
+# one bucket (docs/contributing/testing.md, "Compile time"), TP 1 and TP 2 alike
+ARGS = dict(max_model_len=96, num_gpu_blocks_override=32, block_size=8, max_num_seqs=4, max_num_batched_tokens=16,
+            min_token_bucket=16, min_seq_bucket=4)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 

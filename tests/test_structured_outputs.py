@@ -168,7 +168,7 @@ def test_reasoning_keeps_the_row_free_until_the_end_token(compiler):
 def llm(tmp_path_factory) -> LLM:
     path = tiny_checkpoint(tmp_path_factory.mktemp("so"))
     return LLM(model=str(path), max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=32,
-               block_size=8)
+               block_size=8, min_token_bucket=32, min_seq_bucket=8)  # one bucket: one forward to compile
 
 
 def _constrained(seed: int, **constraint) -> SamplingParams:
@@ -332,7 +332,7 @@ def test_reasoning_parser_starts_the_constraint_after_the_end_tag(tmp_path):
     tokenizer.save_pretrained(path)
     think, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     llm = LLM(model=str(path), max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=8,
-              reasoning_parser="deepseek_r1")
+              min_token_bucket=16, min_seq_bucket=4, reasoning_parser="deepseek_r1")
     assert llm.llm_engine.reasoning_tokens == ReasoningTokens(start_id=think, end_id=end)
     params = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={end: 100.0},
                             structured_outputs=StructuredOutputsParams(choice=["zz"]))

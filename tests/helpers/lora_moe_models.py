@@ -19,7 +19,9 @@ from vllm_jax.engine.llm_engine import LLMEngine
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-ENGINE = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=4, max_num_batched_tokens=32)
+# one bucket (docs/contributing/testing.md, "Compile time"): every step runs the same program, TP 1 and TP 2 alike
+ENGINE = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=64, max_num_seqs=4, max_num_batched_tokens=32,
+              min_token_bucket=32, min_seq_bucket=4)
 
 
 def peft_adapter(base, path: Path, seed: int, r: int, targets: list[str], parameters: list[str] | None = None):
