@@ -143,9 +143,17 @@ def _close_objects(schema: Any) -> Any:
         return [_close_objects(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: ({name: _close_objects(sub) for name, sub in v.items()} if k in _SCHEMA_MAPS and isinstance(v, dict)
-               else v if k in ("const", "enum", "default", "examples") else _close_objects(v))
-           for k, v in schema.items()}
+    out = {key: _close_value(key, value) for key, value in schema.items()}
     if isinstance(out.get("properties"), dict) or isinstance(out.get("patternProperties"), dict):
         out.setdefault("additionalProperties", False)
     return out
+
+
+def _close_value(key: str, value: Any) -> Any:
+    """One keyword's value, closed: a map of named subschemas by value, literal JSON values (const, enum, ...)
+    as they are, anything else as a schema."""
+    if key in _SCHEMA_MAPS and isinstance(value, dict):
+        return {name: _close_objects(sub) for name, sub in value.items()}
+    if key in ("const", "enum", "default", "examples"):
+        return value
+    return _close_objects(value)
