@@ -16,7 +16,7 @@ def test_parallelism_short_flags_and_optional_bools_reach_engine_args():
     args = engine_args_from_namespace(ns, ns.model)
     assert (args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel) == (2, 3, True)
     assert args.scan_layers is False and args.enable_prefix_caching is False and args.max_num_seqs == 7
-    assert engine_args_from_namespace(build_parser().parse_args(["serve"]), None).scan_layers is True
+    assert engine_args_from_namespace(build_parser().parse_args(["serve"]), None).scan_layers is None  # per platform
 
 
 def test_convert_writes_an_orbax_checkpoint_that_loads_as_a_model(tmp_path, capsys):

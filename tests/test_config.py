@@ -74,6 +74,17 @@ def test_the_platform_picks_the_kernel_and_cpu_stays_as_it_was(checkpoint):
     assert gpu.platform == "gpu" and gpu.resolved_attention_backend.name == "pallas_gpu"
 
 
+def test_the_layer_loop_defaults_to_unrolled_on_gpu_only_and_the_flag_wins(checkpoint):
+    """XLA:GPU copies a scanned layer's weights out of the stack before each dot (config.SCAN_LAYERS_DEFAULT)."""
+    loops = {platform: EngineArgs(model=checkpoint, max_model_len=64).create_config(platform=platform).scan_layers
+             for platform in ("cpu", "tpu", "gpu")}
+    assert loops == {"cpu": True, "tpu": True, "gpu": False}
+    for platform in ("cpu", "gpu"):
+        for scan in (True, False):
+            args = EngineArgs(model=checkpoint, max_model_len=64, scan_layers=scan)
+            assert args.create_config(platform=platform).scan_layers is scan
+
+
 def test_the_other_chips_kernel_and_an_unknown_platform_are_refused_at_config_time(checkpoint):
     with pytest.raises(ValueError, match=r"attention_backend 'pallas_gpu' does not run on tpu"):
         EngineArgs(model=checkpoint, attention_backend="pallas_gpu").create_config(platform="tpu")

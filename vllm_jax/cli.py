@@ -67,7 +67,8 @@ ENGINE_FLAG_HELP = {
     "num_processes": "number of host processes in a multi-host run",
     "process_id": "this host's index in a multi-host run",
     "scan_layers": "run the layers as one scan (compiled once; on CPU over per-layer weights through switched "
-                   "matmuls), or unrolled (--no-scan-layers: ~6x longer compiles)",
+                   "matmuls), or unrolled (--no-scan-layers: ~3-6x longer compiles; the GPU default, where a scan "
+                   "copies each layer's weights before its dots)",
     "min_token_bucket": "smallest token bucket compiled; tokens per step are padded up to a bucket (default: 2 on "
                         "CPU, 16 on TPU/GPU)",
     "min_seq_bucket": "smallest sequence bucket compiled (default: 2 on CPU, 8 on TPU/GPU)",

@@ -56,6 +56,12 @@ ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
 # Speculative decoding's disable_by_batch_size when not given: on CPU verifying k more tokens per request costs
 # compute it does not have spare beyond a few requests (docs/speculative-decoding.md, "Measurements"); TPU/GPU: vLLM's
 # (none).
+# The layer loop per platform when --scan-layers / --no-scan-layers is not given. On GPU, XLA copies each layer's
+# weights out of the stacked params before its dots (a dot cannot read a dynamic slice in place; measured on an H200:
+# 8 of a Llama-3-8B batch-1 step's 18 ms were those copies), so the GPU runs the unrolled loop over per-layer arrays
+# (7.5 ms) at ~3x the compile time per program (docs/decisions.md, "Unrolled layers on GPU"). CPU: the switched
+# scan over per-layer arrays (model/layers.py: LayerSwitch); TPU: the scan (compiled once whatever the depth).
+SCAN_LAYERS_DEFAULT = {"cpu": True, "tpu": True, "gpu": False}
 SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = {"cpu": 4, "tpu": None, "gpu": None}
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
 
@@ -230,8 +236,9 @@ class EngineArgs:
     num_processes: int | None = None
     process_id: int | None = None
     # Layers as one scan (compile time independent of depth; on CPU over per-layer arrays through switched
-    # matmuls, see model/layers.py: LayerSwitch), or unrolled over per-layer arrays (~6x the compile time).
-    scan_layers: bool = True
+    # matmuls, see model/layers.py: LayerSwitch), or unrolled over per-layer arrays (~3-6x the compile time).
+    # None: the platform's default (SCAN_LAYERS_DEFAULT: unrolled on GPU).
+    scan_layers: bool | None = None
     # Smallest buckets (default: 2 on CPU, where every padding row costs time, 16 / 8 on accelerators). One-token
     # buckets are avoided: XLA:CPU turns a one-row KV write into a dynamic-update-slice and copies the cache.
     min_token_bucket: int | None = None
@@ -312,7 +319,7 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             compilation_cache_dir=resolve_cache_dir(self.compilation_cache_dir, self.compilation_cache),
             platform=platform,
-            scan_layers=self.scan_layers,
+            scan_layers=SCAN_LAYERS_DEFAULT[platform] if self.scan_layers is None else self.scan_layers,
             structured_outputs_config=StructuredOutputsConfig.parse(self.structured_outputs_config),
             reasoning_parser=self.reasoning_parser,
             async_scheduling=(ASYNC_SCHEDULING_DEFAULT[platform] and speculative is None and pooler is None
