@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -210,7 +211,12 @@ def test_a_cancelled_request_counts_as_abort(engine, metrics):
         async with contextlib.aclosing(engine.generate([8, 9], params, "quitter")) as gen:
             async for _ in gen:
                 break
-        while engine.get_stats().num_requests_running:
+        # The engine publishes its counts as soon as it applies the abort (running 0), and the iteration's stats
+        # (the abort among them) when the iteration ends: wait for the counter, not for the gauge (a CI run read
+        # the metrics in between).
+        deadline = time.monotonic() + 30
+        while (value(samples(metrics), "vllm:request_success_total", finished_reason="abort") == before
+               and time.monotonic() < deadline):
             await asyncio.sleep(0.005)
 
     asyncio.run(main())
