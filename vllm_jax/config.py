@@ -59,8 +59,8 @@ ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
 # The layer loop per platform when --scan-layers / --no-scan-layers is not given. On GPU, XLA copies each layer's
 # weights out of the stacked params before its dots (a dot cannot read a dynamic slice in place; measured on an H200:
 # 8 of a Llama-3-8B batch-1 step's 18 ms were those copies), so the GPU runs the unrolled loop over per-layer arrays
-# (7.5 ms) at ~3x the compile time per program (docs/decisions.md, "Unrolled layers on GPU"). CPU: the switched
-# scan over per-layer arrays (model/layers.py: LayerSwitch); TPU: the scan (compiled once whatever the depth).
+# (7.5 ms) at ~3x the compile time per program (docs/decisions.md, "Departures from the first design"). CPU: the
+# switched scan over per-layer arrays (model/layers.py: LayerSwitch); TPU: the scan (compiled once whatever the depth).
 SCAN_LAYERS_DEFAULT = {"cpu": True, "tpu": True, "gpu": False}
 SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT = {"cpu": 4, "tpu": None, "gpu": None}
 _CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB: never a silent huge allocation on a laptop
