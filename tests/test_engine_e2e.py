@@ -3,6 +3,8 @@ never change greedy outputs, which equal transformers'; seeded sampling ignores 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -36,7 +38,9 @@ def reference(checkpoint, prompts):
 
 @pytest.fixture(scope="module")
 def llm(checkpoint):
-    return LLM(str(checkpoint[0]), **BASE_ARGS)
+    with pytest.MonkeyPatch.context() as patch:  # its forwards compile side by side, whatever the CPU count
+        patch.setenv("VLLM_JAX_COMPILE_THREADS", "2")
+        return LLM(str(checkpoint[0]), **BASE_ARGS)
 
 
 def _token_ids(outputs):
@@ -133,6 +137,9 @@ def test_abort_frees_blocks_at_once(llm, prompts):
 
 def test_no_compilation_after_warmup_over_a_random_workload_of_100_requests(llm):
     runner = llm.llm_engine.runner
+    # every token bucket's forward was made ready two compiles at a time (DeviceStep.precompile_forwards), before
+    # the plan's own order reached it
+    assert runner.compilation.forwards_side_by_side == len(runner.token_buckets) > 1
     before = runner.num_compilations
     rng = np.random.default_rng(5)
     prompts, params = [], []
@@ -165,3 +172,16 @@ def test_prompt_logprobs_over_chunked_prefill_equal_transformers(llm, checkpoint
         for tid, lp in entries.items():
             assert abs(lp.logprob - row[tid]) < 1e-4
     _assert_drained(llm)
+
+
+def test_compile_threads_come_from_the_environment_and_a_bad_value_is_named(monkeypatch):
+    from vllm_jax.worker.compilation import compile_threads
+
+    monkeypatch.delenv("VLLM_JAX_COMPILE_THREADS", raising=False)
+    assert compile_threads() == max(1, os.cpu_count() or 1)
+    monkeypatch.setenv("VLLM_JAX_COMPILE_THREADS", "3")
+    assert compile_threads() == 3
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv("VLLM_JAX_COMPILE_THREADS", bad)
+        with pytest.raises(ValueError, match=f"VLLM_JAX_COMPILE_THREADS must be a positive integer; got '{bad}'"):
+            compile_threads()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class CompilationManager:
         self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
         self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: worker/multimodal_step.py)
         self.multimodal = None  # a vision-language model's MultimodalStep (engine_builder sets it)
+        self.forwards_side_by_side = 0  # forwards made ready before the plan (compiled several at a time)
         self.chunks = (ChunkProgram(device, shapes.num_scheduler_steps, shapes.block_size, shapes.vocab_size)
                        if shapes.num_scheduler_steps > 1 else None)
 
@@ -181,6 +183,20 @@ class CompilationManager:
         else:
             self.device.precompile_process(logits_for[num_seqs], tensors)
 
+    def _compile_forwards_side_by_side(self) -> None:
+        """The token buckets' forwards first, several compiling at once (DeviceStep.precompile_forwards); the plan
+        then finds them ready. The rest of the plan (samplers, feeds, speculators) compiles in order."""
+        threads = compile_threads()
+        if threads < 2 or len(self.shapes.buckets) < 2:
+            return
+        t0 = time.perf_counter()
+        ready, compiled = self.device.precompile_forwards(
+            [self._empty_inputs(t, s) for t, s in self.shapes.buckets], threads)
+        self.forwards_side_by_side += ready
+        if compiled:
+            logger.info("warm-up: %d forward programs compiled, up to %d at once, in %.1f s", compiled,
+                        min(threads, compiled), time.perf_counter() - t0)
+
     def warmup(self, show_progress: bool = True) -> float:
         """Make every program of `plan` ready (loaded from the compilation cache, or compiled and stored); returns
         the seconds it took. Progress: a bar when `show_progress`, else a log line every few seconds."""
@@ -194,6 +210,7 @@ class CompilationManager:
                         len(plan))
         store = self.device.store
         loaded_before = store.loaded if store is not None else 0
+        self._compile_forwards_side_by_side()
         progress = WarmupProgress(len(plan), show_progress)
         with count_cache_lookups() as jax_cache:
             for label, make_ready in plan:
@@ -212,6 +229,17 @@ class CompilationManager:
         logger.info("warm-up: %d programs ready in %.1f s (%d compiled, %d loaded from the compilation cache)",
                     len(plan), seconds, len(plan) - loaded, loaded)
         return seconds
+
+
+def compile_threads() -> int:
+    """How many of warm-up's forward programs compile at once: $VLLM_JAX_COMPILE_THREADS, else one per CPU core
+    (XLA compiles one program on about one core)."""
+    value = os.environ.get("VLLM_JAX_COMPILE_THREADS")
+    if value is None:
+        return max(1, os.cpu_count() or 1)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"VLLM_JAX_COMPILE_THREADS must be a positive integer; got {value!r}")
+    return int(value)
 
 
 def program_store(config: EngineConfig, cache_dir: str | None, devices: list, state: object) -> ProgramStore | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,12 +237,41 @@ class DeviceStep:
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""
-        key = ("forward", input_signature(inputs))
-        args = (self.params, self.kv_cache, self._to_device(inputs), *self._lora_args())
-        outputs = (0, 0, 0) if self.returns_aux else (0, 0)
+        key, args, outputs = self._forward_call(inputs)
         executable = self._executables.get(key) or self.load_or_compile(key, self._forward, args, args, outputs)
         self._executables[key] = executable
         return self.forward_outputs(inputs)[1]
+
+    def precompile_forwards(self, inputs: list[StepInputs], max_workers: int) -> tuple[int, int]:
+        """Make the forwards for all these input shapes ready (loaded from the store, or compiled up to
+        `max_workers` at once); returns (how many it made ready, how many of them it compiled). Tracing and
+        lowering stay on this thread (Python); XLA's compiles, which release the GIL, run side by side: an unrolled
+        forward takes seconds to compile on a GPU (docs/accelerators.md, "On an NVIDIA H200"), and the buckets'
+        forwards are independent programs."""
+        pending, ready = [], 0
+        for one in inputs:
+            key, args, outputs = self._forward_call(one)
+            if key in self._executables or any(key == p[0] for p in pending):
+                continue
+            executable = self._load(key, args, outputs)
+            if executable is not None:
+                self._executables[key] = executable
+                ready += 1
+            else:
+                pending.append((key, args, outputs, self._forward.lower(*args)))
+        if pending:
+            with count_cache_lookups() as jax_cache, ThreadPoolExecutor(min(max_workers, len(pending))) as pool:
+                executables = list(pool.map(lambda p: p[3].compile(), pending))
+            for (key, args, outputs, _), executable in zip(pending, executables):
+                self._executables[key] = executable
+                if jax_cache.hits == 0:  # as load_or_compile: a program jax read from its own cache is not stored
+                    self._save(key, executable, args, outputs)
+        return ready + len(pending), len(pending)
+
+    def _forward_call(self, inputs: StepInputs) -> tuple[tuple, tuple, tuple]:
+        """(program key, arguments, outputs' pytree shape) of the forward for these inputs."""
+        args = (self.params, self.kv_cache, self._to_device(inputs), *self._lora_args())
+        return ("forward", input_signature(inputs)), args, (0, 0, 0) if self.returns_aux else (0, 0)
 
     def forward_outputs(self, inputs: StepInputs) -> list[jax.ShapeDtypeStruct]:
         """The precompiled forward's outputs as abstract values: kv_cache, logits (and the aux states)."""
@@ -272,19 +302,30 @@ class DeviceStep:
         """The executable for `key`: loaded from the store, else compiled (and stored when freshly compiled).
 
         `outputs`: any pytree shaped like the program's outputs, to rebuild the executable's pytrees on load."""
-        if self.store is None:
-            return jitted.lower(*args).compile()
-        name, signature = key[0], repr(key[1:])
-        trees = (jax.tree.structure((dynamic_args, {})), jax.tree.structure(outputs))
-        executable = self.store.load(name, signature, trees, self.devices)
+        executable = self._load(key, dynamic_args, outputs)
         if executable is None:
             with count_cache_lookups() as jax_cache:
                 executable = jitted.lower(*args).compile()
             # Only a fresh compile is stored: on CPU, an executable jax read back from its own cache serializes
             # without its kernels ("Function ... not found" once loaded). jax's cache serves that program anyway.
             if jax_cache.hits == 0:
-                self.store.save(name, signature, executable, trees)
+                self._save(key, executable, dynamic_args, outputs)
         return executable
+
+    def _load(self, key: tuple, dynamic_args: tuple, outputs: Any) -> Any | None:
+        """The stored executable for `key` (None: no store, or a miss)."""
+        if self.store is None:
+            return None
+        return self.store.load(key[0], repr(key[1:]), _trees(dynamic_args, outputs), self.devices)
+
+    def _save(self, key: tuple, executable: Any, dynamic_args: tuple, outputs: Any) -> None:
+        if self.store is not None:
+            self.store.save(key[0], repr(key[1:]), executable, _trees(dynamic_args, outputs))
+
+
+def _trees(dynamic_args: tuple, outputs: Any) -> tuple:
+    """An executable's (inputs, outputs) pytree structures, which the store rebuilds it with."""
+    return jax.tree.structure((dynamic_args, {})), jax.tree.structure(outputs)
 
 
 def input_signature(tree: Any) -> tuple:
