@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite's pytest workers already keep every core busy: warm-up compiles one program at a time unless a test
+# asks for more (tests/test_engine_e2e.py's engine compiles its forwards two at a time).
+os.environ.setdefault("VLLM_JAX_COMPILE_THREADS", "1")
 
 # Compiled programs go to a cache of this test session, never to the user's ~/.cache: engines with the same tiny
 # config then load each other's warm-up programs (vllm_jax/worker/compilation_cache.py), which keeps the suite fast.
