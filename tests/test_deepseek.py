@@ -27,6 +27,12 @@ def test_logits_match_transformers_on_ragged_chunked_batches(arch, overrides, tm
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
 
 
+def test_logits_match_transformers_with_unrolled_layers(tmp_path):
+    """V3's Python loop over per-layer arrays (--no-scan-layers, the GPU's default)."""
+    hf = make_tiny_checkpoint("deepseek_v3", tmp_path)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), layers="unrolled")
+
+
 @pytest.fixture(scope="module")
 def v3(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_deepseek_v3")

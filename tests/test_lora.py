@@ -96,6 +96,18 @@ def test_mixed_batch_matches_peft_per_adapter(llama):
     assert_idle(llm)
 
 
+def test_adapters_apply_through_the_unrolled_layer_loop(llama):
+    """--no-scan-layers (the GPU's default loop): each layer's adapter weights are picked by a Python index."""
+    root, _, refs, lora = llama
+    llm = LLM(str(root / "base"), enable_lora=True, max_loras=2, max_lora_rank=8, max_cpu_loras=2,
+              scan_layers=False, **ENGINE)
+    names = [None, "A", "B"]
+    ps = prompts(4, (6, 11, 9))
+    outs = llm.generate(ps, GREEDY, use_tqdm=False, lora_request=[lora[n] if n else None for n in names])
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(refs[n], p, MAX_TOKENS) for n, p in zip(names, ps)]
+    assert_idle(llm)
+
+
 def test_a_third_adapter_evicts_an_unpinned_slot_without_compiling(llama):
     """max_loras=2: C takes the least recently used slot once nothing runs on it; a request for A after that
     reloads A (the host cache holds two), all without a compilation."""

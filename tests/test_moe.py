@@ -44,6 +44,13 @@ def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_logits_match_transformers_with_unrolled_layers(arch, tmp_path):
+    """The MoE model's Python loop over per-layer arrays (--no-scan-layers, the GPU's default)."""
+    hf = make_tiny_checkpoint(arch, tmp_path)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), layers="unrolled")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_greedy_continuation_of_32_tokens_is_token_identical(arch, tmp_path):
     hf = make_tiny_checkpoint(arch, tmp_path, seed=3)
     assert_greedy_matches_transformers(hf, tmp_path)

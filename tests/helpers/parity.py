@@ -27,8 +27,8 @@ SPLITS = (3, 11, 1, 13)
 def load_forward(path, layers: str = "stacked", attention_backend: str = "auto"):
     """(spec, params, jitted forward(params, kv, inputs), zeroed KV cache) for a checkpoint directory.
 
-    `layers`: "stacked" (the scan over stacked params, as on TPU/GPU), "switched" (the scan over per-layer
-    arrays, as on CPU) or "unrolled" (--no-scan-layers). `attention_backend`: a Pallas one runs in interpret
+    `layers`: "stacked" (the scan over stacked params, as on TPU), "switched" (the scan over per-layer arrays, as
+    on CPU) or "unrolled" (--no-scan-layers, as on GPU). `attention_backend`: a Pallas one runs in interpret
     mode on CPU."""
     source = resolve_model_source(str(path))
     entry, spec = resolve_architecture(load_hf_config(source))
