@@ -115,7 +115,7 @@ serving_stage() {
     local port started_serving=
     port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     export VLLM_JAX_CACHE_ROOT="$work/cache"
-    vllm-jax serve ${serve_model:+"$serve_model"} --port "$port" >"$work/serve.log" 2>&1 &
+    python -m vllm_jax.cli serve ${serve_model:+"$serve_model"} --port "$port" >"$work/serve.log" 2>&1 &
     pid=$!
     for _ in $(seq "$stage_timeout"); do
         grep -q "vllm-jax serving" "$work/serve.log" && { started_serving=1; break; }

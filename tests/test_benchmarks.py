@@ -72,3 +72,29 @@ def test_host_overhead_reports_each_stage_of_a_decode_step_and_profiles_one_size
         assert min(stages) >= 0 and step > 0 and r[10].strip().endswith("%") and float(r[11]) > 0
     assert [int(r[0]) for r in rows if len(r) == 3] == [2, 3]  # end-to-end tok/s, sync and async
     assert re.search(r"cProfile over [1-9]\d* decode steps", proc.stdout) and "llm_engine.py" in proc.stdout
+
+
+def test_the_serving_checkpoint_has_the_default_models_shapes_and_tokenizer(tmp_path):
+    """benchmarks/serving_checkpoint.py (for a machine the default model's GGUF cannot travel to): its config gives
+    the default model's decoder spec, and its tokenizer the default model's token ids."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from vllm_jax import EngineArgs
+    from vllm_jax.model.spec import spec_from_hf_config
+    from vllm_jax.model_loader.tokenizer import load_tokenizer
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "serving_checkpoint.py"
+    module_spec = importlib.util.spec_from_file_location("serving_checkpoint", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    module.write_config_and_tokenizer(tmp_path)
+
+    default = EngineArgs().create_config().model_config
+    written = AutoConfig.from_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    assert spec_from_hf_config(written) == spec_from_hf_config(default.hf_config)
+    text = "Weather in Paris? <|im_start|>user\nÇa va, 東京?"
+    assert AutoTokenizer.from_pretrained(tmp_path).encode(text) == load_tokenizer(default).encode(text)
