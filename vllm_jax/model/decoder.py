@@ -38,7 +38,7 @@ from vllm_jax.model.lora_layers import LoRAMask
 from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
+from vllm_jax.pallas_kernels.precision import model_matmuls
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
@@ -47,7 +47,7 @@ def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, input
     plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set. `lora`: the
     stacked adapter slots (worker/lora_slots.py), read through `inputs.lora_slots`; None: no LoRA."""
     model = nnx.merge(graphdef, state)
-    with float32_matmuls(compute_dtype(state)):
+    with model_matmuls(state):
         return model(kv_cache, inputs) if lora is None else model(kv_cache, inputs, lora=lora)
 
 

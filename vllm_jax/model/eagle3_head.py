@@ -37,7 +37,7 @@ from vllm_jax.model.layers import (
     rotary_tables,
 )
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
+from vllm_jax.pallas_kernels.precision import model_matmuls
 
 
 class VocabMap(nnx.Variable):
@@ -132,7 +132,7 @@ def eagle3_forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The head as a pure function of its split state, for `jax.jit(..., static_argnames="from_target",
     donate_argnums=2)`: -> (kv_cache, hidden [T, H], float32 logits [S, draft_vocab])."""
-    with float32_matmuls(compute_dtype(state)):  # pallas_kernels/precision.py
+    with model_matmuls(state):  # pallas_kernels/precision.py
         return nnx.merge(graphdef, state)(kv_cache, inputs, features, from_target=from_target,
                                           embed_tokens=embed_tokens)
 

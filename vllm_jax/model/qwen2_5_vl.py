@@ -18,13 +18,13 @@ from vllm_jax.model.qwen2_5_vision import VisionTower
 from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model.vision_layout import VisionInputs
-from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
+from vllm_jax.pallas_kernels.precision import model_matmuls
 
 
 def encode_images(graphdef: nnx.GraphDef, state: nnx.State, batch: VisionInputs) -> jax.Array:
     """The vision tower as a pure function of the model's split state: [M, mm_embed_width] image tokens (any
     tower here: `batch` is its spec's `encoder_inputs`)."""
-    with float32_matmuls(compute_dtype(state)):  # pallas_kernels/precision.py
+    with model_matmuls(state):  # pallas_kernels/precision.py
         return nnx.merge(graphdef, state).vision(batch)
 
 

@@ -23,6 +23,11 @@ def float32_matmuls(dtype) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def model_matmuls(state) -> contextlib.AbstractContextManager:
+    """The tracing context of a model program whose params are `state`: float32_matmuls of its compute dtype."""
+    return float32_matmuls(compute_dtype(state))
+
+
 def compute_dtype(state) -> jnp.dtype:
     """A model's compute dtype read off its params: the dtype of its largest floating-point array (kept-quantized
     weights are integers; their scales and the norms are small)."""

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
+from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
 from vllm_jax.worker.draft_chain import ChainInputs
@@ -74,7 +74,7 @@ class DraftStep:
 
     def _catch_up_impl(self, params, kv_cache, inputs: StepInputs):
         self.on_trace()
-        with float32_matmuls(compute_dtype(params)):  # pallas_kernels/precision.py
+        with model_matmuls(params):  # pallas_kernels/precision.py
             kv_cache, _, _ = nnx.merge(self.graphdef, params).hidden_states(kv_cache, inputs)
         return kv_cache
 
@@ -94,7 +94,7 @@ class DraftStep:
             return (kv_cache, token_ids.at[:shared].set(proposed[:shared])), proposed
 
         xs = (chain.positions, chain.slot_mapping, chain.seq_lens)
-        with float32_matmuls(compute_dtype(params)):  # pallas_kernels/precision.py
+        with model_matmuls(params):  # pallas_kernels/precision.py
             (kv_cache, _), proposed = jax.lax.scan(one, (kv_cache, chain.first_token_ids), xs)
         return kv_cache, proposed  # [k, S]
 

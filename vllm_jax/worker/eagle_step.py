@@ -35,7 +35,7 @@ from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
 from vllm_jax.model.eagle3_head import draft_to_target_ids
 from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
+from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
 from vllm_jax.worker.draft_chain import ChainInputs
@@ -92,7 +92,7 @@ class EagleStep:
     def _propose_impl(self, params, kv_cache, embed_tokens, aux, gather, catch_up: StepInputs,
                       chain: ChainInputs | None):
         self.on_trace()
-        with float32_matmuls(compute_dtype(params)):  # pallas_kernels/precision.py
+        with model_matmuls(params):  # pallas_kernels/precision.py
             return self._propose_traced(nnx.merge(self.graphdef, params), kv_cache, embed_tokens, aux, gather,
                                         catch_up, chain)
 

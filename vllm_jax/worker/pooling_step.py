@@ -27,7 +27,7 @@ from vllm_jax.model.layers import rms_norm
 from vllm_jax.model.pooler import PoolInputs, pool
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
+from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.worker.compilation import CompilationManager, WarmupPlan
 from vllm_jax.worker.device_step import DeviceStep, input_signature
 
@@ -88,7 +88,7 @@ def _hidden_forward(step: DeviceStep, params, kv_cache, inputs: StepInputs, lora
     """The pooling forward: (kv_cache, the final-normed hidden states [T, H]); no LM head."""
     step.on_trace()
     model = nnx.merge(step.graphdef, params)
-    with float32_matmuls(compute_dtype(params)):  # pallas_kernels/precision.py
+    with model_matmuls(params):  # pallas_kernels/precision.py
         kv_cache, hidden, _ = model.hidden_states(kv_cache, inputs)
         return kv_cache, rms_norm(hidden, model.final_norm[...], model.spec.rms_norm_eps)
 
