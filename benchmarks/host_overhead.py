@@ -211,7 +211,7 @@ def baseline_tok_s(path: str, model: str, num_requests: int, input_len: int, out
     """`end_to_end` with another checkout's vllm_jax (its defaults), in a subprocess started in that checkout, so
     that its package is the one imported (checked)."""
     root = Path(path).resolve()
-    # Loaded by path: benchmarks/ on sys.path would shadow packages (its kernels.py hides HF's `kernels`).
+    # Loaded by path: the checkout's benchmarks/ must not come first on sys.path there.
     code = (f"import importlib.util as u; import vllm_jax; "
             f"assert vllm_jax.__file__.startswith({str(root)!r}), vllm_jax.__file__; "
             f"s = u.spec_from_file_location('host_overhead', {str(Path(__file__).resolve())!r}); "

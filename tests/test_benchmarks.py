@@ -98,3 +98,16 @@ def test_the_serving_checkpoint_has_the_default_models_shapes_and_tokenizer(tmp_
     assert spec_from_hf_config(written) == spec_from_hf_config(default.hf_config)
     text = "Weather in Paris? <|im_start|>user\nÇa va, 東京?"
     assert AutoTokenizer.from_pretrained(tmp_path).encode(text) == load_tokenizer(default).encode(text)
+
+
+def test_no_benchmark_script_hides_an_installed_package():
+    """`python benchmarks/X.py` puts benchmarks/ first on sys.path, so a script named like an installed package
+    replaces it for every import: a benchmarks/kernels.py once broke transformers (it imports HF's `kernels`)."""
+    import importlib.util
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "benchmarks"
+    hidden = [p.name for p in sorted(scripts.glob("*.py"))
+              if importlib.util.find_spec(p.stem) is not None and Path(importlib.util.find_spec(p.stem).origin or "")
+              .resolve().parent != scripts]
+    assert not hidden, f"these benchmark scripts share a name with an installed module: {hidden}"

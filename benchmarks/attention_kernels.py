@@ -1,7 +1,7 @@
 """Attention and KV-write kernels on realistic shapes: microseconds and achieved HBM GB/s next to the peak.
 
-    python benchmarks/kernels.py                 # on a TPU or GPU: every backend of the platform
-    python benchmarks/kernels.py --smoke         # tiny shapes, any platform (CPU: interpret mode), checks the script
+    python benchmarks/attention_kernels.py         # on a TPU or GPU: every backend of the platform
+    python benchmarks/attention_kernels.py --smoke # tiny shapes, any platform (CPU: interpret mode), checks the script
 
 Llama-3-8B attention heads (32 q / 8 kv, head_dim 128), bfloat16, one layer of a stacked cache read through
 `layer_index` as the model does. Rows: decode batches of 1-256 sequences at 1k-8k context, a mixed batch
@@ -160,8 +160,8 @@ def main() -> None:
 
     platform = jax.default_backend()
     if platform == "cpu" and not ns.smoke:
-        print("benchmarks/kernels.py times accelerator kernels; this machine has only a CPU (the Pallas kernels "
-              "would run in interpret mode).\nRun it on a TPU or GPU, or pass --smoke to check the script here.")
+        print("benchmarks/attention_kernels.py times accelerator kernels; this machine has only a CPU (the Pallas "
+              "kernels would run in interpret mode).\nRun it on a TPU or GPU, or pass --smoke to check this script.")
         return
     device = jax.devices()[0]
     native = attention_backend_for("auto", platform).name
