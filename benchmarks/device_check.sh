@@ -54,7 +54,7 @@ run_stage() {  # run_stage NAME COMMAND...: a failure or a timeout is recorded, 
 }
 
 # 1. kernels ------------------------------------------------------------------------------------------------
-cat >"$work/kernels.py" <<'PY'
+cat >"$work/kernel_parity.py" <<'PY'
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from tests.helpers.ragged_batches import make_batch, paged_batch
@@ -104,7 +104,7 @@ results.append(dict(case="kv_write", kernel=kernel, ok=same))
 print(f"kernels: kv_write: {'ok' if same else 'MISMATCH'}")
 json.dump(dict(device=jax.devices()[0].device_kind, kernel=kernel, cases=results), open(path, "w"), indent=1)
 PY
-run_stage kernels python "$work/kernels.py" "$shape" "$work/kernels.json"
+run_stage kernels python "$work/kernel_parity.py" "$shape" "$work/kernels.json"
 
 # 2. decode -------------------------------------------------------------------------------------------------
 run_stage decode python benchmarks/compare.py --device-mode --device-shape "$shape" --batches 1 8 32 64 128 256 --context 1024 \
@@ -115,6 +115,7 @@ serving_stage() {
     local port started_serving=
     port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     export VLLM_JAX_CACHE_ROOT="$work/cache"
+    local serve_started=$SECONDS
     python -m vllm_jax.cli serve ${serve_model:+"$serve_model"} --port "$port" >"$work/serve.log" 2>&1 &
     pid=$!
     for _ in $(seq "$stage_timeout"); do
@@ -123,6 +124,7 @@ serving_stage() {
         sleep 1
     done
     [[ -n $started_serving ]] || { tail -n 30 "$work/serve.log" >&2; return 1; }
+    echo "$((SECONDS - serve_started))" >"$work/serve_startup_seconds"  # start-up: load, KV probe, warm-up
     timeout "$stage_timeout" python benchmarks/serving.py --base-url "http://127.0.0.1:$port" --num-prompts 32 \
         --max-concurrency 8 --input-len 128 --output-len 64 --save-result "$work/serving.json" || return 1
     kill "$pid"; wait "$pid" || true; pid=
@@ -133,7 +135,8 @@ serving_stage || { failed_stages+=(serving); echo "device_check: stage serving F
 # 4. the kernel tests on the device (last: the longest, and the first stage compared the kernels already) ------
 tests=(tests/test_pallas_kernels.py)
 [[ $shape == tiny ]] && tests=(tests/test_pallas_kernels.py -k "hand_computed or xla_backend")
-run_stage kernel_tests python -X faulthandler -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
+# the interpreter tests run their kernels on the host through io_callback, which needs the CPU platform too
+JAX_PLATFORMS=$platform,cpu run_stage kernel_tests python -X faulthandler -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
 tail -n 3 "$work/pytest.log"
 
 python - "$work" "$out" "$((SECONDS - started))" "${failed_stages[@]}" <<'PY'
@@ -144,10 +147,10 @@ log = (work / "pytest.log").read_text().strip().splitlines() if (work / "pytest.
 kernels = read("kernels.json")
 result = dict(device=kernels["device"] if kernels else None, seconds=seconds, failed_stages=failed, kernels=kernels,
               kernel_tests=dict(summary=log[-1] if log else None), decode=read("decode.json"),
-              serving=read("serving.json"))
+              serving=read("serving.json"), serving_startup_seconds=read("serve_startup_seconds"))
 result["ok"] = not failed and all(c["ok"] for c in kernels["cases"])
-for name in ("serve.log", "pytest.log"):  # a failed stage's log travels in the JSON
-    if (work / name).exists() and failed:
+for name in ("serve.log", "pytest.log"):  # the server's log (its warm-up) travels in the JSON, a failed stage's too
+    if (work / name).exists() and (failed or name == "serve.log"):
         result[name] = (work / name).read_text()[-6000:]
 pathlib.Path(out).write_text(json.dumps(result, indent=1) + "\n")
 print(f"device_check: {'ok' if result['ok'] else 'FAILED (' + ' '.join(failed) + ')'} in {seconds} s -> {out}")
