@@ -14,6 +14,7 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs
 from vllm_jax.attention import attention_backend_for
 from vllm_jax.model.decoder import forward
+from vllm_jax.pallas_kernels import xla_attention
 from vllm_jax.pallas_kernels.precision import compute_dtype, float32_matmuls
 from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.model_runner import ModelRunner
@@ -46,8 +47,12 @@ def test_the_context_sets_highest_for_float32_only():
 def test_the_xla_attention_backend_multiplies_float32_at_highest_precision(dtype):
     *batch, _ = make_batch("mixed", group=2, head_dim=32, dtype=dtype, block_size=8, layers=None, seed=3)
     backend = attention_backend_for("xla")
+    expected = {HIGHEST} if dtype == jnp.float32 else {None}
     jaxpr = jax.make_jaxpr(lambda *a: backend.attention(*a, sm_scale=0.2))(*batch).jaxpr
-    assert _dot_precisions(jaxpr) == ({HIGHEST} if dtype == jnp.float32 else {None})
+    assert _dot_precisions(jaxpr) == expected
+    # the function itself, called outside any backend or model program (as the kernel tests and benchmarks do)
+    jaxpr = jax.make_jaxpr(lambda *a: xla_attention.ragged_paged_attention(*a, sm_scale=0.2))(*batch).jaxpr
+    assert _dot_precisions(jaxpr) == expected
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -7,7 +7,6 @@ import jax
 
 from vllm_jax.attention.base import AttentionBackend
 from vllm_jax.pallas_kernels import mla_attention, xla_attention, xla_common
-from vllm_jax.pallas_kernels.precision import float32_matmuls
 
 
 class XlaBackend(AttentionBackend):
@@ -21,15 +20,13 @@ class XlaBackend(AttentionBackend):
     def _attention(self, q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, *, sm_scale,
                    sliding_window, soft_cap, layer_index, k_scale, v_scale, sinks,
                    kv_head_offset=None) -> jax.Array:
-        with float32_matmuls(q.dtype):  # as the Pallas kernels' own float32 dots (pallas_kernels/precision.py)
-            return xla_attention.ragged_paged_attention(q, kv_cache, block_tables, seq_lens, query_start_loc,
-                                                        num_seqs, sm_scale=sm_scale, sliding_window=sliding_window,
-                                                        soft_cap=soft_cap, layer_index=layer_index, k_scale=k_scale,
-                                                        v_scale=v_scale, sinks=sinks)
+        return xla_attention.ragged_paged_attention(q, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs,
+                                                    sm_scale=sm_scale, sliding_window=sliding_window,
+                                                    soft_cap=soft_cap, layer_index=layer_index, k_scale=k_scale,
+                                                    v_scale=v_scale, sinks=sinks)
 
     def _mla_attention(self, q_latent, q_rope, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, *,
                        sm_scale, layer_index, kv_scale) -> jax.Array:
-        with float32_matmuls(q_latent.dtype):
-            return mla_attention.mla_ragged_paged_attention(q_latent, q_rope, kv_cache, block_tables, seq_lens,
-                                                            query_start_loc, num_seqs, sm_scale=sm_scale,
-                                                            layer_index=layer_index, kv_scale=kv_scale)
+        return mla_attention.mla_ragged_paged_attention(q_latent, q_rope, kv_cache, block_tables, seq_lens,
+                                                        query_start_loc, num_seqs, sm_scale=sm_scale,
+                                                        layer_index=layer_index, kv_scale=kv_scale)

@@ -11,6 +11,7 @@ already at that precision.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,16 @@ def float32_matmuls(dtype) -> contextlib.AbstractContextManager:
     if jnp.dtype(dtype) == jnp.float32:
         return jax.default_matmul_precision("highest")
     return contextlib.nullcontext()
+
+
+def at_query_precision(attention):
+    """An attention function whose float32 query makes its dots float32 too, whoever calls it: the xla backend
+    upcasts pages and queries to float32 inside, so only the query's own dtype says what the caller asked for."""
+    @functools.wraps(attention)
+    def traced(q, *args, **kwargs):
+        with float32_matmuls(q.dtype):
+            return attention(q, *args, **kwargs)
+    return traced
 
 
 def model_matmuls(state) -> contextlib.AbstractContextManager:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vllm_jax.pallas_kernels.precision import at_query_precision
 from vllm_jax.pallas_kernels.xla_common import (
     MASKED,
     RowLayout,
@@ -33,6 +34,7 @@ _QUERY_TILE = 64  # query rows per tile of a multi-row sequence
 _DECODE_GROUP = 8  # one-row sequences per gather
 
 
+@at_query_precision  # float32 means float32 on GPU and TPU too (precision.py)
 def ragged_paged_attention(q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                            query_start_loc: jax.Array, num_seqs: jax.Array, *, sm_scale: float,
                            sliding_window: int | jax.Array | None = None, soft_cap: float | None = None,
