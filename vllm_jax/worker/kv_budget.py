@@ -69,9 +69,11 @@ def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_b
         if budget < 2 * bytes_per_block:
             temps = f" and the compiled programs' temporaries ({temp_bytes / GiB:.2f} GiB)" if temp_bytes else ""
             raise ValueError(
-                f"the weights ({weight_bytes / GiB:.2f} GiB per device){temps} leave no room for the KV cache in "
-                f"--gpu-memory-utilization ({cache.gpu_memory_utilization}) x {device_bytes / GiB:.1f} GiB: raise "
-                f"--tensor-parallel-size or --gpu-memory-utilization, or lower --max-num-batched-tokens")
+                f"the weights ({weight_bytes / GiB:.2f} GiB per device, counting every array alive on it: an "
+                f"earlier engine in this process holds its cache until it is deleted){temps} leave no room for "
+                f"the KV cache in --gpu-memory-utilization ({cache.gpu_memory_utilization}) x "
+                f"{device_bytes / GiB:.1f} GiB: raise --tensor-parallel-size or --gpu-memory-utilization, or lower "
+                f"--max-num-batched-tokens")
         blocks = budget // bytes_per_block
     check_capacity(config, blocks)
     return KVBudget(device_bytes, usable, weight_bytes, temp_bytes, bytes_per_block, int(blocks))
