@@ -1,8 +1,11 @@
-"""Where a batch-1 decode step's time goes on CPU: the engine's end-to-end tok/s, the forward program and the
-sampler timed alone, and a `jax.profiler` trace of the forward split into the layers' GEMVs (with the GB/s each
-streams its weight at), the LM head, attention and the rest (XLA:CPU's thunk dispatch, norms, rotary).
+"""Where a decode step's time goes on CPU (batch 1 by default): the engine's end-to-end tok/s, the forward program
+and the sampler timed alone, and a `jax.profiler` trace of the forward split into the layers' GEMVs (with the GB/s
+each streams its weight at), the LM head, attention and the rest (XLA:CPU's thunk dispatch, norms, rotary).
 
-    python benchmarks/decode_profile.py [--model M] [--quantization gguf] [--context 128] [--steps 20]
+    python benchmarks/decode_profile.py [--model M] [--quantization gguf] [--context 128] [--steps 20] [--batch 1]
+
+--batch N profiles N sequences decoding together (the 32-sequence row of benchmarks/vs_llamacpp.py: --batch 32);
+the "GEMVs" are then the layers' [N, in] x [in, out] dots.
 
 The trace's events are XLA:CPU's thunks (one per fusion, conditional and loop, nested); each event's self time
 (its duration less its children's) is charged to a category read from the optimized HLO: a dot fusion is a GEMV
@@ -169,18 +172,21 @@ def main() -> None:
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoding in the profiled step")
     parser.add_argument("--skip-engine", action="store_true", help="only the forward and sampler timings")
     ns = parser.parse_args()
     args = EngineArgs(model=ns.model, quantization=ns.quantization, max_model_len=1024)
+    blocks = ns.batch * -(-(ns.context + 1) // 16) + 2  # every sequence's pages (block size 16) and the null block
     runner = ModelRunner(EngineArgs(model=ns.model, quantization=ns.quantization, max_model_len=1024,
-                                    num_gpu_blocks_override=256).create_config())
-    inputs = decode_inputs(runner, 1, ns.context)
+                                    max_num_seqs=max(ns.batch, 4), block_size=16,
+                                    num_gpu_blocks_override=max(256, blocks)).create_config())
+    inputs = decode_inputs(runner, ns.batch, ns.context)
     device = runner.device
     hlo = device._forward.lower(device.params, device.kv_cache, inputs).compile().as_text()
     fwd_med, fwd_min = best_ms(lambda: runner.step(inputs), ns.steps)
     smp_med, smp_min = sampler_ms(runner, ns.steps)
     prof = profile_forward(runner, inputs, ns.steps, hlo)
-    print(f"forward (batch 1, {ns.context} context, bucket {inputs.input_ids.shape[0]} tokens): median "
+    print(f"forward (batch {ns.batch}, {ns.context} context, bucket {inputs.input_ids.shape[0]} tokens): median "
           f"{fwd_med:.1f} ms, min {fwd_min:.1f} ms")
     print(f"sampler (greedy, basic variant): median {smp_med:.2f} ms, min {smp_min:.2f} ms")
     print(f"traced forward: {prof['wall_ms']:.1f} ms a step; self time by category (ms a step):")
