@@ -2,6 +2,7 @@
 
     python benchmarks/attention_kernels.py         # on a TPU or GPU: every backend of the platform
     python benchmarks/attention_kernels.py --smoke # tiny shapes, any platform (CPU: interpret mode), checks the script
+    python benchmarks/attention_kernels.py --json out.json  # the rows as JSON too (benchmarks/device_check.sh)
 
 Llama-3-8B attention heads (32 q / 8 kv, head_dim 128), bfloat16, one layer of a stacked cache read through
 `layer_index` as the model does. Rows: decode batches of 1-256 sequences at 1k-8k context, a mixed batch
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import time
 
 import jax
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vllm_jax.attention import attention_backend_for
+from vllm_jax.pallas_kernels.kv_layout import from_interleaved
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 DECODE = [(1, 1024), (1, 8192), (16, 2048), (64, 4096), (128, 2048), (256, 1024), (256, 4096)]
@@ -72,9 +75,17 @@ def time_us(fn, *args, iters: int) -> float:
     return float(np.median(times)) * 1e6
 
 
-def ours(backend: str, b: dict):
-    fn = jax.jit(functools.partial(attention_backend_for(backend).attention, sm_scale=HEAD_DIM ** -0.5))
-    return lambda: fn(b["q"], b["cache"], b["tables"], b["lens"], b["qsl"], b["num_seqs"], layer_index=jnp.int32(0))
+def in_layout(backend, cache: jax.Array) -> jax.Array:
+    """The interleaved [.., 2 * kv_heads, head_dim] cache in `backend`'s own layout (pallas_tpu: lane-dense rows),
+    built once, outside the timing."""
+    return from_interleaved(cache) if backend.lane_dense else cache
+
+
+def ours(name: str, b: dict):
+    backend = attention_backend_for(name)
+    fn = jax.jit(functools.partial(backend.attention, sm_scale=HEAD_DIM ** -0.5))
+    cache = in_layout(backend, b["cache"])
+    return lambda: fn(b["q"], cache, b["tables"], b["lens"], b["qsl"], b["num_seqs"], layer_index=jnp.int32(0))
 
 
 def _shipped_gpu_blocks(pages: int) -> dict:
@@ -131,14 +142,15 @@ def write_rows(backends: list[str], block_size: int, dtype, iters: int, smoke: b
         k = jax.random.normal(jax.random.key(tokens), (tokens, heads, HEAD_DIM), dtype)
         nbytes = 2 * 2 * k.size * k.dtype.itemsize  # K and V, read once and written once
         cells = []
-        for backend in backends:
-            fn = jax.jit(attention_backend_for(backend).write_kv_cache, donate_argnums=0)
-            state = {"cache": jnp.zeros((1, num_blocks, block_size, 2 * heads, HEAD_DIM), dtype)}
+        for name in backends:
+            backend = attention_backend_for(name)
+            fn = jax.jit(backend.write_kv_cache, donate_argnums=0)
+            state = {"cache": in_layout(backend, jnp.zeros((1, num_blocks, block_size, 2 * heads, HEAD_DIM), dtype))}
 
             def step(fn=fn, state=state, k=k, slots=slots):
                 state["cache"] = fn(state["cache"], k, k, slots, layer_index=jnp.int32(0))
                 return state["cache"]
-            cells.append((backend, _measure(step, nbytes, iters)))
+            cells.append((name, _measure(step, nbytes, iters)))
         yield f"kv write {tokens} tokens", nbytes, cells
 
 
@@ -156,6 +168,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, measures nothing")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ns = parser.parse_args()
 
     platform = jax.default_backend()
@@ -183,6 +196,12 @@ def main() -> None:
                 us, gbs = result
                 frac = f" ({100 * gbs / peak:.0f}% of peak)" if peak else ""
                 print(f"{label:<36} {size}  {column:<12} {us:9.1f} {gbs:7.1f}{frac}")
+    if ns.json:
+        cells = [dict(shape=name, mb_moved=nbytes / 1e6, column=column,
+                      **({"error": result} if isinstance(result, str) else {"us": result[0], "gb_s": result[1]}))
+                 for name, nbytes, row in rows for column, result in row]
+        with open(ns.json, "w") as f:
+            json.dump(dict(device=device.device_kind, peak_gb_s=peak, dtype=ns.dtype, rows=cells), f, indent=1)
 
 
 if __name__ == "__main__":

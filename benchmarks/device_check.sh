@@ -8,7 +8,9 @@
 #      (ms/step, tok/s, share of the measured HBM bandwidth);
 #   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and benchmarks/serving.py for a
 #      short run (32 requests, concurrency 8, 128 in / 64 out);
-#   4. kernel tests: tests/test_pallas_kernels.py run on the device (the numpy-oracle tests).
+#   4. kernel tests: tests/test_pallas_kernels.py run on the device (the numpy-oracle tests);
+#   5. attention timings: benchmarks/attention_kernels.py, microseconds and GB/s of the xla backend and the
+#      platform's kernel on Llama-3-8B heads, decode batches 1-256 at 1k-8k context, a mixed batch, the KV write.
 #
 #   benchmarks/device_check.sh [--out device_check.json] [--device-shape llama3-8b|tiny] [--serve-model M]
 #                              [--stage-timeout S]
@@ -139,6 +141,10 @@ tests=(tests/test_pallas_kernels.py)
 JAX_PLATFORMS=$platform,cpu run_stage kernel_tests python -X faulthandler -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
 tail -n 3 "$work/pytest.log"
 
+# 5. attention timings (last: a stage that runs out of time loses nothing before it) ------------------------
+smoke=(); [[ $shape == tiny ]] && smoke=(--smoke)
+run_stage attention_timings python benchmarks/attention_kernels.py "${smoke[@]}" --json "$work/attention.json"
+
 python - "$work" "$out" "$((SECONDS - started))" "${failed_stages[@]}" <<'PY'
 import json, pathlib, sys
 work, out, seconds, failed = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
@@ -147,7 +153,8 @@ log = (work / "pytest.log").read_text().strip().splitlines() if (work / "pytest.
 kernels = read("kernels.json")
 result = dict(device=kernels["device"] if kernels else None, seconds=seconds, failed_stages=failed, kernels=kernels,
               kernel_tests=dict(summary=log[-1] if log else None), decode=read("decode.json"),
-              serving=read("serving.json"), serving_startup_seconds=read("serve_startup_seconds"))
+              serving=read("serving.json"), serving_startup_seconds=read("serve_startup_seconds"),
+              attention_timings=read("attention.json"))
 result["ok"] = not failed and all(c["ok"] for c in kernels["cases"])
 for name in ("serve.log", "pytest.log"):  # the server's log (its warm-up) travels in the JSON, a failed stage's too
     if (work / name).exists() and (failed or name == "serve.log"):

@@ -74,6 +74,17 @@ def test_host_overhead_reports_each_stage_of_a_decode_step_and_profiles_one_size
     assert re.search(r"cProfile over [1-9]\d* decode steps", proc.stdout) and "llm_engine.py" in proc.stdout
 
 
+def test_the_attention_timings_run_every_backend_in_its_own_cache_layout(tmp_path):
+    """benchmarks/attention_kernels.py --smoke (device_check's last stage): every backend times every row; the
+    pallas_tpu column once failed on the interleaved cache it was handed instead of its lane-dense one."""
+    out = tmp_path / "attention.json"
+    run_python("benchmarks/attention_kernels.py", "--smoke", "--iters", "2", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["column"] for r in rows} == {"xla", "pallas_tpu", "pallas_gpu"}
+    assert len({r["shape"] for r in rows}) == 3  # a decode batch, a mixed batch, a KV write
+    assert [r for r in rows if "error" in r or not r["us"] > 0] == []
+
+
 def test_the_serving_checkpoint_has_the_default_models_shapes_and_tokenizer(tmp_path):
     """benchmarks/serving_checkpoint.py (for a machine the default model's GGUF cannot travel to): its config gives
     the default model's decoder spec, and its tokenizer the default model's token ids."""
