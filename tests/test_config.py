@@ -90,3 +90,16 @@ def test_the_other_chips_kernel_and_an_unknown_platform_are_refused_at_config_ti
         EngineArgs(model=checkpoint, attention_backend="pallas_gpu").create_config(platform="tpu")
     with pytest.raises(ValueError, match=r"platform must be one of cpu, tpu, gpu; got 'npu'"):
         EngineArgs(model=checkpoint).create_config(platform="npu")
+
+
+@pytest.mark.parametrize("kv_cache_dtype, platform, warned", [
+    ("bfloat16", "cpu", True), ("fp8", "cpu", True), ("float16", "cpu", False), ("auto", "cpu", False),
+    ("bfloat16", "tpu", False)])
+def test_a_kv_cache_dtype_that_xla_cpu_writes_slowly_is_warned_about_on_cpu_only(checkpoint, caplog, kv_cache_dtype,
+                                                                                  platform, warned):
+    """XLA:CPU widens a bfloat16 or fp8 cache's every-step write to float32 over the whole cache (~11x slower
+    decode, docs/quantization.md): the engine still runs it, as vLLM would, and says why it is slow."""
+    with caplog.at_level("WARNING", logger="vllm_jax.config"):
+        config = EngineArgs(model=str(checkpoint), kv_cache_dtype=kv_cache_dtype).create_config(platform=platform)
+    assert config.model_config.kv_cache_dtype in ("float32", "bfloat16", "float16", "float8_e4m3fn")
+    assert ("KV cache on CPU" in caplog.text) == warned

@@ -9,6 +9,7 @@ effects: joining a multi-host run is `initialize_distributed(args)`, which the e
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # (pallas_kernels/kv_quant.py). fp8_e5m2 is refused: nothing here is tested with it.
 KV_CACHE_DTYPES = (*DTYPES, "fp8", "fp8_e4m3")
 _KV_CACHE_DTYPE_NAMES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
+# KV cache dtypes whose every-step write XLA:CPU widens to float32 over the whole cache (docs/quantization.md,
+# "fp8 KV cache"): warned about on CPU, where float16 halves the cache without that cost.
+_SLOW_CPU_KV_DTYPES = ("bfloat16", "float8_e4m3fn")
+logger = logging.getLogger(__name__)
 # int8 / fp8: online weight quantization at load (model/quantization.py), or a pre-quantized checkpoint's scheme;
 # compressed-tensors: a pre-quantized checkpoint's own (model_loader/prequantized.py; so is fp8's block format);
 # gguf: a GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks kept as they are (model/grouped_quant.py)
@@ -463,10 +468,15 @@ class EngineArgs:
         elif self.quantization == "compressed-tensors":
             raise ValueError(f"quantization 'compressed-tensors' reads a pre-quantized HF checkpoint; {source.path} "
                              f"is a {source.kind} model")
+        kv_cache_dtype = (dtype if self.kv_cache_dtype == "auto"
+                          else _KV_CACHE_DTYPE_NAMES.get(self.kv_cache_dtype, self.kv_cache_dtype))
+        if platform == "cpu" and kv_cache_dtype in _SLOW_CPU_KV_DTYPES:
+            logger.warning("a %s KV cache on CPU: XLA:CPU converts the whole cache to float32 and back to write "
+                           "each step's keys (a 32-sequence decode step measured ~11x slower than with a float32 "
+                           "cache); --kv-cache-dtype float16 halves the cache without that cost", kv_cache_dtype)
         return ModelConfig(
             model=self.model or source.path, source=source, hf_config=hf_config, dtype=dtype,
-            kv_cache_dtype=(dtype if self.kv_cache_dtype == "auto"
-                            else _KV_CACHE_DTYPE_NAMES.get(self.kv_cache_dtype, self.kv_cache_dtype)),
+            kv_cache_dtype=kv_cache_dtype,
             max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.default_name),
             tokenizer=self.tokenizer, seed=self.seed, max_logprobs=self.max_logprobs, quantization=quantization,
