@@ -119,6 +119,6 @@ def test_no_benchmark_script_hides_an_installed_package():
 
     scripts = Path(__file__).resolve().parents[1] / "benchmarks"
     hidden = [p.name for p in sorted(scripts.glob("*.py"))
-              if importlib.util.find_spec(p.stem) is not None and Path(importlib.util.find_spec(p.stem).origin or "")
-              .resolve().parent != scripts]
+              if (found := importlib.util.find_spec(p.stem)) is not None
+              and Path(found.origin or "").resolve().parent != scripts]
     assert not hidden, f"these benchmark scripts share a name with an installed module: {hidden}"
