@@ -411,6 +411,7 @@ class Scheduler:
         sampled_rows, logprob_rows = runner_output.sampled_token_ids, runner_output.logprobs
         spec_tokens, prompt_chunks = scheduler_output.scheduled_spec_decode_tokens, runner_output.prompt_logprobs
         pooled, drafts = runner_output.pooler_output, runner_output.draft_token_ids
+        rare = bool(spec_tokens or prompt_chunks or pooled)
         for index, req_id in enumerate(scheduler_output.num_scheduled_tokens):
             request = requests.get(req_id)
             i = index if row is None else row.get(req_id)
@@ -421,15 +422,20 @@ class Scheduler:
             sampled = sampled_rows[i]
             if sampled and request.num_output_placeholders:
                 request.num_output_placeholders -= 1
-            if spec_tokens and sampled and (spec := spec_tokens.get(req_id)):
-                self._roll_back_rejected(request, len(spec), len(sampled) - 1)
-            chunk = prompt_chunks.get(req_id) if prompt_chunks else None
-            prompt_logprobs = new_prompt_logprobs(request, starts[req_id], chunk) if chunk is not None else None
-            if not sampled and prompt_logprobs is None:
-                continue
             was_running = request.status is RequestStatus.RUNNING
-            if pooled and req_id in pooled:  # a pooled prompt ends "stop" and generates nothing (vLLM)
-                request.status = RequestStatus.FINISHED_STOPPED
+            prompt_logprobs = None
+            if rare:  # proposals verified, prompts scored or pooled this step
+                if spec_tokens and sampled and (spec := spec_tokens.get(req_id)):
+                    self._roll_back_rejected(request, len(spec), len(sampled) - 1)
+                chunk = prompt_chunks.get(req_id) if prompt_chunks else None
+                if chunk is not None:
+                    prompt_logprobs = new_prompt_logprobs(request, starts[req_id], chunk)
+                if not sampled and prompt_logprobs is None:
+                    continue
+                if pooled and req_id in pooled:  # a pooled prompt ends "stop" and generates nothing (vLLM)
+                    request.status = RequestStatus.FINISHED_STOPPED
+            elif not sampled:
+                continue
             if request.status.is_finished:
                 new_tokens: list[int] = []
             elif len(sampled) == 1:  # the common step: one token (inlined append_output_token_ids)
@@ -448,13 +454,12 @@ class Scheduler:
                         break
             logprobs = logprob_rows[i] if logprob_rows is not None else None
             finish_reason = request.status.finish_reason
-            if finish_reason is None:
+            if finish_reason is None and (drafts or request.spec_token_ids):
                 request.spec_token_ids = drafts.get(req_id, []) if drafts else []
-            outputs.append(EngineCoreOutput(
-                req_id=req_id, new_token_ids=new_tokens, finish_reason=finish_reason,
-                stop_reason=request.stop_reason,
-                new_logprobs=logprobs[:len(new_tokens)] if logprobs is not None else None,
-                new_prompt_logprobs=prompt_logprobs, num_cached_tokens=max(request.num_cached_tokens, 0)))
+            # positional: a third of the keywords' cost, per request per step
+            outputs.append(EngineCoreOutput(req_id, new_tokens, finish_reason, request.stop_reason,
+                                            logprobs[:len(new_tokens)] if logprobs is not None else None,
+                                            prompt_logprobs, max(request.num_cached_tokens, 0)))
             if finish_reason is not None:
                 (self.running if was_running else self.waiting).remove(request)
                 self._free_request(request)
