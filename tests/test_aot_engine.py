@@ -11,6 +11,7 @@ cache aliased.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -168,7 +169,10 @@ def test_the_full_bucket_set_compiles_with_the_kernels_and_the_cache_in_place(ll
     assert (result.dtype, result.max_num_batched_tokens, result.tensor_parallel_size) == ("bfloat16", 8192, tp)
     forwards = [p for p in result.programs if p.kind == "forward"]
     assert [p.num_tokens for p in forwards] == [16 << i for i in range(10)]  # 16 ... 8192
-    assert len(result.programs) - len(forwards) == 2 * 5  # the sampler and its processors x sequence buckets 16 ... 256
+    kinds = collections.Counter(p.kind for p in result.programs)
+    # per sequence bucket (16 ... 256) the sampler and its processors, and async scheduling's token record; per
+    # token bucket its token feed
+    assert kinds == {"forward": 10, "sampler": 2 * 5, "token": 5 + 10}, kinds
     for p in forwards:
         assert set(checks.expected_kernels(result)) <= set(p.report.kernel_names), p.label
         assert p.report.memory["alias_size_in_bytes"] == result.budget.kv_bytes, p.label
