@@ -179,6 +179,8 @@ class IncrementalDetokenizer:
                 backend, skip_special_tokens, decode, context)
         else:
             self._impl = _OffsetDecoder(decode, context)
+        # `push` for a non-empty list, without its checks: the output processor's per-token call
+        self.push_list: Callable[[list[int]], str] = self._impl.push
 
     @property
     def uses_decode_stream(self) -> bool:

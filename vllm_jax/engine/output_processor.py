@@ -130,11 +130,29 @@ class OutputProcessor:
         result = ProcessedOutputs()
         touched: dict[str, _Request] = {}  # in order of first appearance
         now = self._clock()
+        children = self._children
         for out in core_outputs:
-            entry = self._children.get(out.req_id)
+            entry = children.get(out.req_id)
             if entry is None:
                 continue  # finished or aborted already, or never added
             req, comp = entry
+            detokenizer = comp.detokenizer
+            if req.plain and detokenizer is not None and out.finish_reason is None and \
+                    req.num_cached_tokens is not None and not out.new_prompt_logprobs:
+                # Most steps: what the general path below does for them, without its checks (no stop strings
+                # or logprobs, nothing ends; a finished completion has no detokenizer).
+                new_ids = out.new_token_ids
+                if new_ids:
+                    comp.token_ids.extend(new_ids)
+                    comp.changed = True
+                    comp.text += detokenizer.push_list(new_ids)
+                    if not req.final_only:
+                        touched[req.request_id] = req
+                    metrics = req.metrics
+                    if "first_token_time" not in metrics:
+                        metrics["first_token_time"] = now
+                    metrics["last_token_time"] = now
+                continue
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = out.num_cached_tokens
             if out.new_prompt_logprobs:
@@ -214,15 +232,8 @@ class OutputProcessor:
             self._children.pop(child.req_id, None)
 
     def _update(self, req: _Request, comp: _Completion, out: EngineCoreOutput) -> bool:
-        """Fold one core output into a completion; True when a stop string ended it here."""
-        # Most steps: what the general path below does for them, without its checks.
-        if req.plain and out.finish_reason is None and comp.detokenizer is not None:
-            new_ids = out.new_token_ids
-            if new_ids:
-                comp.token_ids.extend(new_ids)
-                comp.changed = True
-                comp.text += comp.detokenizer.push(new_ids)
-            return False
+        """Fold one core output into a completion; True when a stop string ended it here (process_outputs folds
+        the common step, no stop strings, logprobs or end, itself)."""
         params = req.params
         new_ids = out.new_token_ids  # read only
         comp.token_ids.extend(new_ids)

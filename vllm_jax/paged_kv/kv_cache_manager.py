@@ -142,13 +142,18 @@ class KVCacheManager:
                         num_lookahead_tokens: int) -> bool:
         """allocate_slots' fast path (run per request per step, so plain ints): the tokens (after the computed
         ones) and the lookahead fit the blocks held, and no block fills up for the prefix cache."""
-        num_computed, size = request.num_computed_tokens, self.block_size
-        num_slots = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        size, end = self.block_size, request.num_computed_tokens + num_new_tokens
+        num_slots = end + num_lookahead_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
         if (num_slots + size - 1) // size > len(req_blocks):
             return False
-        return not self.enable_caching or \
-            min(num_computed + num_new_tokens, request.num_tokens) // size <= self._num_cached_blocks.get(
-                request.request_id, 0)
+        if not self.enable_caching:
+            return True
+        cached = self._num_cached_blocks.get(request.request_id, 0)
+        # blocks full after this step: min(end, num_tokens) // size; end // size bounds it without the request's
+        # token count, which only a block that may just have filled needs
+        return end // size <= cached or min(end, request.num_tokens) // size <= cached
 
     def free(self, request: CacheRequest) -> None:
         """Release the request's blocks, tail first, so its last blocks are the first evicted.

@@ -23,11 +23,13 @@ class StepPlan:
 
     def add_running(self, request: Request, num_tokens: int, new_block_ids: list[int],
                     spec_tokens: list[int] | None = None) -> None:
+        req_id = request.request_id
         self.running.append(request)
-        self.new_block_ids[request.request_id] = new_block_ids
+        self.new_block_ids[req_id] = new_block_ids
         if spec_tokens:
-            self.spec_tokens[request.request_id] = spec_tokens
-        self._take(request, num_tokens)
+            self.spec_tokens[req_id] = spec_tokens
+        self.num_scheduled[req_id] = num_tokens  # _take, inlined: once per running request per step
+        self.budget -= num_tokens
 
     def add_new(self, request: Request, num_tokens: int) -> None:
         self.new.append(request)
