@@ -109,7 +109,7 @@ class KVCacheManager:
         req_id = request.request_id
         req_blocks = self.req_to_blocks.get(req_id, [])
         num_tokens = num_new_computed_tokens + num_new_tokens
-        if not new_computed_blocks and self._fits_unchanged(request, req_blocks, num_tokens, num_lookahead_tokens):
+        if not new_computed_blocks and self.fits_unchanged(request, num_tokens, num_lookahead_tokens):
             return []  # most decode steps: the tokens fit the last block and fill none, so nothing changes
         new_computed_blocks = new_computed_blocks or []
         if new_computed_blocks and req_blocks:
@@ -138,15 +138,15 @@ class KVCacheManager:
             self._num_cached_blocks[req_id] = num_full
         return [b.block_id for b in new_blocks]
 
-    def _fits_unchanged(self, request: CacheRequest, req_blocks: list[KVBlock], num_new_tokens: int,
-                        num_lookahead_tokens: int) -> bool:
-        """allocate_slots' fast path (run per request per step, so plain ints): the tokens (after the computed
-        ones) and the lookahead fit the blocks held, and no block fills up for the prefix cache."""
+    def fits_unchanged(self, request: CacheRequest, num_new_tokens: int, num_lookahead_tokens: int = 0) -> bool:
+        """allocate_slots' fast path, where it would return [] at once (the scheduler asks first, per request per
+        step, so plain ints): the tokens (after the computed ones) and the lookahead fit the blocks held, and no
+        block fills up for the prefix cache."""
         size, end = self.block_size, request.num_computed_tokens + num_new_tokens
         num_slots = end + num_lookahead_tokens
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
-        if (num_slots + size - 1) // size > len(req_blocks):
+        if (num_slots + size - 1) // size > len(self.req_to_blocks.get(request.request_id, ())):
             return False
         if not self.enable_caching:
             return True

@@ -226,7 +226,8 @@ class Scheduler:
                 continue  # async scheduling: wait for the token in flight (see the module docstring)
             # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the budget
             # cap only chunks where chunking is on (or a resumed request longer than the budget).
-            num_new = min(request.num_tokens + placeholders - num_computed, plan.budget, max_model_len - num_computed)
+            num_new = min(len(request._all_token_ids) + placeholders - num_computed, plan.budget,
+                          max_model_len - num_computed)  # (num_tokens without the property's call)
             if num_new <= 0:
                 continue
             spec = []
@@ -235,6 +236,9 @@ class Scheduler:
                     spec = self._spec_tokens(request, num_new, plan.budget - (len(snapshot) - index - 1))
                 request.spec_token_ids = []  # consumed: the runner proposes afresh after this step
             if not spec and not lookahead:  # most steps: the slots are had without anybody preempted
+                if manager.fits_unchanged(request, num_new):  # and without a new block (allocate_slots' [])
+                    plan.add_running(request, num_new, [])
+                    continue
                 blocks = manager.allocate_slots(request, num_new)
                 if blocks is not None:
                     plan.add_running(request, num_new, blocks)

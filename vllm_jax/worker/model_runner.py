@@ -449,8 +449,10 @@ def _plain_tokens(states: dict[str, CachedRequestState], req_ids: list[str], tok
     """`_single_tokens` where every row samples and the step computed no logprobs: the per-row work left is the
     state's append."""
     for req_id, token_id, updates in zip(req_ids, tokens, update):
-        if updates:
-            states[req_id].append_sampled(token_id)
+        if updates:  # CachedRequestState.append_sampled, inlined: once per row per step
+            state = states[req_id]
+            state.token_ids.append(token_id)
+            state.output_token_ids.append(token_id)
     return [[token_id] for token_id in tokens], [None] * len(tokens)
 
 
