@@ -106,11 +106,11 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0; got {num_new_tokens}")
-        req_id = request.request_id
-        req_blocks = self.req_to_blocks.get(req_id, [])
         num_tokens = num_new_computed_tokens + num_new_tokens
         if not new_computed_blocks and self.fits_unchanged(request, num_tokens, num_lookahead_tokens):
             return []  # most decode steps: the tokens fit the last block and fill none, so nothing changes
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id, [])
         new_computed_blocks = new_computed_blocks or []
         if new_computed_blocks and req_blocks:
             raise ValueError(f"request {req_id} already holds blocks; prefix hits apply to fresh requests only")
