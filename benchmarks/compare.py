@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 from device_decode import measure_bandwidth_gbs, run_device_mode
+from engine_share import device_share
 
 SEED = 0
 
@@ -83,7 +84,8 @@ def run_quantization(chosen: list[str], schemes: list[str], rounds: int) -> dict
     from vllm_jax import LLM
 
     loads = workloads(_default_vocab())
-    engines = {s: LLM(max_model_len=2048, quantization=None if s == "none" else s) for s in schemes}
+    engines = {s: LLM(max_model_len=2048, quantization=None if s == "none" else s, **device_share(len(schemes)))
+               for s in schemes}
     param_bytes = {s: sum(x.nbytes for x in jax.tree.leaves(llm.llm_engine.runner.params))
                    for s, llm in engines.items()}
     results = {}

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from engine_share import device_share
 from safetensors.numpy import save_file
 
 TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
@@ -66,7 +67,8 @@ def main() -> None:
     from vllm_jax.worker.lora_slots import target_shapes
 
     params = SamplingParams(temperature=1.0, max_tokens=ns.output_len, ignore_eos=True, seed=0)
-    engine_args = dict(max_num_seqs=ns.num_prompts, max_model_len=ns.input_len + ns.output_len + 16)
+    engine_args = dict(max_num_seqs=ns.num_prompts, max_model_len=ns.input_len + ns.output_len + 16,
+                       **device_share(2))
     results: dict[str, dict] = {}
 
     base_llm = LLM(ns.model, **engine_args)

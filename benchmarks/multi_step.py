@@ -24,6 +24,7 @@ import threading
 import time
 
 import numpy as np
+from engine_share import device_share
 
 from vllm_jax.cli import add_engine_args, engine_args_from_namespace
 
@@ -99,7 +100,9 @@ def main() -> None:
     base = engine_args_from_namespace(ns, ns.model)
     # Every engine first, then the runs interleaved over K: a shared machine's load drifts, and each K then sees
     # the same drift.
-    engines = {k: LLM(**{**dataclasses.asdict(base), "num_scheduler_steps": k}).llm_engine for k in ns.steps}
+    share = device_share(len(ns.steps), base.gpu_memory_utilization)
+    engines = {k: LLM(**{**dataclasses.asdict(base), **share, "num_scheduler_steps": k}).llm_engine
+               for k in ns.steps}
     vocab = engines[ns.steps[0]].vocab_size
     for batch in ns.batches:
         best: dict[int, dict] = {}

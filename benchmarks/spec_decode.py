@@ -19,6 +19,8 @@ import argparse
 import json
 import time
 
+from engine_share import device_share
+
 from vllm_jax import LLM, SamplingParams
 
 PASSAGE = ("The lighthouse stood at the edge of the cliff for more than a century. Every night its keeper climbed "
@@ -91,7 +93,7 @@ def main() -> None:
     largest = max(args.batch, default=1)
     max_num_seqs = args.max_num_seqs or largest * (args.k + 1)
     engine_args = dict(max_model_len=1024, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max(512, max_num_seqs))
+                       max_num_batched_tokens=max(512, max_num_seqs), **device_share(2))
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.prompt_lookup_max,
             "prompt_lookup_min": args.prompt_lookup_min}
     llms = {"off": LLM(args.model, **engine_args), "on": LLM(args.model, speculative_config=spec, **engine_args)}

@@ -36,21 +36,25 @@ def tiny_dir(tmp_path_factory):
     return write_config(tmp_path_factory.mktemp("tiny"), TINY)
 
 
+# the tiny model's float32 params: embedding and LM head, 2 layers of q/k/v/o and gate/up/down, and the norms
+TINY_WEIGHTS = 4 * (2 * 320 * 64 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64)
+
+
 def test_the_runner_sizes_the_cache_from_the_probes_temporaries(tiny_dir):
-    device_bytes, weights = 512 * MiB, 3 * MiB
+    device_bytes = 512 * MiB
     probed = []
 
     def probe(*args, **kwargs):
         probed.append(probe_temp_bytes(*args, **kwargs))
         return probed[-1]
 
-    memory = MemoryProbe(device_memory=lambda device: (device_bytes, weights), temp_bytes=probe)
+    memory = MemoryProbe(device_memory=lambda device: (device_bytes, TINY_WEIGHTS), temp_bytes=probe)
     for tokens in (32, 256):  # a bigger largest bucket has bigger temporaries
         runner = ModelRunner(_accelerator_config(tiny_dir, max_num_batched_tokens=tokens), random_weights=True,
                              memory=memory)
         per_block = 2 * 16 * 2 * 2 * 16 * 4  # layers x block x K/V x kv heads x head_dim x float32
         usable = int(0.9 * device_bytes)
-        assert runner.num_blocks == (usable - weights - temp_headroom(probed[-1])) // per_block
+        assert runner.num_blocks == (usable - TINY_WEIGHTS - temp_headroom(probed[-1])) // per_block
         assert runner.num_compilations == 0  # the probe's programs are not counted as the runner's traces
     small, large = probed
     assert 0 < small < large  # measured, not a constant
@@ -65,18 +69,33 @@ def _memory(device_bytes: int, in_use: int) -> MemoryProbe:
 
 
 def test_weights_that_leave_no_room_are_refused_naming_the_flags(tiny_dir):
-    with pytest.raises(ValueError, match="--tensor-parallel-size or --gpu-memory-utilization") as refused:
-        ModelRunner(_accelerator_config(tiny_dir), random_weights=True,
-                    memory=_memory(100 * MiB, 90 * MiB - KEPT_FOR_PROBE))
-    # what the device has in use is read as the weights: the message says so (on an H200 a test's second engine
-    # was refused while the first one's cache was still alive, and "the weights (94.30 GiB)" misled)
-    assert "every array alive on it" in str(refused.value)
+    # the engine's share (0.9 x 73 KiB) is free, but its own weights and the probe's headroom do not fit in it
+    tiny_device = int(KEPT_FOR_PROBE / 0.9) + TINY_WEIGHTS
+    with pytest.raises(ValueError, match=r"the weights \(0.00 GiB per device\) and the compiled programs' "
+                                         r"temporaries .* raise --tensor-parallel-size or --gpu-memory-utilization"):
+        ModelRunner(_accelerator_config(tiny_dir), random_weights=True, memory=_memory(tiny_device, TINY_WEIGHTS))
 
 
 def test_a_cache_too_small_for_one_request_names_max_model_len(tiny_dir):
     per_block = 2 * 16 * 2 * 2 * 16 * 4
-    # room for 10 blocks; max_model_len 256 needs 16 and the null block
-    memory = _memory(100 * MiB, 90 * MiB - KEPT_FOR_PROBE - 10 * per_block)
+    # room for 10 blocks in the engine's share; max_model_len 256 needs 16 and the null block
+    device_bytes = int((TINY_WEIGHTS + KEPT_FOR_PROBE + 10.5 * per_block) / 0.9)
     with pytest.raises(ValueError, match=r"needs 16 KV blocks .* only 9 usable blocks; lower --max-model-len or "
                                          r"raise --gpu-memory-utilization or --tensor-parallel-size"):
-        ModelRunner(_accelerator_config(tiny_dir), random_weights=True, memory=memory)
+        ModelRunner(_accelerator_config(tiny_dir), random_weights=True, memory=_memory(device_bytes, TINY_WEIGHTS))
+
+
+def test_memory_held_by_others_counts_only_against_what_is_free(tiny_dir):
+    """vLLM's --gpu-memory-utilization is one engine's share of the device: two engines at 0.45, or an engine
+    beside a trainer, each size their cache from their own weights. Another engine's cache is not this one's
+    weights (on an H200, a benchmark's second engine was refused for the first one's 94 GiB cache)."""
+    device_bytes, others = 1024 * MiB, 400 * MiB
+    per_block = 2 * 16 * 2 * 2 * 16 * 4
+    runner = ModelRunner(_accelerator_config(tiny_dir, gpu_memory_utilization=0.5), random_weights=True,
+                         memory=_memory(device_bytes, others + TINY_WEIGHTS))
+    assert runner.num_blocks == (512 * MiB - TINY_WEIGHTS - KEPT_FOR_PROBE) // per_block
+    # a share larger than what the others leave free is refused, naming the flag and what holds the memory
+    with pytest.raises(ValueError, match=r"free memory \(0.61 GiB: 0.39 of its 1.0 GiB are held by other arrays.* "
+                                         r"lower --gpu-memory-utilization"):
+        ModelRunner(_accelerator_config(tiny_dir, gpu_memory_utilization=0.7), random_weights=True,
+                    memory=_memory(device_bytes, others + TINY_WEIGHTS))

@@ -64,8 +64,9 @@ DeviceStepFactory = Callable[..., DeviceStep]
 @dataclass(frozen=True)
 class MemoryProbe:
     """What the KV budget reads of an accelerator (worker/kv_budget.py): the device's memory (the bytes its
-    allocator may hold, the bytes in use: the weights) and the largest temporaries of the programs a DeviceStep
-    compiles for some StepShapes. The engine reads jax's; a test passes its own figures."""
+    allocator may hold, the bytes in use: this engine's weights and whatever else holds memory there) and the
+    largest temporaries of the programs a DeviceStep compiles for some StepShapes. The engine reads jax's; a
+    test passes its own figures."""
 
     device_memory: Callable[[jax.Device], tuple[int, int]] = kv_cache_module.device_memory
     temp_bytes: Callable[[DeviceStep, StepShapes], int] = probe_temp_bytes
@@ -175,8 +176,10 @@ class EngineParts:
 
     @property
     def weight_bytes(self) -> int:
-        """The params' bytes on one device (the first; the rules split evenly or replicate)."""
-        return sum(shard_bytes(leaf) for leaf in jax.tree.leaves(self.params))
+        """This engine's params (the target's and a speculator's) in bytes on one device (the first; the rules
+        split evenly or replicate)."""
+        states = (self.params,) + ((self.speculator.params,) if self.speculator else ())
+        return sum(shard_bytes(leaf) for leaf in jax.tree.leaves(states))
 
     def min_blocks(self) -> int:
         """The smallest cache the engine starts with: one max_model_len request and the null block."""
@@ -201,7 +204,7 @@ class EngineParts:
             temp_bytes = memory.temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
         shape = size_kv_cache(config, self.spec, self.kv_shards, temp_bytes, device=self.mesh.devices.flat[0],
                               extra_bytes_per_block=self.speculator_kv_bytes_per_block,
-                              read_memory=memory.device_memory)
+                              read_memory=memory.device_memory, own_weight_bytes=self.weight_bytes)
         return KVCacheSizing(shape.num_blocks, probe)
 
     # --- the programs ---

@@ -1,9 +1,11 @@
 """The KV cache's size from what the compiled programs need, not from a guess.
 
 On an accelerator (no `--num-gpu-blocks-override`, no `--kv-cache-memory-bytes`), per device:
-`--gpu-memory-utilization` x the device's memory, minus the weights, minus the largest temporaries of the
-programs (XLA's memory analysis; the donated cache is aliased in place, so a program needs its temporaries and
-nothing else besides weights and cache) with a headroom, in whole blocks. The temporaries come from a probe
+`--gpu-memory-utilization` x the device's memory (this engine's share, as in vLLM: what other arrays hold there,
+another engine's or a trainer's, must leave that share free, else start-up is refused), minus the engine's own
+weights, minus the largest temporaries of the programs (XLA's memory analysis; the donated cache is aliased in
+place, so a program needs its temporaries and nothing else besides weights and cache) with a headroom, in whole
+blocks. The temporaries come from a probe
 (`probe_temp_bytes`): the largest bucket's forward and its samplers compiled over an abstract cache of the fewest
 blocks (a program's temporaries barely depend on the donated cache's size: seen 330 -> 331 MiB for Llama-3-8B's
 8192-token forward at tensor parallelism 4 on v6e, hence the headroom). The engine (kv_cache.size_kv_cache) and
@@ -52,11 +54,21 @@ class KVBudget:
 
 
 def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_bytes: int,
-              bytes_per_block: int) -> KVBudget:
+              bytes_per_block: int, others_bytes: int = 0) -> KVBudget:
     """The cache's blocks for one device of `device_bytes` (see the module docstring; an override or an explicit
-    budget wins); ValueError naming the flags when too little is left for one max_model_len request."""
+    budget wins); ValueError naming the flags when too little is left for one max_model_len request, or when
+    what others hold on the device (`others_bytes`: another engine, a trainer) leaves less free than this
+    engine's share."""
     cache = config.cache_config
     usable = int(device_bytes * cache.gpu_memory_utilization)
+    measured = cache.num_gpu_blocks_override is None and cache.kv_cache_memory_bytes is None
+    if measured and others_bytes > 0 and usable > device_bytes - others_bytes:
+        raise ValueError(
+            f"the device's free memory ({(device_bytes - others_bytes) / GiB:.2f} GiB: {others_bytes / GiB:.2f} of "
+            f"its {device_bytes / GiB:.1f} GiB are held by other arrays, such as another engine's cache or a "
+            f"trainer's state) is less than this engine's share, --gpu-memory-utilization "
+            f"({cache.gpu_memory_utilization}) x {device_bytes / GiB:.1f} GiB; lower --gpu-memory-utilization "
+            f"or free that memory (an engine holds its cache until it is deleted or put to sleep)")
     if cache.num_gpu_blocks_override is not None:
         blocks = cache.num_gpu_blocks_override
     elif cache.kv_cache_memory_bytes is not None:
@@ -69,8 +81,7 @@ def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_b
         if budget < 2 * bytes_per_block:
             temps = f" and the compiled programs' temporaries ({temp_bytes / GiB:.2f} GiB)" if temp_bytes else ""
             raise ValueError(
-                f"the weights ({weight_bytes / GiB:.2f} GiB per device, counting every array alive on it: an "
-                f"earlier engine in this process holds its cache until it is deleted){temps} leave no room for "
+                f"the weights ({weight_bytes / GiB:.2f} GiB per device){temps} leave no room for "
                 f"the KV cache in --gpu-memory-utilization ({cache.gpu_memory_utilization}) x "
                 f"{device_bytes / GiB:.1f} GiB: raise --tensor-parallel-size or --gpu-memory-utilization, or lower "
                 f"--max-num-batched-tokens")

@@ -6,7 +6,7 @@ num_kv_heads * P], lane-dense, pallas_kernels/kv_layout.py); an MLA model (DeepS
 qk_rope_head_dim per token instead ([..., 1, width]: `DecoderSpec.kv_cache_heads` / `kv_cache_width`). The block
 count comes from a memory budget
 (worker/kv_budget.py): `--num-gpu-blocks-override` wins; else `--kv-cache-memory-bytes`; else on TPU/GPU
-`--gpu-memory-utilization` of device memory minus what is already in use (the weights) and the compiled
+`--gpu-memory-utilization` of device memory (this engine's share, as in vLLM) minus its weights and the compiled
 programs' temporaries, measured by a probe compile. On CPU the budget is always explicit (1 GiB by default),
 never a silent huge allocation.
 """
@@ -71,22 +71,27 @@ def device_memory(device: jax.Device) -> tuple[int, int]:
 
 def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp_bytes: int = 0,
                   device: jax.Device | None = None, extra_bytes_per_block: int = 0,
-                  read_memory: Callable[[jax.Device], tuple[int, int]] | None = None) -> KVCacheShape:
+                  read_memory: Callable[[jax.Device], tuple[int, int]] | None = None,
+                  own_weight_bytes: int | None = None) -> KVCacheShape:
     """The cache's shape from the memory budget (`temp_bytes`: the programs' largest temporaries, when
     measures_device_memory; `device`: the first of the runner's mesh, default jax's first; `read_memory`: how
     its memory is read, default `device_memory`), checked (one max_model_len request fits) and logged.
     `extra_bytes_per_block`: what a second cache indexed by the same blocks (a draft model's) holds per block on
-    one device.
+    one device. `own_weight_bytes`: this engine's weights on that device; the rest of what is in use there
+    belongs to others (another engine, a trainer) and only has to leave the engine's share free. None: all of
+    it is counted as weights.
 
-    The budget is per device, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards of each block on
-    each device."""
+    The budget is per device and per engine, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards
+    of each block on each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
     per_block = (spec_bytes_per_block(spec, block_size, mc.kv_cache_dtype, lane_dense_cache(config, spec)) // num_shards
                  + extra_bytes_per_block)
     device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
     read_memory = read_memory or device_memory
-    device_bytes, weight_bytes = read_memory(device) if measures_device_memory(config) else (0, 0)
-    num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block).num_blocks
+    device_bytes, in_use = read_memory(device) if measures_device_memory(config) else (0, 0)
+    weight_bytes = in_use if own_weight_bytes is None else min(own_weight_bytes, in_use)
+    num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block,
+                           others_bytes=in_use - weight_bytes).num_blocks
     log_capacity(config, num_blocks, per_block)
     return cache_shape(config, spec, num_blocks)
 
