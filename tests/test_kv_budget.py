@@ -40,24 +40,85 @@ def tiny_dir(tmp_path_factory):
 TINY_WEIGHTS = 4 * (2 * 320 * 64 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64)
 
 
+def _recording_probe(calls: list, forward_extra: int = 0):
+    """probe_temp_bytes, recording each call (stage, the step it compiled on, its answer); `forward_extra`: bytes
+    added to the forward stage's answer (a forward that needs more than the samplers)."""
+    def probe(step, shapes, **kwargs):
+        stage = "samplers" if kwargs.get("forwards") is False else "forward"
+        temps = probe_temp_bytes(step, shapes, **kwargs) + (forward_extra if stage == "forward" else 0)
+        calls.append((stage, step, temps))
+        return temps
+    return probe
+
+
+PER_BLOCK = 2 * 16 * 2 * 2 * 16 * 4  # layers x block x K/V x kv heads x head_dim x float32
+
+
+def _blocks(device_bytes: int, temps: int) -> int:
+    return (int(0.9 * device_bytes) - TINY_WEIGHTS - temp_headroom(temps)) // PER_BLOCK
+
+
 def test_the_runner_sizes_the_cache_from_the_probes_temporaries(tiny_dir):
-    device_bytes = 512 * MiB
-    probed = []
-
-    def probe(*args, **kwargs):
-        probed.append(probe_temp_bytes(*args, **kwargs))
-        return probed[-1]
-
-    memory = MemoryProbe(device_memory=lambda device: (device_bytes, TINY_WEIGHTS), temp_bytes=probe)
+    device_bytes, largest = 512 * MiB, []
     for tokens in (32, 256):  # a bigger largest bucket has bigger temporaries
+        calls = []
+        memory = MemoryProbe(device_memory=lambda device: (device_bytes, TINY_WEIGHTS),
+                             temp_bytes=_recording_probe(calls))
         runner = ModelRunner(_accelerator_config(tiny_dir, max_num_batched_tokens=tokens), random_weights=True,
                              memory=memory)
-        per_block = 2 * 16 * 2 * 2 * 16 * 4  # layers x block x K/V x kv heads x head_dim x float32
-        usable = int(0.9 * device_bytes)
-        assert runner.num_blocks == (usable - TINY_WEIGHTS - temp_headroom(probed[-1])) // per_block
+        # the samplers first (they read no cache), then the forward over a cache of the size they leave
+        (stage0, samplers, sampler_temps), (stage1, forward, forward_temps) = calls[:2]
+        assert (stage0, stage1) == ("samplers", "forward")
+        assert forward.kv_cache.shape[1] == _blocks(device_bytes, sampler_temps)
+        assert runner.num_blocks == _blocks(device_bytes, max(sampler_temps, forward_temps))
+        assert len(calls) == (3 if forward_temps > sampler_temps else 2)
+        assert calls[-1][1].kv_cache.shape == runner.device.kv_cache.shape  # compiled for the engine's own cache
         assert runner.num_compilations == 0  # the probe's programs are not counted as the runner's traces
-    small, large = probed
-    assert 0 < small < large  # measured, not a constant
+        largest.append(max(sampler_temps, forward_temps))
+    assert 0 < largest[0] < largest[1]  # measured, not a constant
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_warm_up_takes_the_probes_forward_and_samplers_over(tiny_dir, tp):
+    """The largest bucket's forward is compiled once, by the probe, at the engine's cache size: warm-up adopts it
+    (and the samplers, compiled first for the logits layout the forward then has: vocab-sharded under tensor
+    parallelism), and it runs on the engine's allocated cache."""
+    calls = []
+    memory = MemoryProbe(device_memory=lambda device: (256 * MiB, TINY_WEIGHTS), temp_bytes=_recording_probe(calls))
+    runner = ModelRunner(_accelerator_config(tiny_dir, tensor_parallel_size=tp), random_weights=True, memory=memory)
+    probed = calls[-1][1]
+    forward_keys = [key for key in probed._executables if key[0] == "forward"]
+    sampler_keys = [key for key in calls[0][1]._executables]
+    assert len(forward_keys) == 1 and sampler_keys
+    # the prediction held: the forward's step compiled no samplers of its own, it holds the first stage's
+    assert all(probed._executables[key] is calls[0][1]._executables[key] for key in sampler_keys)
+    compilation = runner.compilation
+    traces_before = runner.num_compilations
+    compilation.warmup(show_progress=False)
+    for key in forward_keys + sampler_keys:
+        assert runner.device._executables[key] is probed._executables[key]
+    # every other forward and sampler was traced by warm-up; the adopted ones were not
+    plan_forwards = sum(label.startswith("forward") for label, _ in compilation.plan())
+    traced = runner.num_compilations - traces_before
+    assert plan_forwards > 1 and traced >= plan_forwards - 1
+    num_tokens, num_seqs = compilation.shapes.buckets[-1]
+    logits = runner.device.forward(compilation._empty_inputs(num_tokens, num_seqs))
+    assert logits.shape == (num_seqs, TINY["vocab_size"])
+    assert runner.num_compilations == traced + traces_before  # running the adopted forward traced nothing
+
+
+def test_a_forward_needing_more_than_the_samplers_sizes_the_cache_again(tiny_dir):
+    calls = []
+    device_bytes, extra = 512 * MiB, 100 * MiB
+    memory = MemoryProbe(device_memory=lambda device: (device_bytes, TINY_WEIGHTS),
+                         temp_bytes=_recording_probe(calls, forward_extra=extra))
+    runner = ModelRunner(_accelerator_config(tiny_dir), random_weights=True, memory=memory)
+    assert [stage for stage, _, _ in calls] == ["samplers", "forward", "forward"]
+    sampler_temps, first, second = (temps for _, _, temps in calls)
+    assert first > sampler_temps
+    assert calls[1][1].kv_cache.shape[1] == _blocks(device_bytes, sampler_temps)
+    assert runner.num_blocks == calls[2][1].kv_cache.shape[1] == _blocks(device_bytes, first)
+    assert runner.num_blocks < calls[1][1].kv_cache.shape[1]
 
 
 FIXED_PROBE = MiB  # the probe's answer for the refusals' arithmetic (its measurement is tested above)
@@ -65,7 +126,7 @@ KEPT_FOR_PROBE = FIXED_PROBE + 64 * MiB  # what the budget keeps free for it (te
 
 
 def _memory(device_bytes: int, in_use: int) -> MemoryProbe:
-    return MemoryProbe(device_memory=lambda device: (device_bytes, in_use), temp_bytes=lambda *a: FIXED_PROBE)
+    return MemoryProbe(device_memory=lambda device: (device_bytes, in_use), temp_bytes=lambda *a, **k: FIXED_PROBE)
 
 
 def test_weights_that_leave_no_room_are_refused_naming_the_flags(tiny_dir):

@@ -7,11 +7,12 @@ every refusal of the runner), and warm-up's plan (worker/compilation.py: each to
 the KV write inside it, each sampler variant per sequence bucket), every program compiled by
 `aot.compile.compile_jitted` through the DeviceStep's own jitted functions (their donation included).
 
-The KV cache is sized by the engine's accelerator rule (worker/kv_budget.py): the largest temporaries come from
-the largest forward bucket and its sequence bucket's samplers, compiled first at the smallest cache (a program's
-temporaries do not grow with the donated cache); the plan is then compiled at the cache that leaves, the
-samplers reused. A config that cannot fit (the weights, one max_model_len request, a kernel plan's VMEM / SMEM
-refusal) ends in its message naming the flag, as at start-up. `aot.checks` says what must hold of the result.
+The KV cache is sized by the engine's accelerator rule (worker/kv_budget.py, `sized_by_probes`): the largest
+bucket's samplers first (they read no cache, compiled for the logits layout the forward will have), the cache
+sized for their temporaries, then the largest bucket's forward at that cache (sized again only if it needs more);
+the plan is then compiled at that cache, those programs reused. A config that cannot fit (the weights, one
+max_model_len request, a kernel plan's VMEM / SMEM refusal) ends in its message naming the flag, as at start-up.
+`aot.checks` says what must hold of the result.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from vllm_jax.model.mla_spec import MlaSpec
 from vllm_jax.worker.compilation import WarmupPlan
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.engine_builder import DeviceStepFactory, EngineParts, build_engine
-from vllm_jax.worker.kv_budget import KVBudget, kv_budget
+from vllm_jax.worker.kv_budget import KVBudget, kv_budget, sized_by_probes
 
 
 @dataclasses.dataclass
@@ -39,7 +40,7 @@ class ProgramResult:
     num_tokens: int | None  # the forward's token bucket
     num_seqs: int
     report: CompileReport
-    reused: bool = False  # compiled once for the probe (a sampler does not read the cache)
+    reused: bool = False  # compiled once, for the KV probe (kv_budget.sized_by_probes), and reused by the plan
 
     @property
     def decode(self) -> bool:
@@ -69,7 +70,7 @@ class TargetResult:
     refused: str | None = None  # the config cannot run on this target: the message naming the flag
     failures: list[str] = dataclasses.field(default_factory=list)  # filled by aot.checks
     seconds: float = 0.0  # the whole check, the KV probe included
-    # every compile of the check once (the KV probe's too: its forward, and the samplers the plan reuses)
+    # every compile of the check once (the KV probe's too: what the plan reuses counts once)
     compile_seconds: float = 0.0
     compile_cpu_seconds: float = 0.0
 
@@ -168,17 +169,44 @@ def check_target(args: EngineArgs, target: str | Target) -> TargetResult:
 
     if budget(0) is None:  # the weights alone, or an explicit budget, leave no room: nothing to compile
         return result
-    probe = compile_plan(engine, target, engine.min_blocks(), engine.buckets()[-1:], recorder=recorder)
-    result.compile_seconds, result.compile_cpu_seconds = recorder.compile_seconds()
-    if not all(p.report.ok for p in probe):
-        result.programs = probe
+    largest = engine.buckets()[-1:]
+    num_seqs = largest[0][1]
+
+    def probe(num_blocks: int, kinds: tuple[str, ...], logits_for: dict) -> int:
+        programs = compile_plan(engine, target, num_blocks, largest, kinds=kinds, recorder=recorder,
+                                logits_for=logits_for)
+        if not all(p.report.ok for p in programs):
+            raise _ProbeStopped(programs)
+        return max((p.report.memory.get("temp_size_in_bytes", 0) for p in programs), default=0)  # pooling: no sampler
+
+    def blocks_for(temp_bytes: int) -> int:
+        result.budget = budget(temp_bytes)
+        if result.budget is None:
+            raise _ProbeStopped([])
+        return result.budget.num_blocks
+
+    try:
+        sized_by_probes(blocks_for,
+                        lambda: probe(engine.min_blocks(), ("sampler",),
+                                      {num_seqs: engine.predicted_logits(num_seqs)}),
+                        lambda num_blocks: probe(num_blocks, tuple(k for k in KINDS if k != "sampler"), {}))
+    except _ProbeStopped as stopped:
+        result.compile_seconds, result.compile_cpu_seconds = recorder.compile_seconds()
+        if not stopped.programs:
+            return result  # refused: the message names the flag
+        result.programs = stopped.programs
         return check(result)
-    result.budget = budget(max(p.report.memory.get("temp_size_in_bytes", 0) for p in probe))
-    if result.budget is None:
-        return result
     result.programs = compile_plan(engine, target, result.budget.num_blocks, recorder=recorder)
     result.compile_seconds, result.compile_cpu_seconds = recorder.compile_seconds()
     return check(result)
+
+
+class _ProbeStopped(Exception):
+    """The KV probe cannot go on: a program failed (`programs`, to report) or the budget refused (none)."""
+
+    def __init__(self, programs: list[ProgramResult]):
+        super().__init__()
+        self.programs = programs
 
 
 # every kind of program warm-up makes ready
@@ -186,21 +214,23 @@ KINDS = ("forward", "sampler", "token", "draft", "lora", "pooler", "vision", "mu
 
 
 def engine_plan(engine: EngineParts, num_blocks: int, buckets: list | None = None, *, kinds: tuple[str, ...] = KINDS,
-                device_step: DeviceStepFactory = DeviceStep) -> WarmupPlan:
+                device_step: DeviceStepFactory = DeviceStep, logits_for: dict | None = None) -> WarmupPlan:
     """Warm-up's plan over `engine`'s abstract step with a `num_blocks` cache (`buckets`: EngineParts.compilation's),
-    its `kinds` of programs: what `compile_plan` compiles."""
-    plan = engine.compilation(num_blocks, buckets, device_step=device_step).plan()
+    its `kinds` of programs: what `compile_plan` compiles. `logits_for`: CompilationManager.plan's."""
+    plan = engine.compilation(num_blocks, buckets, device_step=device_step).plan(logits_for)
     return [item for item in plan if item[0].split()[0] in kinds]
 
 
 def compile_plan(engine: EngineParts, target: Target, num_blocks: int, buckets: list | None = None, *,
                  kinds: tuple[str, ...] = KINDS, recorder: _Recorder | None = None,
-                 compiler_options: dict[str, Any] | None = None) -> list[ProgramResult]:
+                 compiler_options: dict[str, Any] | None = None, logits_for: dict | None = None
+                 ) -> list[ProgramResult]:
     """Compile `engine_plan` for `target` (with `compiler_options`, XLA flags, when no `recorder` is given). A
     shared `recorder` compiles a program it has seen with the same inputs once."""
     recorder = recorder or _Recorder(target, engine.mesh, compiler_options)
     step = lambda *a, **k: RecordingDeviceStep(*a, recorder=recorder, **k)  # noqa: E731
-    return recorder.run(engine_plan(engine, num_blocks, buckets, kinds=kinds, device_step=step))
+    return recorder.run(engine_plan(engine, num_blocks, buckets, kinds=kinds, device_step=step,
+                                    logits_for=logits_for))
 
 
 def _result(label: str, report: CompileReport, reused: bool) -> ProgramResult:

@@ -91,15 +91,17 @@ class CompilationManager:
         """Traces so far (one per new shape or variant of a jitted program); must not move after warm-up."""
         return self.counter.count
 
-    def plan(self) -> WarmupPlan:
+    def plan(self, logits_for: dict[int, jax.ShapeDtypeStruct] | None = None) -> WarmupPlan:
         """Every program a workload can need, one (label, make-it-ready) pair each, in a fixed order.
 
         Each token bucket's forward (with async scheduling its token-feed program), then per new sequence bucket
         the sampling program (both sampler variants, steps with and without logprobs) and the full variant's
         logits processors (with async scheduling the token-record program). Deterministic given the config, so
-        every process of a multi-host run performs the same calls."""
+        every process of a multi-host run performs the same calls. `logits_for`: sequence bucket -> the
+        forward's logits (abstract), which each forward records and the samplers compile for; given, the
+        samplers can compile before (or without) the forwards (the KV probe's first stage, kv_budget.py)."""
         plan: WarmupPlan = []
-        logits_for: dict[int, jax.ShapeDtypeStruct] = {}  # sequence bucket -> the forward's logits (abstract)
+        logits_for = {} if logits_for is None else logits_for
         sampled_buckets: set[int] = set()
         for num_tokens, num_seqs in self.shapes.buckets:
             plan.append((f"forward T={num_tokens} S={num_seqs}",

@@ -70,6 +70,8 @@ class DeviceStep:
         self.lora: LoRASlotArrays | None = None
         self.aux_hidden: jax.Array | None = None
         self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
+        # freshly compiled programs' pytree structures, so a step adopting them can store them (adopt)
+        self._fresh: dict[tuple, tuple] = {}
         self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
         replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
         self._to_device = _replicator(replicated)
@@ -230,9 +232,21 @@ class DeviceStep:
         """The compiled (or loaded) programs warm-up made ready."""
         return list(self._executables.values())
 
-    def adopt_samplers(self, other: DeviceStep) -> None:
-        """Take `other`'s compiled samplers (same mesh and vocabulary): they read no KV cache, so a probe's serve."""
-        self._executables.update({k: v for k, v in other._executables.items() if k[0] in ("sample", "process")})
+    def adopt(self, other: DeviceStep) -> None:
+        """Take the programs a KV probe compiled (`other`: same params and mesh; kv_budget.sized_by_probes): its
+        samplers, which read no cache, always; the rest (its forward) only when compiled for this very step: the
+        same class, cache (shape, dtype, sharding) and slots, no LoRA arrays. Adopted fresh compiles are stored
+        in this step's compilation cache, as its own would be."""
+        same_step = (type(other) is type(self) and other.lora is None and self.lora is None
+                     and other.returns_aux == self.returns_aux
+                     and _aval(other.kv_cache) == _aval(self.kv_cache)
+                     and other.token_feedback.shape == self.token_feedback.shape)
+        for key, executable in other._executables.items():
+            if key in self._executables or not (key[0] in ("sample", "process") or same_step):
+                continue
+            self._executables[key] = executable
+            if key in other._fresh and self.store is not None:
+                self.store.save(key[0], repr(key[1:]), executable, other._fresh[key])
 
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
@@ -309,6 +323,7 @@ class DeviceStep:
             # Only a fresh compile is stored: on CPU, an executable jax read back from its own cache serializes
             # without its kernels ("Function ... not found" once loaded). jax's cache serves that program anyway.
             if jax_cache.hits == 0:
+                self._fresh[key] = _trees(dynamic_args, outputs)
                 self._save(key, executable, dynamic_args, outputs)
         return executable
 
@@ -326,6 +341,10 @@ class DeviceStep:
 def _trees(dynamic_args: tuple, outputs: Any) -> tuple:
     """An executable's (inputs, outputs) pytree structures, which the store rebuilds it with."""
     return jax.tree.structure((dynamic_args, {})), jax.tree.structure(outputs)
+
+
+def _aval(x: jax.Array | jax.ShapeDtypeStruct) -> tuple:
+    return tuple(x.shape), jnp.dtype(x.dtype), x.sharding
 
 
 def input_signature(tree: Any) -> tuple:

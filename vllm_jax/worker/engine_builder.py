@@ -32,6 +32,7 @@ from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
+from vllm_jax.sharding.mesh import MODEL_AXIS
 from vllm_jax.worker import kv_cache as kv_cache_module
 from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
@@ -39,7 +40,7 @@ from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
 from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
-from vllm_jax.worker.kv_budget import probe_temp_bytes
+from vllm_jax.worker.kv_budget import probe_temp_bytes, sized_by_probes
 from vllm_jax.worker.kv_cache import (
     KVCacheShape,
     allocate_kv_cache,
@@ -195,26 +196,67 @@ class EngineParts:
 
     def size_kv_cache(self, memory: MemoryProbe) -> KVCacheSizing:
         """The cache's blocks from the memory budget (worker/kv_budget.py); on an accelerator the programs'
-        temporaries come from a probe compile of the largest bucket over the smallest abstract cache."""
-        config, temp_bytes, probe = self.config, 0, None
-        if measures_device_memory(config):
-            probe = DeviceStep(self.graphdef, self.params, self.kv_cache(self.min_blocks()), self.mesh,
-                               config.model_config.max_logprobs)
-            shapes = self.step_shapes()
-            temp_bytes = memory.temp_bytes(probe, dataclasses.replace(shapes, buckets=shapes.buckets[-1:]))
-        shape = size_kv_cache(config, self.spec, self.kv_shards, temp_bytes, device=self.mesh.devices.flat[0],
-                              extra_bytes_per_block=self.speculator_kv_bytes_per_block,
-                              read_memory=memory.device_memory, own_weight_bytes=self.weight_bytes)
-        return KVCacheSizing(shape.num_blocks, probe)
+        temporaries come from the two-stage probe of the largest bucket (kv_budget.sized_by_probes), whose
+        programs the engine's step adopts."""
+        def blocks_for(temp_bytes: int) -> int:
+            return size_kv_cache(self.config, self.spec, self.kv_shards, temp_bytes, device=self.mesh.devices.flat[0],
+                                 extra_bytes_per_block=self.speculator_kv_bytes_per_block,
+                                 read_memory=memory.device_memory, own_weight_bytes=self.weight_bytes).num_blocks
+
+        if not measures_device_memory(self.config):
+            return KVCacheSizing(blocks_for(0), None)
+        shapes = self.step_shapes()
+        largest = dataclasses.replace(shapes, buckets=shapes.buckets[-1:])
+        num_seqs = largest.buckets[0][1]
+        samplers = self.probe_step(self.min_blocks())
+        probes = {"samplers": samplers}
+
+        def sampler_temps() -> int:
+            return memory.temp_bytes(samplers, largest, forwards=False,
+                                     logits_for={num_seqs: self.predicted_logits(num_seqs)})
+
+        def forward_temps(num_blocks: int) -> int:
+            probes["forward"] = self.probe_step(num_blocks)
+            logits_for: dict = {}
+            temps = memory.temp_bytes(probes["forward"], largest, samplers=False, logits_for=logits_for)
+            probes["logits"] = logits_for.get(num_seqs)
+            return temps
+
+        num_blocks, _ = sized_by_probes(blocks_for, sampler_temps, forward_temps)
+        probe = probes["forward"]
+        if probes["logits"] is not None and probes["logits"] != self.predicted_logits(num_seqs):
+            # the forward laid its logits out otherwise than predicted: its samplers compile for those instead
+            logger.info("KV probe: the forward's logits are %s, not as predicted; compiling the samplers for them",
+                        probes["logits"].sharding)
+            memory.temp_bytes(probe, largest, forwards=False, logits_for={num_seqs: probes["logits"]})
+        probe.adopt(samplers)
+        return KVCacheSizing(num_blocks, probe)
+
+    def probe_step(self, num_blocks: int) -> DeviceStep:
+        """A DeviceStep like the engine's (slots, aux outputs) over an abstract cache of `num_blocks`, for the KV
+        probe's compiles: nothing is allocated."""
+        return DeviceStep(self.graphdef, self.params, self.kv_cache(num_blocks), self.mesh,
+                          self.config.model_config.max_logprobs, num_slots=self.config.scheduler_config.max_num_seqs,
+                          returns_aux=bool(self.aux_layers))
+
+    def predicted_logits(self, num_seqs: int) -> jax.ShapeDtypeStruct:
+        """The forward's float32 [num_seqs, vocab] logits as it lays them out (replicated; vocab-sharded over the
+        model axis under tensor parallelism, where GSPMD leaves the LM head's output), so the KV probe compiles
+        the samplers before the forward; the compiled forward's own layout is checked against it."""
+        tp = self.config.parallel_config.tensor_parallel_size
+        spec = PartitionSpec(None, MODEL_AXIS) if tp > 1 else PartitionSpec()
+        return jax.ShapeDtypeStruct((num_seqs, self.spec.vocab_size), jnp.float32,
+                                    sharding=NamedSharding(self.mesh, spec, memory_kind=_memory_kind(self.mesh)))
 
     # --- the programs ---
     def compilation(self, num_blocks: int, buckets: list[tuple[int, int]] | None = None, *,
                     device_step: DeviceStepFactory = DeviceStep, cache_dir: str | None = None,
-                    samplers_from: DeviceStep | None = None) -> CompilationManager:
+                    adopt_from: DeviceStep | None = None) -> CompilationManager:
         """Warm-up's plan over a DeviceStep (`device_step` builds it, with DeviceStep's arguments) holding the
         params and a `num_blocks` cache (with the LoRA slots and the speculator's programs and cache):
         CompilationManager.device is the engine's step. `buckets` (default: all) narrows the forward programs;
-        `cache_dir`: the compilation cache's (None: off); `samplers_from`: a probe whose samplers it adopts."""
+        `cache_dir`: the compilation cache's (None: off); `adopt_from`: the KV probe's step, whose programs it
+        adopts."""
         config, mc, sc = self.config, self.config.model_config, self.config.scheduler_config
         if config.pooler_config is not None:  # the pooling runner's programs join the step
             device_step = pooling_device_step(self, device_step)
@@ -231,8 +273,8 @@ class EngineParts:
         step = device_step(self.graphdef, self.params, kv_cache, self.mesh, mc.max_logprobs, store=store,
                            on_trace=counter, num_slots=sc.max_num_seqs, returns_aux=bool(self.aux_layers))
         step.lora = lora
-        if samplers_from is not None:
-            step.adopt_samplers(samplers_from)  # compiled once: warm-up skips them
+        if adopt_from is not None:
+            step.adopt(adopt_from)  # the KV probe's programs, compiled once: warm-up skips them
         programs = None
         if speculator is not None:  # its cache shares the target's block ids
             layout = speculator.cache_layout(config, self.mesh)
@@ -367,6 +409,14 @@ def check_lora_supported(spec: DecoderSpec) -> None:
                          "mixture-of-experts models, Mixtral and Qwen3-MoE take adapters)")
     if jax.process_count() > 1:
         raise ValueError("enable_lora is not supported in a multi-host run yet")
+
+
+def _memory_kind(mesh: Mesh) -> str | None:
+    """The devices' default memory kind, as a compiled program's output shardings name it (None: unknown)."""
+    try:
+        return mesh.devices.flat[0].default_memory().kind
+    except Exception:  # noqa: BLE001 - a device without memory spaces
+        return None
 
 
 def shard_bytes(leaf: jax.Array | jax.ShapeDtypeStruct) -> int:

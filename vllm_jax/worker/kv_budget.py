@@ -5,16 +5,18 @@ On an accelerator (no `--num-gpu-blocks-override`, no `--kv-cache-memory-bytes`)
 another engine's or a trainer's, must leave that share free, else start-up is refused), minus the engine's own
 weights, minus the largest temporaries of the programs (XLA's memory analysis; the donated cache is aliased in
 place, so a program needs its temporaries and nothing else besides weights and cache) with a headroom, in whole
-blocks. The temporaries come from a probe
-(`probe_temp_bytes`): the largest bucket's forward and its samplers compiled over an abstract cache of the fewest
-blocks (a program's temporaries barely depend on the donated cache's size: seen 330 -> 331 MiB for Llama-3-8B's
-8192-token forward at tensor parallelism 4 on v6e, hence the headroom). The engine (kv_cache.size_kv_cache) and
-`vllm-jax compile-check` (aot/engine_programs.py) size the cache with this one rule. A budget that cannot hold
+blocks. The temporaries come from a probe in two stages (`sized_by_probes`, `probe_temp_bytes`): the largest
+bucket's samplers (they read no cache), then its forward compiled over an abstract cache of the size their
+temporaries leave, which warm-up takes over; a forward needing more sizes the cache again (a program's temporaries
+barely depend on the donated cache's size: seen 330 -> 331 MiB for Llama-3-8B's 8192-token forward at tensor
+parallelism 4 on v6e, hence the headroom). The engine (kv_cache.size_kv_cache) and `vllm-jax compile-check`
+(aot/engine_programs.py) size the cache with this one rule. A budget that cannot hold
 one max_model_len request is refused with the flags to change (`check_capacity`), as vLLM does at start-up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -104,12 +106,37 @@ def check_capacity(config: EngineConfig, num_blocks: int) -> None:
             f"only {num_blocks - 1} usable blocks; lower --max-model-len or raise {raise_flags}")
 
 
-def probe_temp_bytes(step: DeviceStep, shapes: StepShapes) -> int:
+def sized_by_probes(blocks_for: Callable[[int], int], sampler_temps: Callable[[], int],
+                    forward_temps: Callable[[int], int]) -> tuple[int, int]:
+    """(blocks, temporaries): the probe's two stages, one rule for the engine and the ahead-of-time check.
+
+    First the largest bucket's samplers, which read no cache (`sampler_temps`); the cache is sized for their
+    temporaries (`blocks_for`); then its forward (and the other cache-reading programs) compiled over a cache of
+    exactly that size (`forward_temps(blocks)`), which warm-up then takes over instead of compiling it again.
+    Only when the forward needs more (under tensor parallelism its temporaries can exceed the samplers', whose
+    logits are vocab-sharded) is the cache sized again for those and the forward compiled at the new size: the
+    block count is the one a probe of both at the smallest cache gave (a program's temporaries barely depend on
+    the donated cache's size), for one forward compile fewer in the common case."""
+    samplers = sampler_temps()
+    blocks = blocks_for(samplers)
+    forward = forward_temps(blocks)
+    if forward > samplers:
+        blocks = blocks_for(forward)
+        forward_temps(blocks)
+    return blocks, max(samplers, forward)
+
+
+def probe_temp_bytes(step: DeviceStep, shapes: StepShapes, *, samplers: bool = True, forwards: bool = True,
+                     logits_for: dict[int, jax.ShapeDtypeStruct] | None = None) -> int:
     """The largest temporaries (XLA's memory analysis) of the programs warm-up compiles for `shapes` (the largest
-    bucket: its forward and its samplers), compiled by `step`, a DeviceStep over an abstract cache: nothing is
-    allocated. Its samplers read no cache, so the engine's own step adopts them afterwards."""
-    for _, make_ready in CompilationManager(step, TraceCounter(), shapes, None).plan():
-        make_ready()
+    bucket), compiled by `step`, a DeviceStep over an abstract cache: nothing is allocated. `samplers` /
+    `forwards`: its sampling programs / the rest (the forward, the token programs, a multi-step chunk);
+    `logits_for`: the forward's logits by sequence bucket, for samplers compiled without the forward (filled
+    in by a forward compiled here). The engine's own step adopts what `step` compiled (DeviceStep.adopt)."""
+    plan = CompilationManager(step, TraceCounter(), shapes, None).plan(logits_for)
+    for label, make_ready in plan:
+        if (samplers if label.startswith("sampler") else forwards):
+            make_ready()
     return max(program_temp_bytes(p) for p in step.executables)
 
 

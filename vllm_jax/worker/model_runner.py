@@ -117,7 +117,7 @@ class ModelRunner:
         sizing = parts.size_kv_cache(memory or MemoryProbe())
         self.num_blocks = sizing.num_blocks
         self.compilation = parts.compilation(self.num_blocks, cache_dir=self.compilation_cache_dir,
-                                             samplers_from=sizing.probe)
+                                             adopt_from=sizing.probe)
         self.device = self.compilation.device
         # draft_model / eagle3 speculation: the draft's or the head's programs and KV cache
         self.drafter, self.eagle = self.compilation.drafter, self.compilation.eagle

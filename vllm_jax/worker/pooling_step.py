@@ -94,8 +94,9 @@ def _hidden_forward(step: DeviceStep, params, kv_cache, inputs: StepInputs, lora
 
 
 class PoolingCompilation(CompilationManager):
-    def plan(self) -> WarmupPlan:
-        """Per token bucket: its forward (to the normed hidden states), then its pooler. No sampler."""
+    def plan(self, logits_for: dict | None = None) -> WarmupPlan:
+        """Per token bucket: its forward (to the normed hidden states), then its pooler. No sampler, so no
+        `logits_for`."""
         plan: WarmupPlan = []
         for num_tokens, num_seqs in self.shapes.buckets:
             plan.append((f"forward T={num_tokens} S={num_seqs}",
