@@ -11,13 +11,22 @@ reference, this platform's Pallas kernel, and jax's own shipped kernel where one
 attention, same interleaved cache layout; GPU: paged attention, decode rows only, K/V re-laid out once
 outside the timing). GB/s counts the bytes that must move at least once: every visible K/V row once, plus
 q and the output (attention); the new rows read and written (KV write).
+
+Two times per cell: `us`, the median wall time of a call timed from the host (each call waited for: launches and
+the wait included), and on an accelerator `device us`, the call's kernels on the device's own clock (jax's
+profiler: the kernel events of the device's plane, summed per call), with the kernels that took most of it in the
+JSON. On an H200 the host-timed figures disagreed with the engine's own step (docs/accelerators.md, "The third
+lease"); the device column says which part is the kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
+import glob
 import json
+import tempfile
 import time
 
 import jax
@@ -73,6 +82,39 @@ def time_us(fn, *args, iters: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return float(np.median(times)) * 1e6
+
+
+def device_time(fn, iters: int) -> tuple[float, list[tuple[str, float]]] | None:
+    """(microseconds per call on the device's clock, the kernels that took most of them), from a profiler trace of
+    `iters` calls; None when the trace has no device plane."""
+    jax.block_until_ready(fn())
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(iters):
+            jax.block_until_ready(fn())
+        jax.profiler.stop_trace()
+        data = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/plugins/profile/*/*.xplane.pb")[0])
+    return kernel_time(data, iters)
+
+
+def kernel_time(data, calls: int) -> tuple[float, list[tuple[str, float]]] | None:
+    """The first device plane's kernel time per call: its "XLA Ops" line (TPU) or its compute streams (GPU:
+    "Stream #N" lines, copies left out); None without one."""
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        lines = list(plane.lines)
+        kernels = ([line for line in lines if line.name == "XLA Ops"]
+                   or [line for line in lines if line.name.startswith("Stream") and "Memcpy" not in line.name])
+        if not kernels:
+            continue
+        per_kernel: collections.Counter = collections.Counter()
+        for line in kernels:
+            for event in line.events:
+                per_kernel[event.name] += event.duration_ns
+        total_us = sum(per_kernel.values()) / 1e3 / calls
+        return total_us, [(name, ns / 1e3 / calls) for name, ns in per_kernel.most_common(4)]
+    return None
 
 
 def in_layout(backend, cache: jax.Array) -> jax.Array:
@@ -154,12 +196,19 @@ def write_rows(backends: list[str], block_size: int, dtype, iters: int, smoke: b
         yield f"kv write {tokens} tokens", nbytes, cells
 
 
-def _measure(fn, nbytes: int, iters: int) -> tuple[float, float] | str:
+def _measure(fn, nbytes: int, iters: int) -> dict | str:
+    """{"us", "gb_s"} from the host's clock, and on an accelerator {"device_us", "device_gb_s", "kernels"}."""
     try:
         us = time_us(fn, iters=iters)
+        cell = {"us": us, "gb_s": nbytes / us / 1e3}
+        if jax.default_backend() != "cpu":
+            timed = device_time(fn, iters)
+            if timed is not None:
+                cell.update(device_us=timed[0], device_gb_s=nbytes / timed[0] / 1e3 if timed[0] else 0.0,
+                            kernels=timed[1])
     except Exception as e:  # noqa: BLE001 - one failing column must not hide the others
         return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
-    return us, nbytes / us / 1e3
+    return cell
 
 
 def main() -> None:
@@ -185,20 +234,23 @@ def main() -> None:
     dtype = jnp.dtype(ns.dtype)
     rows = list(attention_rows(platform, backends, ns.block_size, dtype, ns.iters, ns.smoke))
     rows += list(write_rows(backends, ns.block_size, dtype, ns.iters, ns.smoke))
-    print(f"{'shape':<36} {'MB moved':>9}  {'column':<12} {'us':>9} {'GB/s':>7}")
+    print(f"{'shape':<36} {'MB moved':>9}  {'column':<12} {'us':>9} {'GB/s':>7} {'device us':>10} {'GB/s':>7}")
     for name, nbytes, cells in rows:
         for i, (column, result) in enumerate(cells):
             label = name if i == 0 else ""
             size = f"{nbytes / 1e6:9.1f}" if i == 0 else " " * 9
             if isinstance(result, str):
                 print(f"{label:<36} {size}  {column:<12} {result}")
-            else:
-                us, gbs = result
-                frac = f" ({100 * gbs / peak:.0f}% of peak)" if peak else ""
-                print(f"{label:<36} {size}  {column:<12} {us:9.1f} {gbs:7.1f}{frac}")
+                continue
+            on_device = (f" {result['device_us']:10.1f} {result['device_gb_s']:7.1f}" if "device_us" in result
+                         else " " * 18)
+            rate = result.get("device_gb_s", result["gb_s"])
+            frac = f" ({100 * rate / peak:.0f}% of peak)" if peak else ""
+            print(f"{label:<36} {size}  {column:<12} {result['us']:9.1f} {result['gb_s']:7.1f}{on_device}{frac}"
+                  .rstrip())
     if ns.json:
         cells = [dict(shape=name, mb_moved=nbytes / 1e6, column=column,
-                      **({"error": result} if isinstance(result, str) else {"us": result[0], "gb_s": result[1]}))
+                      **({"error": result} if isinstance(result, str) else result))
                  for name, nbytes, row in rows for column, result in row]
         with open(ns.json, "w") as f:
             json.dump(dict(device=device.device_kind, peak_gb_s=peak, dtype=ns.dtype, rows=cells), f, indent=1)

@@ -85,6 +85,44 @@ def test_the_attention_timings_run_every_backend_in_its_own_cache_layout(tmp_pat
     assert [r for r in rows if "error" in r or not r["us"] > 0] == []
 
 
+def _xspace(plane: str, lines: dict[str, list[tuple[str, int]]]):
+    """A profiler trace of one plane: line name -> [(event name, duration in ns)]."""
+    import jax
+
+    names = sorted({name for events in lines.values() for name, _ in events})
+    ids = {name: i + 1 for i, name in enumerate(names)}
+    text = f'planes {{ id: 1 name: "{plane}" '
+    for n, (line, events) in enumerate(lines.items()):
+        text += f'lines {{ id: {n + 1} name: "{line}" timestamp_ns: 0 '
+        offset = 0
+        for name, ns in events:
+            text += f"events {{ metadata_id: {ids[name]} offset_ps: {offset} duration_ps: {ns * 1000} }} "
+            offset += (ns + 1) * 1000
+        text += "} "
+    text += " ".join(f'event_metadata {{ key: {i} value {{ id: {i} name: "{name}" }} }}' for name, i in ids.items())
+    data = jax.profiler.ProfileData
+    return data.from_serialized_xspace(data.text_proto_to_serialized_xspace(text + " }"))
+
+
+def test_the_attention_timings_read_kernel_time_from_the_device_plane():
+    """attention_kernels.kernel_time: a GPU's compute streams (copies left out) or a TPU's "XLA Ops" line, per
+    call, the largest kernels first; nothing without a device plane (the CPU smoke run)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "attention_kernels.py"
+    module_spec = importlib.util.spec_from_file_location("attention_kernels", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    gpu = _xspace("/device:GPU:0", {"Stream #13(Compute)": [("pad", 4000), ("ragged_attention", 30000)] * 2,
+                                    "Stream #20(MemcpyH2D)": [("copy", 90000)]})
+    us, kernels = module.kernel_time(gpu, calls=2)
+    assert us == 34.0 and kernels == [("ragged_attention", 30.0), ("pad", 4.0)]
+    tpu = _xspace("/device:TPU:0", {"XLA Modules": [("jit_fn", 50000)], "XLA Ops": [("fusion", 20000)]})
+    assert module.kernel_time(tpu, calls=1) == (20.0, [("fusion", 20.0)])
+    assert module.kernel_time(_xspace("/host:CPU", {"tf_XLA": [("fusion", 5)]}), calls=1) is None
+
+
 def test_the_serving_checkpoint_has_the_default_models_shapes_and_tokenizer(tmp_path):
     """benchmarks/serving_checkpoint.py (for a machine the default model's GGUF cannot travel to): its config gives
     the default model's decoder spec, and its tokenizer the default model's token ids."""
