@@ -246,7 +246,7 @@ class EngineParts:
         tp = self.config.parallel_config.tensor_parallel_size
         spec = PartitionSpec(None, MODEL_AXIS) if tp > 1 else PartitionSpec()
         return jax.ShapeDtypeStruct((num_seqs, self.spec.vocab_size), jnp.float32,
-                                    sharding=NamedSharding(self.mesh, spec, memory_kind=_memory_kind(self.mesh)))
+                                    sharding=NamedSharding(self.mesh, spec))
 
     # --- the programs ---
     def compilation(self, num_blocks: int, buckets: list[tuple[int, int]] | None = None, *,
@@ -409,14 +409,6 @@ def check_lora_supported(spec: DecoderSpec) -> None:
                          "mixture-of-experts models, Mixtral and Qwen3-MoE take adapters)")
     if jax.process_count() > 1:
         raise ValueError("enable_lora is not supported in a multi-host run yet")
-
-
-def _memory_kind(mesh: Mesh) -> str | None:
-    """The devices' default memory kind, as a compiled program's output shardings name it (None: unknown)."""
-    try:
-        return mesh.devices.flat[0].default_memory().kind
-    except Exception:  # noqa: BLE001 - a device without memory spaces
-        return None
 
 
 def shard_bytes(leaf: jax.Array | jax.ShapeDtypeStruct) -> int:
