@@ -107,6 +107,21 @@ def test_warm_up_takes_the_probes_forward_and_samplers_over(tiny_dir, tp):
     assert runner.num_compilations == traced + traces_before  # running the adopted forward traced nothing
 
 
+@pytest.mark.parametrize("kind", ["pooling", "lora"])
+def test_a_step_whose_forward_differs_does_not_adopt_the_probes(tiny_dir, kind):
+    """A pooling engine's forward ends at the final norm, a LoRA engine's reads the adapter slots: the probe's
+    generation forward is not theirs, so warm-up compiles their own (the samplers are adopted all the same)."""
+    calls = []
+    memory = MemoryProbe(device_memory=lambda device: (256 * MiB, TINY_WEIGHTS), temp_bytes=_recording_probe(calls))
+    extra = (dict(runner="pooling", convert="embed", pooler_config={"pooling_type": "MEAN"}) if kind == "pooling"
+             else dict(enable_lora=True, max_loras=1, max_lora_rank=8))
+    runner = ModelRunner(_accelerator_config(tiny_dir, **extra), random_weights=True, memory=memory)
+    probed = calls[-1][1]
+    forward_keys = [key for key in probed._executables if key[0] == "forward"]
+    assert forward_keys
+    assert all(runner.device._executables.get(key) is not probed._executables[key] for key in forward_keys)
+
+
 def test_a_forward_needing_more_than_the_samplers_sizes_the_cache_again(tiny_dir):
     calls = []
     device_bytes, extra = 512 * MiB, 100 * MiB

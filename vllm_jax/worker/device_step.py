@@ -68,6 +68,9 @@ class DeviceStep:
         # LoRA's stacked adapter slots (worker/lora_slots.py), an extra argument of the forward; None: LoRA off and
         # the forward is exactly the one without LoRA.
         self.lora: LoRASlotArrays | None = None
+        # A pooling engine's programs (worker/pooling_step.py); attaching them replaces the forward with one that
+        # ends at the final norm.
+        self.pooling: Any = None
         self.aux_hidden: jax.Array | None = None
         self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
         # freshly compiled programs' pytree structures, so a step adopting them can store them (adopt)
@@ -235,10 +238,11 @@ class DeviceStep:
     def adopt(self, other: DeviceStep) -> None:
         """Take the programs a KV probe compiled (`other`: same params and mesh; kv_budget.sized_by_probes): its
         samplers, which read no cache, always; the rest (its forward) only when compiled for this very step: the
-        same class, cache (shape, dtype, sharding) and slots, no LoRA arrays. Adopted fresh compiles are stored
+        same class, cache (shape, dtype, sharding) and slots, no LoRA arrays, no pooling programs (whose forward
+        is another). Adopted fresh compiles are stored
         in this step's compilation cache, as its own would be."""
         same_step = (type(other) is type(self) and other.lora is None and self.lora is None
-                     and other.returns_aux == self.returns_aux
+                     and other.pooling is None and self.pooling is None and other.returns_aux == self.returns_aux
                      and _aval(other.kv_cache) == _aval(self.kv_cache)
                      and other.token_feedback.shape == self.token_feedback.shape)
         for key, executable in other._executables.items():
