@@ -15,8 +15,8 @@ q and the output (attention); the new rows read and written (KV write).
 Two times per cell: `us`, the median wall time of a call timed from the host (each call waited for: launches and
 the wait included), and on an accelerator `device us`, the call's kernels on the device's own clock (jax's
 profiler: the kernel events of the device's plane, summed per call), with the kernels that took most of it in the
-JSON. On an H200 the host-timed figures disagreed with the engine's own step (docs/accelerators.md, "The third
-lease"); the device column says which part is the kernel.
+JSON. On an H200 the host-timed figures disagreed with the engine's own step (docs/accelerators.md, "On an NVIDIA
+H200": the third lease); the device column says which part is the kernel.
 """
 
 from __future__ import annotations
