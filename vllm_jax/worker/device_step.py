@@ -239,8 +239,7 @@ class DeviceStep:
         """Take the programs a KV probe compiled (`other`: same params and mesh; kv_budget.sized_by_probes): its
         samplers, which read no cache, always; the rest (its forward) only when compiled for this very step: the
         same class, cache (shape, dtype, sharding) and slots, no LoRA arrays, no pooling programs (whose forward
-        is another). Adopted fresh compiles are stored
-        in this step's compilation cache, as its own would be."""
+        is another). Adopted fresh compiles are stored in this step's compilation cache, as its own would be."""
         same_step = (type(other) is type(self) and other.lora is None and self.lora is None
                      and other.pooling is None and self.pooling is None and other.returns_aux == self.returns_aux
                      and _aval(other.kv_cache) == _aval(self.kv_cache)

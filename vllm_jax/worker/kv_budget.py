@@ -10,8 +10,8 @@ bucket's samplers (they read no cache), then its forward compiled over an abstra
 temporaries leave, which warm-up takes over; a forward needing more sizes the cache again (a program's temporaries
 barely depend on the donated cache's size: seen 330 -> 331 MiB for Llama-3-8B's 8192-token forward at tensor
 parallelism 4 on v6e, hence the headroom). The engine (kv_cache.size_kv_cache) and `vllm-jax compile-check`
-(aot/engine_programs.py) size the cache with this one rule. A budget that cannot hold
-one max_model_len request is refused with the flags to change (`check_capacity`), as vLLM does at start-up.
+(aot/engine_programs.py) size the cache with this one rule. A budget that cannot hold one max_model_len request is
+refused with the flags to change (`check_capacity`), as vLLM does at start-up.
 """
 
 from __future__ import annotations
