@@ -40,14 +40,13 @@ from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.draft_chain import chain_buckets
 from vllm_jax.worker.draft_step import DraftStep
 from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
-from vllm_jax.worker.kv_budget import probe_temp_bytes, sized_by_probes
+from vllm_jax.worker.kv_budget import measures_device_memory, probe_temp_bytes, sized_by_probes
 from vllm_jax.worker.kv_cache import (
     KVCacheShape,
     allocate_kv_cache,
     blocks_per_sequence,
     cache_shape,
     lane_dense_cache,
-    measures_device_memory,
     min_kv_blocks,
     size_kv_cache,
     spec_bytes_per_block,
@@ -208,27 +207,24 @@ class EngineParts:
         shapes = self.step_shapes()
         largest = dataclasses.replace(shapes, buckets=shapes.buckets[-1:])
         num_seqs = largest.buckets[0][1]
+        predicted = self.predicted_logits(num_seqs)
         samplers = self.probe_step(self.min_blocks())
-        probes = {"samplers": samplers}
-
-        def sampler_temps() -> int:
-            return memory.temp_bytes(samplers, largest, forwards=False,
-                                     logits_for={num_seqs: self.predicted_logits(num_seqs)})
+        probe, logits_for = samplers, {}  # the forward's probe step, and the logits it records
 
         def forward_temps(num_blocks: int) -> int:
-            probes["forward"] = self.probe_step(num_blocks)
-            logits_for: dict = {}
-            temps = memory.temp_bytes(probes["forward"], largest, samplers=False, logits_for=logits_for)
-            probes["logits"] = logits_for.get(num_seqs)
-            return temps
+            nonlocal probe
+            probe = self.probe_step(num_blocks)
+            return memory.temp_bytes(probe, largest, samplers=False, logits_for=logits_for)
 
-        num_blocks, _ = sized_by_probes(blocks_for, sampler_temps, forward_temps)
-        probe = probes["forward"]
-        if probes["logits"] is not None and probes["logits"] != self.predicted_logits(num_seqs):
+        num_blocks, _ = sized_by_probes(
+            blocks_for, lambda: memory.temp_bytes(samplers, largest, forwards=False, logits_for={num_seqs: predicted}),
+            forward_temps)
+        actual = logits_for.get(num_seqs)
+        if actual is not None and actual != predicted:
             # the forward laid its logits out otherwise than predicted: its samplers compile for those instead
             logger.info("KV probe: the forward's logits are %s, not as predicted; compiling the samplers for them",
-                        probes["logits"].sharding)
-            memory.temp_bytes(probe, largest, forwards=False, logits_for={num_seqs: probes["logits"]})
+                        actual.sharding)
+            memory.temp_bytes(probe, largest, forwards=False, logits_for={num_seqs: actual})
         probe.adopt(samplers)
         return KVCacheSizing(num_blocks, probe)
 

@@ -55,6 +55,13 @@ class KVBudget:
         return self.weight_bytes + self.kv_bytes + self.temp_bytes <= self.usable_bytes
 
 
+def measures_device_memory(config: EngineConfig) -> bool:
+    """True when the cache is sized from the device's memory (neither an override nor an explicit budget): the
+    runner then probes the programs' temporaries first."""
+    cache = config.cache_config
+    return cache.num_gpu_blocks_override is None and cache.kv_cache_memory_bytes is None
+
+
 def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_bytes: int,
               bytes_per_block: int, others_bytes: int = 0) -> KVBudget:
     """The cache's blocks for one device of `device_bytes` (see the module docstring; an override or an explicit
@@ -63,8 +70,7 @@ def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_b
     engine's share."""
     cache = config.cache_config
     usable = int(device_bytes * cache.gpu_memory_utilization)
-    measured = cache.num_gpu_blocks_override is None and cache.kv_cache_memory_bytes is None
-    if measured and others_bytes > 0 and usable > device_bytes - others_bytes:
+    if measures_device_memory(config) and others_bytes > 0 and usable > device_bytes - others_bytes:
         raise ValueError(
             f"the device's free memory ({(device_bytes - others_bytes) / GiB:.2f} GiB: {others_bytes / GiB:.2f} of "
             f"its {device_bytes / GiB:.1f} GiB are held by other arrays, such as another engine's cache or a "
@@ -97,10 +103,8 @@ def check_capacity(config: EngineConfig, num_blocks: int) -> None:
     max_model_len, block_size = config.model_config.max_model_len, config.cache_config.block_size
     needed = cdiv(max_model_len, block_size)
     if needed > num_blocks - 1:
-        explicit = config.cache_config.num_gpu_blocks_override is not None or \
-            config.cache_config.kv_cache_memory_bytes is not None
-        raise_flags = ("--kv-cache-memory-bytes / --num-gpu-blocks-override" if explicit else
-                       "--gpu-memory-utilization or --tensor-parallel-size")
+        raise_flags = ("--gpu-memory-utilization or --tensor-parallel-size" if measures_device_memory(config) else
+                       "--kv-cache-memory-bytes / --num-gpu-blocks-override")
         raise ValueError(
             f"max_model_len ({max_model_len}) needs {needed} KV blocks of {block_size} tokens but the cache has "
             f"only {num_blocks - 1} usable blocks; lower --max-model-len or raise {raise_flags}")

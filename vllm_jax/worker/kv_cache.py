@@ -25,7 +25,7 @@ from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.pallas_kernels.kv_layout import row_lanes
 from vllm_jax.utils import cdiv
-from vllm_jax.worker.kv_budget import kv_budget
+from vllm_jax.worker.kv_budget import kv_budget, measures_device_memory
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,6 @@ class KVCacheShape:
     def abstract(self, sharding: jax.sharding.Sharding | None = None) -> jax.ShapeDtypeStruct:
         """The cache as a ShapeDtypeStruct (for compiling without allocating)."""
         return jax.ShapeDtypeStruct(self.shape, jnp.dtype(self.dtype), sharding=sharding)
-
-
-def measures_device_memory(config: EngineConfig) -> bool:
-    """True when the cache is sized from the device's memory (neither an override nor an explicit budget): the
-    runner then probes the programs' temporaries first."""
-    cache = config.cache_config
-    return cache.num_gpu_blocks_override is None and cache.kv_cache_memory_bytes is None
 
 
 def device_memory(device: jax.Device) -> tuple[int, int]:
