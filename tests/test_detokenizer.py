@@ -266,3 +266,67 @@ def test_push_cost_does_not_grow_with_generated_length():
     text = "".join(detok.push([i]) for i in ids)
     assert text == tokenizer.decode(ids)
     assert max(slow.decode_sizes) < 20  # a window of recent tokens, never the whole output
+
+
+# ---- finish: the request's last tokens (FINAL_ONLY text made once, at the end) ----------------------------
+
+def _wordpiece_tokenizer() -> PreTrainedTokenizerFast:
+    """A decoder that rewrites text across tokens ("##" joins, cleanup): finish must step through it."""
+    tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=300, special_tokens=["<unk>"] + SPECIALS,
+                                                                show_progress=False))
+    return _wrap(tok)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS) + ["wordpiece"])
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), skip=st.booleans(), bos=st.booleans())
+def test_finish_equals_push_then_flush_fresh_or_mid_stream(name, data, skip, bos):
+    """Random ids (byte tokens, special tokens and invalid byte runs included), after 0..3 pushes."""
+    tokenizer = _wordpiece_tokenizer() if name == "wordpiece" else get_tokenizer(name)
+    vocab = len(tokenizer)
+    ids = data.draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=30))
+    pushed = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3), max_size=3))
+    prompt = ([tokenizer.bos_token_id] if bos else []) + tokenizer.encode("the capital of", add_special_tokens=False)
+
+    def run(last):
+        detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=skip)
+        return "".join(detok.push(chunk) for chunk in pushed) + last(detok)
+
+    assert run(lambda d: d.finish(ids)) == run(lambda d: d.push(ids) + d.flush())
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_finish_is_one_decode_for_per_token_decoders_and_steps_otherwise(name, monkeypatch):
+    """Per-token decoders (byte-level, Metaspace, SentencePiece's chain) finish in one decode, never stepping
+    DecodeStream; a WordPiece decoder and text with U+FFFD step through the tokens."""
+    from tokenizers.decoders import DecodeStream
+
+    tokenizer = get_tokenizer(name)
+    steps = []
+    real_step = DecodeStream.step
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            self.inner = DecodeStream(*args, **kwargs)
+
+        def step(self, backend, token_id):
+            steps.append(token_id)
+            return real_step(self.inner, backend, token_id)
+
+    monkeypatch.setattr("vllm_jax.engine.detokenizer._DecodeStream", Counting)
+    out = tokenizer.encode(" héllo wörld 你好 🙂 café", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("Paris", add_special_tokens=False))
+    assert detok.finish(out) == tokenizer.decode(tokenizer.encode("Paris", add_special_tokens=False) + out)[5:]
+    assert steps == []
+    steps.clear()
+    wordpiece = _wordpiece_tokenizer()
+    IncrementalDetokenizer(wordpiece, []).finish(wordpiece.encode("the fox", add_special_tokens=False))
+    assert steps
+    if name == "byte_level":  # half of "🙂": the one decode shows U+FFFD, so the bytes are stepped
+        steps.clear()
+        half = byte_level_ids_for_bytes(tokenizer, "🙂")[:2]
+        assert IncrementalDetokenizer(tokenizer, []).finish(half) == tokenizer.decode(half)
+        assert steps == half

@@ -308,3 +308,38 @@ def test_final_text_matches_decode_when_generation_ends_inside_a_character():
     outs, _ = run(make(SamplingParams(output_kind=DELTA)), "r", ids, finish="length")
     assert all("\ufffd" not in o.outputs[0].text for o in outs[:-1])
     assert "".join(o.outputs[0].text for o in outs) == TOK.decode(ids) and TOK.decode(ids).endswith("\ufffd")
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), include=st.booleans(), skip=st.booleans(), finish=st.sampled_from(["length", "stop"]))
+def test_final_only_text_made_at_the_end_equals_the_streamed_text(data, include, skip, finish):
+    """FINAL_ONLY without stop strings makes each completion's text once, when it ends; that text is the one
+    DELTA streams (random ids: split characters, special tokens; steps of 1-3 tokens; two children ending at
+    different steps; the stop token excluded unless asked)."""
+    seqs = [data.draw(st.lists(st.integers(0, len(TOK) - 1), min_size=1, max_size=25)) for _ in range(2)]
+    if finish == "stop":
+        seqs = [s + [EOS] for s in seqs]
+    sizes = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    texts = {}
+    for kind in (DELTA, FINAL_ONLY):
+        proc = make(SamplingParams(n=2, output_kind=kind, skip_special_tokens=skip,
+                                   include_stop_str_in_output=include))
+        outputs, pos, step = [], [0, 0], 0
+        while pos != [len(s) for s in seqs]:
+            core = []
+            for child, seq in enumerate(seqs):
+                if pos[child] == len(seq):
+                    continue
+                size = sizes[(step + child) % len(sizes)]
+                chunk, pos[child] = seq[pos[child]:pos[child] + size], min(pos[child] + size, len(seq))
+                end = pos[child] >= len(seq)
+                core.append(EngineCoreOutput(f"{child}_r", chunk, finish if end else None,
+                                             EOS if end and finish == "stop" else None))
+            if kind == FINAL_ONLY and step:  # the text waits for the end
+                assert all(c.text == "" for c in proc._requests["r"].children if c.finish_reason is None)
+            outputs += proc.process_outputs(core).request_outputs
+            step += 1
+        texts[kind] = ["".join(o.text for out in outputs for o in out.outputs if o.index == i) for i in range(2)]
+        if kind == FINAL_ONLY:
+            assert len(outputs) == 1 and [o.token_ids for o in outputs[0].outputs] == seqs
+    assert texts[FINAL_ONLY] == texts[DELTA]

@@ -23,10 +23,17 @@ or one that decodes to "" (a lone BOS with skip_special_tokens), it is exactly `
 `clean_up_tokenization_spaces` is never applied: it rewrites text across token boundaries. For fast
 tokenizers `spaces_between_special_tokens` has no effect, exactly as in their `decode`; slow tokenizers
 receive it.
+
+A request whose text nobody reads before it ends (FINAL_ONLY output, no stop strings) hands its tokens over once,
+at the end (`finish`): where the tokenizer's decoder maps each token to its own text (byte-level BPE, Metaspace
+and SentencePiece's replace / byte-fallback / fuse / strip chain, or none), that is one decode of the window
+instead of a decode per token, a quarter of the cost; the text is the same as stepping would give (stepping is
+still used when that decode shows U+FFFD, whose count depends on how the bytes were split).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +49,10 @@ _REPLACEMENT = "\ufffd"
 # start inside a multi-byte character.
 _MIN_PROMPT_CONTEXT = 5
 _MAX_PROMPT_CONTEXT = 24
+# Decoders that turn each token into its own text, independently of its neighbours (Strip removes characters at
+# the start of the text, in the window and in its context alike): a window's decode minus its context's decode
+# is then what stepping through it emits.
+_PER_TOKEN_DECODERS = frozenset(("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip"))
 
 
 def _make_decode(tokenizer: Any, skip_special_tokens: bool,
@@ -77,6 +88,17 @@ def _prompt_context(decode: Callable[[list[int]], str], prompt_token_ids: list[i
     context = list(prompt_token_ids[n - k:])
     # A prompt that ends mid-character would make its own bytes part of the first output text.
     return [] if decode(context).endswith(_REPLACEMENT) else context
+
+
+def _decodes_per_token(backend: Any) -> bool:
+    """True when `backend` has no decoder or one of _PER_TOKEN_DECODERS (or a sequence of them); a Strip only
+    at the start of the text."""
+    decoder = backend.decoder
+    if decoder is None:
+        return True
+    state = json.loads(decoder.__getstate__())
+    parts = state.get("decoders", []) if state.get("type") == "Sequence" else [state]
+    return all(part.get("type") in _PER_TOKEN_DECODERS and not part.get("stop") for part in parts)
 
 
 class _OffsetDecoder:
@@ -115,8 +137,9 @@ class _StreamDecoder:
     """tokenizers' DecodeStream, plus what it lacks: a flush and recovery."""
 
     def __init__(self, backend: Any, skip_special_tokens: bool, decode: Callable[[list[int]], str],
-                 context: list[int]):
+                 context: list[int], per_token: bool):
         self._backend = backend
+        self._per_token = per_token
         self._skip = skip_special_tokens
         self._decode = decode
         self._context: list[int] = []  # tokens of the last emitted chunk (what the stream's window holds)
@@ -153,6 +176,17 @@ class _StreamDecoder:
                 text += piece
         return text
 
+    def one_decode(self, token_ids: list[int]) -> str | None:
+        """What `push(token_ids)` then `flush()` would return, from one decode of the window; None where that
+        decode could differ (a decoder that is not per token, U+FFFD in the text, the fallback in use)."""
+        if not self._per_token or self._fallback is not None:
+            return None
+        text = self._decode(self._context + self._pending + token_ids)
+        context_text = self._decode(self._context) if self._context else ""
+        if _REPLACEMENT in text or not text.startswith(context_text):
+            return None
+        return text[len(context_text):]
+
     def flush(self) -> str:
         """Emit whatever is pending, incomplete characters included (as U+FFFD)."""
         if self._fallback is not None:
@@ -176,7 +210,7 @@ class IncrementalDetokenizer:
         backend = _backend(tokenizer)
         if backend is not None and _DecodeStream is not None:
             self._impl: _StreamDecoder | _OffsetDecoder = _StreamDecoder(
-                backend, skip_special_tokens, decode, context)
+                backend, skip_special_tokens, decode, context, _decodes_per_token(backend))
         else:
             self._impl = _OffsetDecoder(decode, context)
         # `push` for a non-empty list, without its checks: the output processor's per-token call
@@ -196,3 +230,12 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Return text still held for an incomplete character (as U+FFFD); call when the request ends."""
         return self._impl.flush()
+
+    def finish(self, token_ids: list[int]) -> str:
+        """`push(token_ids) + flush()` for a request's last tokens (and those it deferred), in one decode where the
+        module docstring says that gives the same text. The detokenizer is spent afterwards."""
+        if isinstance(self._impl, _StreamDecoder):
+            text = self._impl.one_decode(list(token_ids))
+            if text is not None:
+                return text
+        return self.push(token_ids) + self.flush()

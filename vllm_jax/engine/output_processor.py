@@ -66,6 +66,7 @@ class _Completion:
         self.stop_reason: int | str | None = None
         self.sent_text = self.sent_tokens = self.sent_logprobs = 0
         self.changed = False
+        self.untexted = 0  # the last token ids whose text is not made yet (FINAL_ONLY: made at the end)
 
 
 class _Request:
@@ -90,6 +91,8 @@ class _Request:
         self.final_only = params.output_kind == RequestOutputKind.FINAL_ONLY
         # No stop strings and no logprobs: a step that ends nothing only appends tokens and text (`_update`)
         self.plain = not self.stops and params.logprobs is None
+        # ... and nobody reads the text before the end: it is made once, when a completion ends (`_update`)
+        self.text_at_end = self.plain and self.final_only
 
     @property
     def finished(self) -> bool:
@@ -145,9 +148,12 @@ class OutputProcessor:
                 if new_ids:
                     comp.token_ids.extend(new_ids)
                     comp.changed = True
-                    comp.text += detokenizer.push_list(new_ids)
-                    if not req.final_only:
-                        touched[req.request_id] = req
+                    if req.text_at_end:
+                        comp.untexted += len(new_ids)
+                    else:
+                        comp.text += detokenizer.push_list(new_ids)
+                        if not req.final_only:
+                            touched[req.request_id] = req
                     metrics = req.metrics
                     if "first_token_time" not in metrics:
                         metrics["first_token_time"] = now
@@ -244,14 +250,20 @@ class OutputProcessor:
                 comp.cumulative_logprob += float(entry[1][0])
         finish, stop_reason = out.finish_reason, out.stop_reason
         hit_stop_string = False
-        if comp.detokenizer is not None:
+        if comp.detokenizer is not None and req.text_at_end and finish is None:
+            comp.untexted += len(new_ids)  # nobody reads it before the end
+        elif comp.detokenizer is not None:
             ids = new_ids
-            if finish == "stop" and ids and not params.include_stop_str_in_output:
+            if comp.untexted:  # the tokens whose text was left for the end come first
+                ids = comp.token_ids[len(comp.token_ids) - len(new_ids) - comp.untexted:]
+                comp.untexted = 0
+            if finish == "stop" and new_ids and not params.include_stop_str_in_output:
                 ids = ids[:-1]  # the stop token's own text is not part of the output
             old_len = len(comp.text)
-            new_text = comp.detokenizer.push(ids)
             if finish is not None:
-                new_text += comp.detokenizer.flush()
+                new_text = comp.detokenizer.finish(ids)
+            else:
+                new_text = comp.detokenizer.push(ids)
             comp.text += new_text
             if req.stops and new_text and len(comp.token_ids) > params.min_tokens:
                 hit = _find_stop_string(comp.text, old_len, req.stops)
