@@ -426,7 +426,8 @@ class Scheduler:
             sampled = sampled_rows[i]
             if sampled and request.num_output_placeholders:
                 request.num_output_placeholders -= 1
-            was_running = request.status is RequestStatus.RUNNING
+            status = request.status
+            was_running = status is RequestStatus.RUNNING
             prompt_logprobs = None
             if rare:  # proposals verified, prompts scored or pooled this step
                 if spec_tokens and sampled and (spec := spec_tokens.get(req_id)):
@@ -437,10 +438,10 @@ class Scheduler:
                 if not sampled and prompt_logprobs is None:
                     continue
                 if pooled and req_id in pooled:  # a pooled prompt ends "stop" and generates nothing (vLLM)
-                    request.status = RequestStatus.FINISHED_STOPPED
+                    request.status = status = RequestStatus.FINISHED_STOPPED
             elif not sampled:
                 continue
-            if request.status.is_finished:
+            if status._finish_reason is not None:  # (is_finished without the property's call)
                 new_tokens: list[int] = []
             elif len(sampled) == 1:  # the common step: one token (inlined append_output_token_ids)
                 new_tokens = sampled
@@ -457,7 +458,7 @@ class Scheduler:
                     if check_stop(request, max_model_len) or grammar_stops(request, token):
                         break
             logprobs = logprob_rows[i] if logprob_rows is not None else None
-            finish_reason = request.status.finish_reason
+            finish_reason = request.status._finish_reason
             if finish_reason is None and (drafts or request.spec_token_ids):
                 request.spec_token_ids = drafts.get(req_id, []) if drafts else []
             # positional: a third of the keywords' cost, per request per step
