@@ -147,6 +147,35 @@ def test_a_float_tied_head_in_row_chunks_gives_the_whole_tables_logits_bit_for_b
     np.testing.assert_allclose(whole, np.asarray(x) @ np.asarray(table).T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("slow", ["whole", "chunks"])
+def test_the_float_tied_head_takes_whichever_layout_this_machine_runs_faster(monkeypatch, slow):
+    """float_head_chunk_rows times both layouts (a variant slowed by a sleeping callback must lose), once per
+    shape, when first asked while a forward is traced (as the engine's CPU head asks)."""
+    import time
+
+    from vllm_jax.model import quantized_dots
+
+    real = quantized_dots.dot_rows
+
+    def dot_rows_slowed(x, table, chunk_rows):
+        if (chunk_rows is None) == (slow == "whole"):
+            x = jax.pure_callback(lambda a: (time.sleep(0.02), a)[1], jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return real(x, table, chunk_rows)
+
+    monkeypatch.setattr(quantized_dots, "dot_rows", dot_rows_slowed)
+    quantized_dots.float_head_chunk_rows.cache_clear()
+    try:
+        asked = []
+        jax.jit(lambda x: asked.append(quantized_dots.float_head_chunk_rows(320, 16, "float32", 32)) or x).lower(
+            jnp.zeros(()))
+        expected = 32 if slow == "whole" else None
+        assert asked == [expected]
+        assert quantized_dots.float_head_chunk_rows(320, 16, "float32", 32) == expected
+        assert quantized_dots.float_head_chunk_rows.cache_info().misses == 1
+    finally:
+        quantized_dots.float_head_chunk_rows.cache_clear()
+
+
 def test_unknown_quantization_is_a_value_error_naming_the_flag():
     with pytest.raises(ValueError, match=r"quantization must be one of int8, fp8, compressed-tensors, gguf; "
                                          r"got 'int4'"):

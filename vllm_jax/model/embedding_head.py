@@ -22,15 +22,15 @@ from flax import nnx
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import QuantizedWeight, grouped_params, init_param, linear_params, matmul_f32
 from vllm_jax.model.quantization import quantize_table, scale_name
-from vllm_jax.model.quantized_dots import dot_rows, gguf_dot, gguf_dot_rows, quantized_dot_rows
+from vllm_jax.model.quantized_dots import dot_rows, float_head_chunk_rows, gguf_dot, gguf_dot_rows, quantized_dot_rows
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
 # table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100;
 # docs/architecture/06-model.md, "Quantized weights")
 HEAD_CHUNK_ROWS = {"cpu": 1024, "gpu": 8192, "tpu": 8192}
-# A float tied head's: on CPU only (quantized_dots.dot_rows: XLA:CPU packs the whole transposed table before its
-# dot otherwise); accelerators read it in place
+# A float tied head's: on CPU only, where quantized_dots.float_head_chunk_rows finds it faster on this machine
+# (some CPUs' dots pack the whole transposed table first); accelerators read it in place
 FLOAT_HEAD_CHUNK_ROWS = {"cpu": 1024}
 
 
@@ -96,8 +96,15 @@ class EmbeddingHead:
         if embed_fmt is None:
             if self._table_quantized():
                 return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
-            return dot_rows(last, self.embed_tokens[...], FLOAT_HEAD_CHUNK_ROWS.get(self.kernels.platform))
+            return dot_rows(last, self.embed_tokens[...], self._float_head_chunk_rows())
         return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
+
+    def _float_head_chunk_rows(self) -> int | None:
+        chunk_rows = FLOAT_HEAD_CHUNK_ROWS.get(self.kernels.platform)
+        if chunk_rows is None:
+            return None
+        table = self.embed_tokens[...]
+        return float_head_chunk_rows(*table.shape, jnp.dtype(table.dtype).name, chunk_rows)
 
     def _untied_head_quantized(self) -> bool:
         """An untied LM head is quantized online (int8 / fp8 values, float32 scales per vocab entry)."""

@@ -5,10 +5,13 @@ LM head, quantized or, on CPU, float) in vocab-row chunks. `layers.linear` picks
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vllm_jax.model.grouped_quant import dequantize_grouped
 
@@ -61,13 +64,47 @@ def _dividing_chunk(v: int, target: int) -> int | None:
 
 
 def dot_rows(x: jax.Array, table: jax.Array, chunk_rows: int | None) -> jax.Array:
-    """float32 x @ E^T for a float table E [V, H] (the tied LM head), in row chunks on CPU (`_over_row_chunks`:
-    XLA:CPU's dot over the whole transposed table streamed it at a fifth of the layers' GB/s; docs/performance.md,
-    "Batch-1 decode profile": 2.3-2.8x faster at 2-32 rows, bit-identical logits)."""
+    """float32 x @ E^T for a float table E [V, H] (the tied LM head), whole or in row chunks (`_over_row_chunks`;
+    on CPU where `float_head_chunk_rows` finds the chunks faster), bit-identical logits either way."""
     def dot_chunk(e: jax.Array) -> jax.Array:
         return jnp.dot(x, e.T, preferred_element_type=jnp.float32)
 
     return _over_row_chunks(dot_chunk, (table,), chunk_rows)
+
+
+# The float head's probe table: at most this many bytes (past any cache, so it streams as the real table does).
+_PROBE_TABLE_BYTES = 64 << 20
+
+
+@functools.cache
+def float_head_chunk_rows(vocab: int, hidden: int, dtype_name: str, chunk_rows: int) -> int | None:
+    """CPU: `chunk_rows` when the float tied head's dot (`dot_rows`, bit-identical logits either way) is faster in
+    row chunks on this machine, else None (the whole table in one dot). Which is faster depends on the CPU's
+    instruction set: XLA:CPU's dot packed the whole transposed table first on an AVX2 EPYC (chunks 2.3x faster),
+    and read it in place on an AVX-512 Xeon (whole 2x faster; docs/performance.md, "Batch-1 decode profile"). So
+    it is timed once per process and table shape, at trace time, on a random table of the same width and up to
+    64 MiB (a cost of ~0.3 s)."""
+    with jax.ensure_compile_time_eval():  # called while a forward is traced: run, do not stage
+        return _time_float_head(vocab, hidden, dtype_name, chunk_rows)
+
+
+def _time_float_head(vocab: int, hidden: int, dtype_name: str, chunk_rows: int) -> int | None:
+    dtype = jnp.dtype(dtype_name)
+    rows = min(vocab, max(4 * chunk_rows, _PROBE_TABLE_BYTES // (hidden * dtype.itemsize)) // chunk_rows * chunk_rows)
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.standard_normal((rows, hidden), np.float32), dtype)
+    x = jnp.asarray(rng.standard_normal((2, hidden), np.float32), dtype)
+    variants = {chunk_rows: jax.jit(lambda x, t: dot_rows(x, t, chunk_rows)),
+                None: jax.jit(lambda x, t: dot_rows(x, t, None))}
+    best = dict.fromkeys(variants, float("inf"))
+    for fn in variants.values():
+        fn(x, table).block_until_ready()  # compile, and the first run's page faults
+    for _ in range(5):  # alternated, so a burst of other work on the machine hits both
+        for key, fn in variants.items():
+            start = time.perf_counter()
+            fn(x, table).block_until_ready()
+            best[key] = min(best[key], time.perf_counter() - start)
+    return chunk_rows if best[chunk_rows] < best[None] else None
 
 
 def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
