@@ -590,3 +590,24 @@ def test_check_stop_pre_check_agrees_with_the_rules(tokens, max_tokens, min_toke
         if expected[0] is not None:
             assert (request.status, request.stop_reason) == expected
             break
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt_len=st.integers(1, 12), max_tokens=st.one_of(st.none(), st.integers(1, 12)),
+       max_model_len=st.one_of(st.none(), st.integers(2, 24)), outputs=st.integers(0, 12), placeholders=st.integers(0, 2))
+def test_reaches_its_end_in_flight_is_the_length_rule_with_a_kept_cap(prompt_len, max_tokens, max_model_len, outputs,
+                                                                      placeholders):
+    """The in-flight token is the last by max_tokens or by the context, as the rule reads, asked before and after
+    tokens arrive (the cap it keeps is fixed at arrival)."""
+    if max_tokens is None and max_model_len is None:
+        max_model_len = 16
+    request = Request(request_id="r", prompt_token_ids=[7] * prompt_len, sampling_params=SamplingParams(
+        max_tokens=max_tokens), eos_token_id=None, arrival_time=0.0, seed=0)
+    request.max_model_len = max_model_len
+    for count in range(outputs + 1):
+        request.num_output_placeholders = placeholders
+        context = max_model_len if max_model_len is not None else float("inf")
+        expected = placeholders > 0 and (count + placeholders >= request.max_tokens
+                                         or prompt_len + count + placeholders >= context)
+        assert request.reaches_its_end_in_flight == expected
+        request.append_output_token_ids(3)

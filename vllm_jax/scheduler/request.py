@@ -95,6 +95,7 @@ class Request:
     # check_stop's pre-check (`_stop_filter`), built on first use: (length cap in tokens, the id that may stop it
     # or -1, whether every token needs the full check); depends only on params fixed at arrival.
     _stop_filter: tuple[int, int, bool] | None = field(default=None, init=False, repr=False)
+    _length_cap: int | float | None = field(default=None, init=False, repr=False)  # `_cap()`, once asked
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -158,9 +159,13 @@ class Request:
     def reaches_its_end_in_flight(self) -> bool:
         """Its token in flight will be its last by length (max_tokens or the context), so nothing follows it."""
         placeholders = self.num_output_placeholders
+        return placeholders > 0 and len(self._all_token_ids) + placeholders >= (self._length_cap or self._cap())
+
+    def _cap(self) -> int | float:
+        """The most tokens it may reach (prompt + max_tokens, at most the context): fixed at arrival, so kept."""
         context = self.max_model_len if self.max_model_len is not None else float("inf")
-        return placeholders > 0 and (self.num_output_tokens + placeholders >= self.max_tokens
-                                     or self.num_tokens + placeholders >= context)
+        self._length_cap = min(self.num_prompt_tokens + self.max_tokens, context)
+        return self._length_cap
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         if isinstance(token_ids, int):
