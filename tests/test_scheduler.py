@@ -594,7 +594,8 @@ def test_check_stop_pre_check_agrees_with_the_rules(tokens, max_tokens, min_toke
 
 @settings(max_examples=200, deadline=None)
 @given(prompt_len=st.integers(1, 12), max_tokens=st.one_of(st.none(), st.integers(1, 12)),
-       max_model_len=st.one_of(st.none(), st.integers(2, 24)), outputs=st.integers(0, 12), placeholders=st.integers(0, 2))
+       max_model_len=st.one_of(st.none(), st.integers(2, 24)), outputs=st.integers(0, 12),
+       placeholders=st.integers(0, 2))
 def test_reaches_its_end_in_flight_is_the_length_rule_with_a_kept_cap(prompt_len, max_tokens, max_model_len, outputs,
                                                                       placeholders):
     """The in-flight token is the last by max_tokens or by the context, as the rule reads, asked before and after
