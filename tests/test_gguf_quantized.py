@@ -266,3 +266,28 @@ def test_k_quant_logits_equal_the_dequantizing_loader(k_files):
     runner.device.params = jax.tree_util.tree_map_with_path(
         lambda path, v: v * 1.01 if "_scale" in jax.tree_util.keystr(path) else v, runner.device.params)
     assert relative_error(prompt_logits(runner), reference) > LOGIT_BOUND
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q4_k", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 7])
+def test_gguf_dot_equals_x_times_the_dequantized_weight(fmt, rows):
+    """gguf_dot is x @ dequantize_grouped(...) up to float32 summation order, for every kept format."""
+    from vllm_jax.model.grouped_quant import grouped_shapes
+    from vllm_jax.model.quantized_dots import gguf_dot
+
+    rng = np.random.default_rng(0)
+    shapes = grouped_shapes((128, 48), fmt, axis=-2)
+    parts = {}
+    for part, (shape, dtype) in shapes.items():
+        if part == "values":
+            parts[part] = rng.integers(0, 256, shape).astype(np.uint8) if dtype == np.uint8 else \
+                rng.integers(-127, 128, shape).astype(np.int8)
+        else:
+            parts[part] = ((rng.random(shape) - (0.5 if part == "min" else 0.0)) * 0.1).astype(dtype)
+    w = dequantize_grouped(parts["values"], parts["scale"], parts.get("min"), fmt, axis=-2)
+    x = rng.standard_normal((rows, 128)).astype(np.float32)
+    got = np.asarray(jax.jit(gguf_dot, static_argnums=4)(
+        jnp.asarray(x), jnp.asarray(parts["values"]), jnp.asarray(parts["scale"]),
+        None if "min" not in parts else jnp.asarray(parts["min"]), fmt))
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
