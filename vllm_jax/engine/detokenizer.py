@@ -27,8 +27,9 @@ receive it.
 A request whose text nobody reads before it ends (FINAL_ONLY output, no stop strings) hands its tokens over once,
 at the end (`finish`): where the tokenizer's decoder maps each token to its own text (byte-level BPE, Metaspace
 and SentencePiece's replace / byte-fallback / fuse / strip chain, or none), that is one decode of the window
-instead of a decode per token, a quarter of the cost; the text is the same as stepping would give (stepping is
-still used when that decode shows U+FFFD, whose count depends on how the bytes were split).
+instead of a step per token (docs/performance.md, "Host overhead per step"); the text is the same as stepping
+would give (stepping is still used when that decode shows U+FFFD, whose count depends on how the bytes were
+split).
 """
 
 from __future__ import annotations
