@@ -255,7 +255,7 @@ class OutputProcessor:
         elif comp.detokenizer is not None:
             ids = new_ids
             if comp.untexted:  # the tokens whose text was left for the end come first
-                ids = comp.token_ids[len(comp.token_ids) - len(new_ids) - comp.untexted:]
+                ids = comp.token_ids[-(len(new_ids) + comp.untexted):]
                 comp.untexted = 0
             if finish == "stop" and new_ids and not params.include_stop_str_in_output:
                 ids = ids[:-1]  # the stop token's own text is not part of the output

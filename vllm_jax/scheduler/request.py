@@ -187,7 +187,7 @@ def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len:
 
 
 def _stop_filter(request: Request, max_model_len: int) -> tuple[int, int, bool]:
-    cap = min(request.num_prompt_tokens + request.max_tokens, max_model_len)
+    cap = min(request._length_cap or request._cap(), max_model_len)  # a filter: a lower cap only checks more
     params = request.sampling_params
     eos = request.eos_token_id if not params.ignore_eos and request.eos_token_id is not None else -1
     request._stop_filter = (cap, eos, bool(params.stop_token_ids))
