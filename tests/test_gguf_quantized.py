@@ -2,9 +2,10 @@
 model_loader/gguf_file/kept.py; docs/architecture/06-model.md, "Quantized weights").
 
 Bounds. The kept blocks dequantize to the dequantizing loader's float32 arrays bit for bit (checked), and the
-matmul is weight-only on every platform: the float weight is rebuilt inside the dot. So the logits differ from
-the dequantizing loader's only by XLA's order of summation: the relative L2 error must stay below 1e-5 (the
-LOGIT_BOUND; measured ~1e-7), and scales off by 1% (the same program) must land above it.
+matmul is weight-only on every platform: the float weight is rebuilt inside the dot (or, on CPU, the native kernel
+reads the blocks: native/gguf_matvec.py, float32 too). So the logits differ from the dequantizing loader's only by
+the order of summation: the relative L2 error must stay below 1e-5 (the LOGIT_BOUND; measured ~1e-7), and scales off
+by 1% (the same program) must land above it.
 """
 
 from __future__ import annotations
@@ -126,6 +127,19 @@ def test_other_layer_layouts_equal_the_dequantizing_loader(files, monkeypatch, l
         monkeypatch.setattr(DecoderLM, "switched_scan", False)
     runner = quant_runner(files["Q4_1"], "gguf", scan_layers=layout != "unrolled")
     assert relative_error(prompt_logits(runner), reference) < LOGIT_BOUND
+
+
+def test_cpu_program_reads_the_kept_blocks_natively(files, monkeypatch):
+    """The engine's CPU forward takes the native kernel for its layers' dots where a compiler built it (the bounds
+    above then hold for it too); without one it keeps the XLA path."""
+    from vllm_jax.native import gguf_matvec
+
+    calls = []
+    traced = gguf_matvec._call
+    monkeypatch.setattr(gguf_matvec, "_call", lambda name, *args: calls.append(name) or traced(name, *args))
+    reference = prompt_logits(quant_runner(files["Q4_0"], None))
+    assert relative_error(prompt_logits(quant_runner(files["Q4_0"], "gguf")), reference) < LOGIT_BOUND
+    assert ("matvec" in calls) == gguf_matvec.available()
 
 
 def test_tp2_equals_tp1_kept_q4_1(files, tp1_logits):

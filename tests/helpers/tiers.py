@@ -17,7 +17,7 @@ UNIT_MODULES = frozenset({
     "test_input_batch", "test_kv_cache_manager", "test_model_layers", "test_ngram_proposer", "test_output_processor",
     "test_pooling_config", "test_reasoning", "test_responses_items", "test_rope_yarn", "test_sampler",
     "test_sampling_params", "test_scheduler", "test_spec_decode_metrics", "test_step_payload", "test_tool_choice",
-    "test_tool_parsers", "test_tiers", "test_multimodal_units", "test_vs_llamacpp",
+    "test_tool_parsers", "test_tiers", "test_multimodal_units", "test_vs_llamacpp", "test_native_kernels",
 })
 
 MULTIDEVICE_MODULES = frozenset({"test_kernel_sharding", "test_lora_moe_tp", "test_lora_tp", "test_sharding",

@@ -14,16 +14,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from vllm_jax.model.grouped_quant import dequantize_grouped
+from vllm_jax.native import gguf_matvec
 
 
 def gguf_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
              fmt: str) -> jax.Array:
-    """x @ W for W kept in GGUF blocks: dequantized to float32 (exactly the dequantizing loader's weight), cast
-    to x's dtype and dotted in one fusion; weight-only on every platform
-    (docs/architecture/06-model.md, "Quantized weights": on CPU faster than W8A8 over groups, whose int8 dot is batched
-    over 32-wide groups)."""
-    w = dequantize_grouped(values, scale, minimum, fmt, axis=-2).astype(x.dtype)
-    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+    """float32 x @ W for W kept in GGUF blocks, weight-only on every platform (docs/architecture/06-model.md,
+    "Quantized weights"). A CPU program with at most `gguf_matvec.MAX_ROWS` float32 rows reads the blocks directly
+    in the native kernel (native/gguf_matvec.py) when it is built; otherwise, and on accelerators, W is dequantized
+    to float32 (exactly the dequantizing loader's weight), cast to x's dtype and dotted in one fusion."""
+    def dequantized(x, values, scale, minimum):
+        w = dequantize_grouped(values, scale, minimum, fmt, axis=-2).astype(x.dtype)
+        return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+    if not gguf_matvec.applies(x, values, fmt, gguf_matvec.MAX_ROWS):
+        return dequantized(x, values, scale, minimum)
+    return jax.lax.platform_dependent(x, values, scale, minimum, default=dequantized,
+                                      cpu=functools.partial(gguf_matvec.gguf_matvec, fmt=fmt))
 
 
 _NARROW_WEIGHTS = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
@@ -109,13 +116,21 @@ def _time_float_head(vocab: int, hidden: int, dtype_name: str, chunk_rows: int) 
 
 def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None, fmt: str,
                   chunk_rows: int | None) -> jax.Array:
-    """float32 x @ E^T for a table E [V, H] kept in GGUF blocks grouped along H (the tied LM head), in row chunks
-    on CPU (`_over_row_chunks`; measured 17 ms vs 124 ms for the default model's head at 2 rows, float32 105 ms)."""
-    def dot_rows(v: jax.Array, s: jax.Array, m: jax.Array | None) -> jax.Array:
-        table = dequantize_grouped(v, s, m, fmt, axis=-1).astype(x.dtype)
-        return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
+    """float32 x @ E^T for a table E [V, H] kept in GGUF blocks grouped along H (the tied LM head): on CPU with at
+    most `gguf_matvec.TABLE_MAX_ROWS` float32 rows by the native kernel (native/gguf_matvec.py) when it is built;
+    otherwise dequantized inside the dot, in row chunks on CPU (`_over_row_chunks`; measured 17 ms vs 124 ms for
+    the default model's head at 2 rows, float32 105 ms)."""
+    def dequantized(x, values, scale, minimum):
+        def dot_rows(v: jax.Array, s: jax.Array, m: jax.Array | None) -> jax.Array:
+            table = dequantize_grouped(v, s, m, fmt, axis=-1).astype(x.dtype)
+            return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
 
-    return _over_row_chunks(dot_rows, (values, scale, minimum), chunk_rows)
+        return _over_row_chunks(dot_rows, (values, scale, minimum), chunk_rows)
+
+    if not gguf_matvec.applies(x, values, fmt, gguf_matvec.TABLE_MAX_ROWS):
+        return dequantized(x, values, scale, minimum)
+    return jax.lax.platform_dependent(x, values, scale, minimum, default=dequantized,
+                                      cpu=functools.partial(gguf_matvec.gguf_rows_dot, fmt=fmt))
 
 
 def quantized_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, chunk_rows: int | None) -> jax.Array:

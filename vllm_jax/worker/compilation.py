@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
+from vllm_jax.native import gguf_matvec
 from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS
@@ -259,8 +260,17 @@ def program_store(config: EngineConfig, cache_dir: str | None, devices: list, st
                    str(mc.max_logprobs), repr(config.cache_config.block_size), repr(config.scheduler_config),
                    repr(config.parallel_config), config.attention_backend, config.platform, str(config.scan_layers),
                    repr([(d.id, d.device_kind) for d in devices]), repr(avals),
-                   repr(config.pooler_config)]  # the pooling runner's forward and pooler differ from generation's
+                   repr(config.pooler_config),  # the pooling runner's forward and pooler differ from generation's
+                   _native_kernels(config)]
     return ProgramStore(cache_dir, fingerprint)
+
+
+def _native_kernels(config: EngineConfig) -> str:
+    """Whether a CPU program with kept GGUF blocks calls the native kernels (native/gguf_matvec.py): a program
+    stored with them must not be loaded where they are off or could not be built, nor the other way round."""
+    if config.platform != "cpu" or config.model_config.quantization != "gguf":
+        return ""
+    return f"native gguf kernels: {gguf_matvec.available()}"
 
 
 class WarmupProgress:

@@ -84,7 +84,8 @@ def count_cache_lookups() -> Iterator[CacheCounts]:
 
 
 def _source_digest() -> str:
-    """A digest of vllm_jax's own source: a stored program is only reused by the code that compiled it."""
+    """A digest of vllm_jax's own source (and its native kernels'): a stored program is only reused by the code that
+    compiled it."""
     import vllm_jax
 
     root = os.path.dirname(os.path.abspath(vllm_jax.__file__))
@@ -92,7 +93,7 @@ def _source_digest() -> str:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
-            if name.endswith(".py"):
+            if name.endswith((".py", ".cc")):  # .cc: the native kernels' sources (native/)
                 path = os.path.join(dirpath, name)
                 digest.update(os.path.relpath(path, root).encode())
                 with open(path, "rb") as f:

@@ -1,0 +1,126 @@
+"""The native CPU kernels (vllm_jax/native/): x @ W and x @ E^T against weights kept in GGUF blocks, read directly
+by C++ XLA FFI handlers (docs/architecture/06-model.md, "Quantized weights").
+
+Bounds: both kernels compute in float32 what XLA's path computes from the dequantized weight, in another order of
+summation, so they must equal x @ dequantize_grouped(...) in float64 to float32 rounding (rtol 1e-5 of the largest
+output), for every kept format, for row counts that cover each row block (1, 2, 4 and the remainders), for widths
+that leave a partial tile, and for a matrix big enough to be split across threads. A kernel that dropped a group,
+a nibble or a min would miss by orders of magnitude more.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes
+from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows
+from vllm_jax.native import build, gguf_matvec
+
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
+HAVE_COMPILER = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA path is used")
+
+
+def _kept(shape: tuple[int, int], fmt: str, axis: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random kept blocks of a weight of float `shape` (all byte values, signed scales and mins)."""
+    rng = np.random.default_rng(seed)
+    parts = {}
+    for part, (part_shape, dtype) in grouped_shapes(shape, fmt, axis).items():
+        if part == "values":
+            parts[part] = (rng.integers(0, 256, part_shape).astype(np.uint8) if dtype == np.uint8
+                           else rng.integers(-128, 128, part_shape).astype(np.int8))
+        else:
+            parts[part] = ((rng.random(part_shape) - 0.5) * 0.1).astype(dtype)
+    return parts
+
+
+def _program_calls_native(fn, *args) -> bool:
+    return "vllm_jax_gguf_" in jax.jit(fn).lower(*args).as_text()
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+def test_linear_kernel_equals_x_times_the_dequantized_weight(fmt, rows):
+    """W [in, out] grouped along in; out = 200 leaves a partial 64-column tile."""
+    assert gguf_matvec.available(), "a C++ compiler is here, so the kernel must build"
+    parts = _kept((256, 200), fmt, axis=-2)
+    x = np.random.default_rng(1).standard_normal((rows, 256)).astype(np.float32)
+    args = (jnp.asarray(x), parts["values"], parts["scale"], parts.get("min"))
+    dot = jax.tree_util.Partial(gguf_dot, fmt=fmt)
+    assert _program_calls_native(dot, *args)
+    want = x.astype(np.float64) @ dequantize_grouped(parts["values"], parts["scale"], parts.get("min"), fmt,
+                                                     axis=-2).astype(np.float64)
+    got = np.asarray(jax.jit(dot)(*args))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_table_kernel_equals_x_times_the_dequantized_table(fmt, rows):
+    """E [vocab, hidden] grouped along hidden (the tied LM head); vocab 300 leaves a partial 128-row unit."""
+    parts = _kept((300, 256), fmt, axis=-1, seed=2)
+    x = np.random.default_rng(3).standard_normal((rows, 256)).astype(np.float32)
+    args = (jnp.asarray(x), parts["values"], parts["scale"], parts.get("min"))
+    dot = jax.tree_util.Partial(gguf_dot_rows, fmt=fmt, chunk_rows=None)
+    assert _program_calls_native(dot, *args)
+    table = dequantize_grouped(parts["values"], parts["scale"], parts.get("min"), fmt, axis=-1)
+    want = x.astype(np.float64) @ table.astype(np.float64).T
+    np.testing.assert_allclose(np.asarray(jax.jit(dot)(*args)), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_a_matrix_split_across_threads_equals_the_reference(fmt):
+    """Above kParallelWeights (2^17) the column tiles are shared with XLA's thread pool."""
+    parts = _kept((1024, 576), fmt, axis=-2, seed=4)
+    x = np.random.default_rng(5).standard_normal((4, 1024)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize_grouped(parts["values"], parts["scale"], parts.get("min"), fmt,
+                                                     axis=-2).astype(np.float64)
+    for _ in range(3):  # the helper tasks start at different times each call
+        got = np.asarray(jax.jit(gguf_dot, static_argnums=4)(jnp.asarray(x), parts["values"], parts["scale"],
+                                                             parts.get("min"), fmt))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+def test_more_rows_than_the_kernels_take_use_the_xla_path():
+    parts = _kept((64, 64), "q4_1", axis=-2)
+    args = (parts["values"], parts["scale"], parts["min"])
+    dot = jax.tree_util.Partial(gguf_dot, fmt="q4_1")
+    assert _program_calls_native(dot, jnp.zeros((gguf_matvec.MAX_ROWS, 64)), *args)
+    assert not _program_calls_native(dot, jnp.zeros((gguf_matvec.MAX_ROWS + 1, 64)), *args)
+    assert not _program_calls_native(dot, jnp.zeros((2, 64), jnp.bfloat16), *args)  # float32 activations only
+
+
+@needs_compiler
+def test_accelerator_programs_keep_the_xla_path():
+    """A TPU or GPU program built on this CPU host lowers only the dequantizing dot (platform_dependent)."""
+    parts = _kept((64, 64), "q4_1", axis=-2)
+    dot = jax.tree_util.Partial(gguf_dot, fmt="q4_1")
+    args = (jnp.zeros((2, 64)), parts["values"], parts["scale"], parts["min"])
+    for platform in ("tpu", "cuda"):
+        exported = jax.export.export(jax.jit(dot), platforms=[platform])(*args)
+        assert "vllm_jax_gguf_" not in exported.mlir_module(), platform
+    assert _program_calls_native(dot, *args)  # and the CPU's does (jax.export refuses custom calls for CPU)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(build.ENV_SWITCH, "0")
+    assert build.library.__wrapped__("gguf_matvec.cc") is None
+
+
+def test_a_failed_build_warns_and_leaves_the_xla_path(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("VLLM_JAX_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("CXX", shutil.which("false") or "false")
+    with caplog.at_level(logging.WARNING, logger=build.__name__):
+        assert build.library.__wrapped__("gguf_matvec.cc") is None
+    assert "could not be built" in caplog.text
+    assert not list(tmp_path.rglob("*.so"))  # no half-written library left behind

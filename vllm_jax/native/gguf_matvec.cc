@@ -1,0 +1,488 @@
+// x @ W for a few rows of x against W kept in GGUF blocks (vllm_jax/model/grouped_quant.py's layout), reading the
+// blocks directly: XLA FFI handlers for the CPU (docs/architecture/06-model.md, "Quantized weights").
+// VllmJaxGgufMatvec takes a linear weight, VllmJaxGgufRowsDot a table whose rows are the outputs (the tied LM head).
+//
+// W [in, out] is grouped along `in`: values uint8 [in / 2, out] (4-bit formats: byte j of group g holds row
+// 32g + j in its low nibble and row 32g + 16 + j in its high one) or int8 [in, out] (Q8_0, Q6_K); scales (and
+// Q4_1 / Q4_K mins) [in / group, out], float16 or float32. A group's share of y[r, o] is
+//     d[g, o] * sum_j x[r, j] q[j, o]  +  m[g, o] * sum_j x[r, j]
+// (Q4_0's offset of 8 is a min of -8 d), so the 4-bit values are converted once per tile and column and the
+// scale is applied once per group: no float copy of W is ever written. The arithmetic is float32, as the XLA
+// path's dot of the dequantized weight; only the order of the additions differs.
+//
+// Work is split into tiles of output columns (table rows), taken from a shared counter by the calling thread and
+// by helper tasks on XLA's intra-op thread pool; the caller runs whatever no helper has taken, so a pool that never runs
+// a task (or runs it late) cannot stall the call.
+
+#include <algorithm>
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+enum Format : int32_t { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4 };
+
+constexpr int64_t kTile = 64;      // output columns a task unit covers
+constexpr int64_t kRowBlock = 4;   // rows of x sharing one pass over a tile of W
+constexpr int64_t kParallelWeights = 1 << 17;  // below this many weights a call runs on one thread
+
+struct Problem {
+  const float* x;
+  int64_t rows, in, out, groups, group_rows;
+  Format fmt;
+  const uint8_t* values;
+  const void* scale;
+  const void* minimum;  // nullptr: none (or Q4_0's implicit -8 d)
+  bool half_scales;
+  const float* xsum;  // [rows, groups]: each group's sum of x (for the min term)
+  float* y;
+};
+
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    int shift = 0;
+    while (!(mantissa & 0x400)) {
+      mantissa <<= 1;
+      ++shift;
+    }
+    bits = sign | ((113 - shift) << 23) | ((mantissa & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// dst[w] = the group's scales (or mins) for columns col .. col + width.
+inline void load_row(const Problem& p, const void* base, int64_t g, int64_t col, int64_t width, float* dst) {
+  int64_t offset = g * p.out + col;
+  if (p.half_scales) {
+    const uint16_t* s = static_cast<const uint16_t*>(base) + offset;
+    int64_t w = 0;
+#if defined(__F16C__)
+    for (; w + 8 <= width; w += 8) {
+      _mm256_storeu_ps(dst + w, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + w))));
+    }
+#endif
+    for (; w < width; ++w) dst[w] = half_to_float(s[w]);
+  } else {
+    std::memcpy(dst, static_cast<const float*>(base) + offset, width * sizeof(float));
+  }
+}
+
+// One group's partial sums over a full tile, acc[r][c] = sum_j x[r, j] q[j, col + c]: the hot loop, with
+// AVX-512 or AVX2 intrinsics where the compiler targets them (the widening of bytes to 32-bit lanes is one
+// instruction there; GCC does not vectorize it from plain loops), plain loops elsewhere.
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+using VecF = __m512;
+inline VecF vzero() { return _mm512_setzero_ps(); }
+inline VecF vset1(float v) { return _mm512_set1_ps(v); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline void vstore(float* dst, VecF v) { _mm512_storeu_ps(dst, v); }
+inline VecF vload(const float* src) { return _mm512_loadu_ps(src); }
+inline float vsum(VecF v) { return _mm512_reduce_add_ps(v); }
+inline __m512i widen_u8(const uint8_t* src) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+}
+inline VecF low_nibbles(__m512i q) { return _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))); }
+inline VecF high_nibbles(__m512i q) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)); }
+inline VecF load_i8(const uint8_t* src) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+}
+#define VLLM_JAX_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kLanes = 8;
+using VecF = __m256;
+inline VecF vzero() { return _mm256_setzero_ps(); }
+inline VecF vset1(float v) { return _mm256_set1_ps(v); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline void vstore(float* dst, VecF v) { _mm256_storeu_ps(dst, v); }
+inline VecF vload(const float* src) { return _mm256_loadu_ps(src); }
+inline float vsum(VecF v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline __m256i widen_u8(const uint8_t* src) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+}
+inline VecF low_nibbles(__m256i q) { return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15))); }
+inline VecF high_nibbles(__m256i q) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)); }
+inline VecF load_i8(const uint8_t* src) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
+}
+#define VLLM_JAX_SIMD 1
+#endif
+
+#ifdef VLLM_JAX_SIMD
+constexpr int64_t kVectors = kTile / kLanes;
+
+template <int RB>
+inline void group_tile(const Problem& p, bool packed, const float* x, int64_t g, int64_t col,
+                       float (&part)[RB][kTile]) {
+  VecF acc[RB][kVectors];
+  for (int r = 0; r < RB; ++r)
+    for (int64_t v = 0; v < kVectors; ++v) acc[r][v] = vzero();
+  const int64_t steps = packed ? p.group_rows / 2 : p.group_rows;
+  for (int64_t j = 0; j < steps; ++j) {
+    const uint8_t* src = p.values + (g * steps + j) * p.out + col;
+    VecF xa[RB], xb[RB];
+    for (int r = 0; r < RB; ++r) {
+      xa[r] = vset1(x[r * p.in + g * p.group_rows + j]);
+      if (packed) xb[r] = vset1(x[r * p.in + g * p.group_rows + 16 + j]);
+    }
+    for (int64_t v = 0; v < kVectors; ++v) {
+      if (packed) {
+        const auto q = widen_u8(src + v * kLanes);
+        const VecF lo = low_nibbles(q), hi = high_nibbles(q);
+        for (int r = 0; r < RB; ++r) acc[r][v] = vfma(xb[r], hi, vfma(xa[r], lo, acc[r][v]));
+      } else {
+        const VecF q = load_i8(src + v * kLanes);
+        for (int r = 0; r < RB; ++r) acc[r][v] = vfma(xa[r], q, acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int64_t v = 0; v < kVectors; ++v) vstore(part[r] + v * kLanes, acc[r][v]);
+}
+#else
+template <int RB>
+inline void group_tile(const Problem& p, bool packed, const float* x, int64_t g, int64_t col,
+                       float (&part)[RB][kTile]) {
+  float lo[kTile], hi[kTile];
+  for (int r = 0; r < RB; ++r)
+    for (int64_t w = 0; w < kTile; ++w) part[r][w] = 0.0f;
+  const int64_t steps = packed ? p.group_rows / 2 : p.group_rows;
+  for (int64_t j = 0; j < steps; ++j) {
+    if (packed) {
+      const uint8_t* src = p.values + (g * steps + j) * p.out + col;
+      for (int64_t w = 0; w < kTile; ++w) {
+        lo[w] = static_cast<float>(src[w] & 15);
+        hi[w] = static_cast<float>(src[w] >> 4);
+      }
+    } else {
+      const int8_t* src = reinterpret_cast<const int8_t*>(p.values) + (g * steps + j) * p.out + col;
+      for (int64_t w = 0; w < kTile; ++w) lo[w] = static_cast<float>(src[w]);
+    }
+    for (int r = 0; r < RB; ++r) {
+      const float xa = x[r * p.in + g * p.group_rows + j];
+      const float xb = packed ? x[r * p.in + g * p.group_rows + 16 + j] : 0.0f;
+      for (int64_t w = 0; w < kTile; ++w) {
+        part[r][w] += xa * lo[w];
+        if (packed) part[r][w] += xb * hi[w];
+      }
+    }
+  }
+}
+#endif
+
+// The same for a narrower last tile, one column at a time.
+template <int RB>
+inline void group_columns(const Problem& p, bool packed, const float* x, int64_t g, int64_t col, int64_t width,
+                          float (&part)[RB][kTile]) {
+  for (int r = 0; r < RB; ++r)
+    for (int64_t w = 0; w < width; ++w) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < p.group_rows; ++j) {
+        float q;
+        if (packed) {
+          const uint8_t b = p.values[(g * 16 + j % 16) * p.out + col + w];
+          q = static_cast<float>(j < 16 ? b & 15 : b >> 4);
+        } else {
+          q = static_cast<float>(reinterpret_cast<const int8_t*>(p.values)[(g * p.group_rows + j) * p.out + col + w]);
+        }
+        sum += x[r * p.in + g * p.group_rows + j] * q;
+      }
+      part[r][w] = sum;
+    }
+}
+
+// y[r0 .. r0 + RB, col .. col + width]; Full: width == kTile.
+template <int RB, bool Full>
+void tile(const Problem& p, int64_t r0, int64_t col, int64_t width) {
+  alignas(64) float total[RB][kTile] = {};
+  alignas(64) float part[RB][kTile];
+  alignas(64) float d[kTile], m[kTile];
+  const bool packed = p.fmt == kQ4_0 || p.fmt == kQ4_1 || p.fmt == kQ4_K;
+  const bool with_min = p.minimum != nullptr || p.fmt == kQ4_0;
+  const float* x = p.x + r0 * p.in;
+  for (int64_t g = 0; g < p.groups; ++g) {
+    if (Full) {
+      group_tile<RB>(p, packed, x, g, col, part);
+    } else {
+      group_columns<RB>(p, packed, x, g, col, width, part);
+    }
+    load_row(p, p.scale, g, col, width, d);
+    if (p.minimum != nullptr) {
+      load_row(p, p.minimum, g, col, width, m);
+    } else if (p.fmt == kQ4_0) {
+      for (int64_t w = 0; w < width; ++w) m[w] = -8.0f * d[w];
+    }
+    for (int r = 0; r < RB; ++r) {
+      const float xs = with_min ? p.xsum[(r0 + r) * p.groups + g] : 0.0f;
+      for (int64_t w = 0; w < (Full ? kTile : width); ++w)
+        total[r][w] += d[w] * part[r][w] + (with_min ? m[w] * xs : 0.0f);
+    }
+  }
+  for (int r = 0; r < RB; ++r) std::memcpy(p.y + (r0 + r) * p.out + col, total[r], width * sizeof(float));
+}
+
+template <bool Full>
+void column_rows(const Problem& p, int64_t col, int64_t width) {
+  int64_t r = 0;
+  for (; r + 4 <= p.rows; r += 4) tile<4, Full>(p, r, col, width);
+  for (; r + 2 <= p.rows; r += 2) tile<2, Full>(p, r, col, width);
+  for (; r < p.rows; ++r) tile<1, Full>(p, r, col, width);
+}
+
+void column_tile(const Problem& p, int64_t unit) {
+  const int64_t col = unit * kTile, width = std::min(kTile, p.out - col);
+  if (width == kTile) {
+    column_rows<true>(p, col, width);
+  } else {
+    column_rows<false>(p, col, width);
+  }
+}
+
+// Runs work(unit) for units 0 .. units - 1 on the calling thread and, when `parallel`, on helper tasks of XLA's
+// pool: each unit is taken once from a shared counter, and the caller returns when every unit is done.
+template <class Work>
+void run_units(ffi::ThreadPool& pool, int64_t units, bool parallel, Work work) {
+  struct State {
+    Work work;
+    int64_t units;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    State(Work w, int64_t n) : work(std::move(w)), units(n) {}
+    void take() {
+      int64_t unit;
+      while ((unit = next.fetch_add(1, std::memory_order_relaxed)) < units) {
+        work(unit);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+  auto state = std::make_shared<State>(std::move(work), units);
+  const int64_t helpers = parallel ? std::min<int64_t>(pool.num_threads(), units) - 1 : 0;
+  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([state] { state->take(); });
+  state->take();
+  while (state->done.load(std::memory_order_acquire) < units) std::this_thread::yield();
+}
+
+// Each group's sum of x over its rows, [rows, groups] (for the min term of Q4_0 / Q4_1 / Q4_K).
+std::vector<float> group_sums(const float* x, int64_t rows, int64_t in, int64_t group_rows) {
+  const int64_t groups = in / group_rows;
+  std::vector<float> sums(rows * groups);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < group_rows; ++j) sum += x[r * in + g * group_rows + j];
+      sums[r * groups + g] = sum;
+    }
+  return sums;
+}
+
+bool is_packed(Format fmt) { return fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ4_K; }
+bool has_min(Format fmt) { return fmt == kQ4_1 || fmt == kQ4_K; }
+int64_t group_rows_of(Format fmt) { return fmt == kQ6_K ? 16 : 32; }
+
+ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
+                      ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+  auto xd = x.dimensions();
+  auto vd = values.dimensions();
+  auto sd = scale.dimensions();
+  if (xd.size() != 2 || vd.size() != 2 || sd.size() != 2 || fmt < kQ8_0 || fmt > kQ6_K) {
+    return ffi::Error::InvalidArgument("gguf_matvec: x [rows, in], values and scale 2-d, fmt 0..4");
+  }
+  Problem p{};
+  p.fmt = static_cast<Format>(fmt);
+  p.rows = xd[0];
+  p.in = xd[1];
+  p.out = vd[1];
+  p.groups = sd[0];
+  p.group_rows = group_rows_of(p.fmt);
+  if (p.groups * p.group_rows != p.in || vd[0] != (is_packed(p.fmt) ? p.in / 2 : p.in) || sd[1] != p.out) {
+    return ffi::Error::InvalidArgument("gguf_matvec: values / scale shapes do not match x's");
+  }
+  p.x = x.typed_data();
+  p.values = static_cast<const uint8_t*>(values.untyped_data());
+  p.scale = scale.untyped_data();
+  p.half_scales = scale.element_type() == ffi::DataType::F16;
+  p.minimum = has_min(p.fmt) ? minimum.untyped_data() : nullptr;
+  p.y = y->typed_data();
+  std::vector<float> sums;
+  if (has_min(p.fmt) || p.fmt == kQ4_0) {
+    sums = group_sums(p.x, p.rows, p.in, p.group_rows);
+    p.xsum = sums.data();
+  }
+  run_units(pool, (p.out + kTile - 1) / kTile, p.in * p.out >= kParallelWeights,
+            [&p](int64_t unit) { column_tile(p, unit); });
+  return ffi::Error::Success();
+}
+
+// ---- rows of a table: y[r, v] = x[r] . E[v], E [vocab, in] grouped along `in` -------------------------------
+
+constexpr int64_t kTableRows = 128;  // table rows a task unit covers
+
+inline float scalar_half(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float(h);
+#endif
+}
+
+inline float group_scale(const Problem& p, const void* base, int64_t v, int64_t g) {
+  const int64_t i = v * p.groups + g;
+  return p.half_scales ? scalar_half(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
+}
+
+// One table row against RB rows of x: the group's x . q, scaled by its d, plus its min times the group's x sum.
+template <int RB>
+void table_row(const Problem& p, int64_t r0, int64_t v) {
+  const bool packed = is_packed(p.fmt);
+  const int64_t row_bytes = packed ? p.in / 2 : p.in;
+  const uint8_t* row = p.values + v * row_bytes;
+  const float* x = p.x + r0 * p.in;
+  float mins[RB] = {};
+#ifdef VLLM_JAX_SIMD
+  VecF acc[RB];
+  for (int r = 0; r < RB; ++r) acc[r] = vzero();
+  for (int64_t g = 0; g < p.groups; ++g) {
+    VecF part[RB];
+    for (int r = 0; r < RB; ++r) part[r] = vzero();
+    if (packed) {
+      for (int64_t c = 0; c < 16; c += kLanes) {
+        const auto q = widen_u8(row + g * 16 + c);
+        const VecF lo = low_nibbles(q), hi = high_nibbles(q);
+        for (int r = 0; r < RB; ++r) {
+          const float* xg = x + r * p.in + g * 32 + c;
+          part[r] = vfma(vload(xg + 16), hi, vfma(vload(xg), lo, part[r]));
+        }
+      }
+    } else {
+      for (int64_t c = 0; c < p.group_rows; c += kLanes) {
+        const VecF q = load_i8(row + g * p.group_rows + c);
+        for (int r = 0; r < RB; ++r) part[r] = vfma(vload(x + r * p.in + g * p.group_rows + c), q, part[r]);
+      }
+    }
+    const VecF d = vset1(group_scale(p, p.scale, v, g));
+    for (int r = 0; r < RB; ++r) acc[r] = vfma(d, part[r], acc[r]);
+#else
+  float acc[RB] = {};
+  for (int64_t g = 0; g < p.groups; ++g) {
+    float part[RB] = {};
+    for (int64_t j = 0; j < p.group_rows; ++j) {
+      float q;
+      if (packed) {
+        const uint8_t b = row[g * 16 + j % 16];
+        q = static_cast<float>(j < 16 ? b & 15 : b >> 4);
+      } else {
+        q = static_cast<float>(reinterpret_cast<const int8_t*>(row)[g * p.group_rows + j]);
+      }
+      for (int r = 0; r < RB; ++r) part[r] += x[r * p.in + g * p.group_rows + j] * q;
+    }
+    const float d = group_scale(p, p.scale, v, g);
+    for (int r = 0; r < RB; ++r) acc[r] += d * part[r];
+#endif
+    if (p.minimum != nullptr || p.fmt == kQ4_0) {
+      const float m = p.minimum != nullptr ? group_scale(p, p.minimum, v, g) : -8.0f * group_scale(p, p.scale, v, g);
+      for (int r = 0; r < RB; ++r) mins[r] += m * p.xsum[(r0 + r) * p.groups + g];
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+#ifdef VLLM_JAX_SIMD
+    p.y[(r0 + r) * p.out + v] = vsum(acc[r]) + mins[r];
+#else
+    p.y[(r0 + r) * p.out + v] = acc[r] + mins[r];
+#endif
+  }
+}
+
+void table_rows(const Problem& p, int64_t unit) {
+  const int64_t end = std::min(p.out, (unit + 1) * kTableRows);
+  for (int64_t v = unit * kTableRows; v < end; ++v) {
+    int64_t r = 0;
+    for (; r + 4 <= p.rows; r += 4) table_row<4>(p, r, v);
+    for (; r + 2 <= p.rows; r += 2) table_row<2>(p, r, v);
+    for (; r < p.rows; ++r) table_row<1>(p, r, v);
+  }
+}
+
+ffi::Error GgufRowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
+                       ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+  auto xd = x.dimensions();
+  auto vd = values.dimensions();
+  auto sd = scale.dimensions();
+  if (xd.size() != 2 || vd.size() != 2 || sd.size() != 2 || fmt < kQ8_0 || fmt > kQ6_K) {
+    return ffi::Error::InvalidArgument("gguf_rows_dot: x [rows, in], values and scale 2-d, fmt 0..4");
+  }
+  Problem p{};
+  p.fmt = static_cast<Format>(fmt);
+  p.rows = xd[0];
+  p.in = xd[1];
+  p.out = vd[0];
+  p.groups = sd[1];
+  p.group_rows = group_rows_of(p.fmt);
+  if (p.groups * p.group_rows != p.in || vd[1] != (is_packed(p.fmt) ? p.in / 2 : p.in) || sd[0] != p.out) {
+    return ffi::Error::InvalidArgument("gguf_rows_dot: values / scale shapes do not match x's");
+  }
+  p.x = x.typed_data();
+  p.values = static_cast<const uint8_t*>(values.untyped_data());
+  p.scale = scale.untyped_data();
+  p.half_scales = scale.element_type() == ffi::DataType::F16;
+  p.minimum = has_min(p.fmt) ? minimum.untyped_data() : nullptr;
+  p.y = y->typed_data();
+  std::vector<float> sums;
+  if (has_min(p.fmt) || p.fmt == kQ4_0) {
+    sums = group_sums(p.x, p.rows, p.in, p.group_rows);
+    p.xsum = sums.data();
+  }
+  run_units(pool, (p.out + kTableRows - 1) / kTableRows, p.in * p.out >= kParallelWeights,
+            [&p](int64_t unit) { table_rows(p, unit); });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxGgufMatvec, GgufMatvec,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("fmt"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxGgufRowsDot, GgufRowsDot,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("fmt"));

@@ -1,0 +1,63 @@
+"""x @ W (a linear weight) and x @ E^T (a table: the tied LM head) for a few rows of x against weights kept in GGUF
+blocks, on CPU, by the native kernels in gguf_matvec.cc: they read the 4- and 8-bit blocks directly, where XLA:CPU
+writes a float copy of each matrix before its dot (docs/architecture/06-model.md, "Quantized weights").
+`quantized_dots.gguf_dot` / `gguf_dot_rows` call them in CPU programs (`jax.lax.platform_dependent`: an
+accelerator program built on a CPU host keeps the XLA path)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vllm_jax.native import build
+
+TARGETS = {"matvec": "VllmJaxGgufMatvec", "rows_dot": "VllmJaxGgufRowsDot"}  # ours -> the library's symbol
+FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4}  # gguf_matvec.cc's `Format`
+# Above this many rows of x XLA's dot of the dequantized copy catches up (docs/performance.md, "Batch-1 decode
+# profile"): a linear weight's, and a table's (whose chunked XLA dot keeps each dequantized chunk in cache).
+MAX_ROWS = 64
+TABLE_MAX_ROWS = 8
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is built and registered with XLA (once per process)."""
+    lib = build.library("gguf_matvec.cc")
+    if lib is None:
+        return False
+    for name, symbol in TARGETS.items():
+        jax.ffi.register_ffi_target(_target(name), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return True
+
+
+def _target(name: str) -> str:
+    return f"vllm_jax_gguf_{name}"
+
+
+def applies(x: jax.Array, values: jax.Array, fmt: str, max_rows: int) -> bool:
+    """Whether the kernels take this dot: float32 x [rows <= max_rows, in], one 2-d weight, a format they read."""
+    return (x.ndim == 2 and values.ndim == 2 and x.dtype == jnp.float32 and x.shape[0] <= max_rows
+            and fmt in FORMAT_CODES and available())
+
+
+def gguf_matvec(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
+                fmt: str) -> jax.Array:
+    """float32 [rows, out]: x [rows, in] @ W [in, out] kept as (values, scale[, minimum]) in `fmt`, grouped along
+    `in` (model/grouped_quant.py's linear layout)."""
+    return _call("matvec", (x.shape[0], values.shape[1]), x, values, scale, minimum, fmt)
+
+
+def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
+                  fmt: str) -> jax.Array:
+    """float32 [rows, vocab]: x [rows, hidden] @ E^T for a table E [vocab, hidden] kept in `fmt`, grouped along
+    hidden (model/grouped_quant.py's embedding layout)."""
+    return _call("rows_dot", (x.shape[0], values.shape[0]), x, values, scale, minimum, fmt)
+
+
+def _call(name: str, shape: tuple[int, int], x: jax.Array, values: jax.Array, scale: jax.Array,
+          minimum: jax.Array | None, fmt: str) -> jax.Array:
+    call = jax.ffi.ffi_call(_target(name), jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential")
+    return call(x, values, scale, scale if minimum is None else minimum, fmt=np.int32(FORMAT_CODES[fmt]))
