@@ -1,13 +1,13 @@
 """Compiles a native kernel's C++ source into a shared library on first use and loads it.
 
-The library is built once per machine into `<cache root>/native/` (`$VLLM_JAX_CACHE_ROOT`, else
-`~/.cache/vllm_jax`), under a name that hashes the source, the compiler and its flags, jaxlib's version (the FFI
+The library is built once per machine into `<cache root>/native/` (`$VLLM_JAX_CACHE_ROOT`, else `~/.cache/vllm_jax`),
+under a name that hashes the source and the headers beside it, the compiler and its flags, jaxlib's version (the FFI
 headers come from it) and the CPU's model and feature flags: the code is compiled for this CPU (`-march=native`), so
-a cache folder shared with another machine never hands it a library it cannot run. Builds write a temporary file
-and rename it into place, so concurrent processes (test workers) never load a half-written one.
+a cache folder shared with another machine never hands it a library it cannot run. Builds write a temporary file and
+rename it into place, so concurrent processes (test workers) never load a half-written one.
 
-No compiler, a failed build or `VLLM_JAX_NATIVE_KERNELS=0` leave the kernel unavailable (`library` returns None,
-with one warning naming the cause) and the engine uses its XLA path, with the same results up to float32 rounding.
+No compiler, a failed build or `VLLM_JAX_NATIVE_KERNELS=0` leave the kernel unavailable (`library` returns None, with
+one warning naming the cause) and the engine uses its XLA path, with the same results up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def _built(source: Path, compiler: str) -> Path:
     import jaxlib
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = "\0".join([source.read_text(), compiler, version, " ".join(_FLAGS), jaxlib.__version__, _cpu_identity()])
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what the source includes
+    key = "\0".join([source.read_text(), *headers, compiler, version, " ".join(_FLAGS), jaxlib.__version__,
+                     _cpu_identity()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     from vllm_jax.config import default_cache_root
 

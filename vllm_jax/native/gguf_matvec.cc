@@ -14,27 +14,17 @@
 // by helper tasks on XLA's intra-op thread pool; the caller runs whatever no helper has taken, so a pool that never runs
 // a task (or runs it late) cannot stall the call.
 
-#include <algorithm>
-#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
+#include "cpu_kernel.h"
 
 namespace {
+
+using namespace vllm_jax_native;  // NOLINT: this file's kernels are built on its helpers
 
 enum Format : int32_t { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4 };
 
 constexpr int64_t kTile = 64;      // output columns a task unit covers
-constexpr int64_t kRowBlock = 4;   // rows of x sharing one pass over a tile of W
 constexpr int64_t kParallelWeights = 1 << 17;  // below this many weights a call runs on one thread
 
 struct Problem {
@@ -48,30 +38,6 @@ struct Problem {
   const float* xsum;  // [rows, groups]: each group's sum of x (for the min term)
   float* y;
 };
-
-inline float half_to_float(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1f;
-  uint32_t mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int shift = 0;
-    while (!(mantissa & 0x400)) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    bits = sign | ((113 - shift) << 23) | ((mantissa & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 // dst[w] = the group's scales (or mins) for columns col .. col + width.
 inline void load_row(const Problem& p, const void* base, int64_t g, int64_t col, int64_t width, float* dst) {
@@ -89,52 +55,6 @@ inline void load_row(const Problem& p, const void* base, int64_t g, int64_t col,
     std::memcpy(dst, static_cast<const float*>(base) + offset, width * sizeof(float));
   }
 }
-
-// One group's partial sums over a full tile, acc[r][c] = sum_j x[r, j] q[j, col + c]: the hot loop, with
-// AVX-512 or AVX2 intrinsics where the compiler targets them (the widening of bytes to 32-bit lanes is one
-// instruction there; GCC does not vectorize it from plain loops), plain loops elsewhere.
-#if defined(__AVX512F__)
-constexpr int64_t kLanes = 16;
-using VecF = __m512;
-inline VecF vzero() { return _mm512_setzero_ps(); }
-inline VecF vset1(float v) { return _mm512_set1_ps(v); }
-inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
-inline void vstore(float* dst, VecF v) { _mm512_storeu_ps(dst, v); }
-inline VecF vload(const float* src) { return _mm512_loadu_ps(src); }
-inline float vsum(VecF v) { return _mm512_reduce_add_ps(v); }
-inline __m512i widen_u8(const uint8_t* src) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-}
-inline VecF low_nibbles(__m512i q) { return _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))); }
-inline VecF high_nibbles(__m512i q) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)); }
-inline VecF load_i8(const uint8_t* src) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
-}
-#define VLLM_JAX_SIMD 1
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int64_t kLanes = 8;
-using VecF = __m256;
-inline VecF vzero() { return _mm256_setzero_ps(); }
-inline VecF vset1(float v) { return _mm256_set1_ps(v); }
-inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-inline void vstore(float* dst, VecF v) { _mm256_storeu_ps(dst, v); }
-inline VecF vload(const float* src) { return _mm256_loadu_ps(src); }
-inline float vsum(VecF v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline __m256i widen_u8(const uint8_t* src) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-}
-inline VecF low_nibbles(__m256i q) { return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15))); }
-inline VecF high_nibbles(__m256i q) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)); }
-inline VecF load_i8(const uint8_t* src) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
-}
-#define VLLM_JAX_SIMD 1
-#endif
 
 #ifdef VLLM_JAX_SIMD
 constexpr int64_t kVectors = kTile / kLanes;
@@ -266,31 +186,6 @@ void column_tile(const Problem& p, int64_t unit) {
   }
 }
 
-// Runs work(unit) for units 0 .. units - 1 on the calling thread and, when `parallel`, on helper tasks of XLA's
-// pool: each unit is taken once from a shared counter, and the caller returns when every unit is done.
-template <class Work>
-void run_units(ffi::ThreadPool& pool, int64_t units, bool parallel, Work work) {
-  struct State {
-    Work work;
-    int64_t units;
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-    State(Work w, int64_t n) : work(std::move(w)), units(n) {}
-    void take() {
-      int64_t unit;
-      while ((unit = next.fetch_add(1, std::memory_order_relaxed)) < units) {
-        work(unit);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto state = std::make_shared<State>(std::move(work), units);
-  const int64_t helpers = parallel ? std::min<int64_t>(pool.num_threads(), units) - 1 : 0;
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([state] { state->take(); });
-  state->take();
-  while (state->done.load(std::memory_order_acquire) < units) std::this_thread::yield();
-}
-
 // Each group's sum of x over its rows, [rows, groups] (for the min term of Q4_0 / Q4_1 / Q4_K).
 std::vector<float> group_sums(const float* x, int64_t rows, int64_t in, int64_t group_rows) {
   const int64_t groups = in / group_rows;
@@ -308,35 +203,45 @@ bool is_packed(Format fmt) { return fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ4_K
 bool has_min(Format fmt) { return fmt == kQ4_1 || fmt == kQ4_K; }
 int64_t group_rows_of(Format fmt) { return fmt == kQ6_K ? 16 : 32; }
 
-ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
-                      ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+// The problem of either handler from its buffers: `table` E [out, in] (grouped along in) or W [in, out].
+ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, const ffi::AnyBuffer& scale,
+                 const ffi::AnyBuffer& minimum, ffi::ResultBuffer<ffi::F32>& y, int32_t fmt, bool table,
+                 Problem& p, std::vector<float>& sums) {
   auto xd = x.dimensions();
   auto vd = values.dimensions();
   auto sd = scale.dimensions();
   if (xd.size() != 2 || vd.size() != 2 || sd.size() != 2 || fmt < kQ8_0 || fmt > kQ6_K) {
-    return ffi::Error::InvalidArgument("gguf_matvec: x [rows, in], values and scale 2-d, fmt 0..4");
+    return ffi::Error::InvalidArgument("gguf kernels: x [rows, in], values and scale 2-d, fmt 0..4");
   }
-  Problem p{};
   p.fmt = static_cast<Format>(fmt);
   p.rows = xd[0];
   p.in = xd[1];
-  p.out = vd[1];
-  p.groups = sd[0];
+  p.out = table ? vd[0] : vd[1];
+  p.groups = table ? sd[1] : sd[0];
   p.group_rows = group_rows_of(p.fmt);
-  if (p.groups * p.group_rows != p.in || vd[0] != (is_packed(p.fmt) ? p.in / 2 : p.in) || sd[1] != p.out) {
-    return ffi::Error::InvalidArgument("gguf_matvec: values / scale shapes do not match x's");
-  }
+  const int64_t value_rows = is_packed(p.fmt) ? p.in / 2 : p.in;
+  const bool shapes_match = p.groups * p.group_rows == p.in && (table ? vd[1] : vd[0]) == value_rows &&
+                            (table ? sd[0] : sd[1]) == p.out;
+  if (!shapes_match) return ffi::Error::InvalidArgument("gguf kernels: values / scale shapes do not match x's");
   p.x = x.typed_data();
   p.values = static_cast<const uint8_t*>(values.untyped_data());
   p.scale = scale.untyped_data();
   p.half_scales = scale.element_type() == ffi::DataType::F16;
   p.minimum = has_min(p.fmt) ? minimum.untyped_data() : nullptr;
   p.y = y->typed_data();
-  std::vector<float> sums;
   if (has_min(p.fmt) || p.fmt == kQ4_0) {
     sums = group_sums(p.x, p.rows, p.in, p.group_rows);
     p.xsum = sums.data();
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
+                      ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+  Problem p{};
+  std::vector<float> sums;
+  ffi::Error error = parse(x, values, scale, minimum, y, fmt, /*table=*/false, p, sums);
+  if (error.failure()) return error;
   run_units(pool, (p.out + kTile - 1) / kTile, p.in * p.out >= kParallelWeights,
             [&p](int64_t unit) { column_tile(p, unit); });
   return ffi::Error::Success();
@@ -345,14 +250,6 @@ ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
 // ---- rows of a table: y[r, v] = x[r] . E[v], E [vocab, in] grouped along `in` -------------------------------
 
 constexpr int64_t kTableRows = 128;  // table rows a task unit covers
-
-inline float scalar_half(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  return half_to_float(h);
-#endif
-}
 
 inline float group_scale(const Problem& p, const void* base, int64_t v, int64_t g) {
   const int64_t i = v * p.groups + g;
@@ -433,33 +330,10 @@ void table_rows(const Problem& p, int64_t unit) {
 
 ffi::Error GgufRowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
                        ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
-  auto xd = x.dimensions();
-  auto vd = values.dimensions();
-  auto sd = scale.dimensions();
-  if (xd.size() != 2 || vd.size() != 2 || sd.size() != 2 || fmt < kQ8_0 || fmt > kQ6_K) {
-    return ffi::Error::InvalidArgument("gguf_rows_dot: x [rows, in], values and scale 2-d, fmt 0..4");
-  }
   Problem p{};
-  p.fmt = static_cast<Format>(fmt);
-  p.rows = xd[0];
-  p.in = xd[1];
-  p.out = vd[0];
-  p.groups = sd[1];
-  p.group_rows = group_rows_of(p.fmt);
-  if (p.groups * p.group_rows != p.in || vd[1] != (is_packed(p.fmt) ? p.in / 2 : p.in) || sd[0] != p.out) {
-    return ffi::Error::InvalidArgument("gguf_rows_dot: values / scale shapes do not match x's");
-  }
-  p.x = x.typed_data();
-  p.values = static_cast<const uint8_t*>(values.untyped_data());
-  p.scale = scale.untyped_data();
-  p.half_scales = scale.element_type() == ffi::DataType::F16;
-  p.minimum = has_min(p.fmt) ? minimum.untyped_data() : nullptr;
-  p.y = y->typed_data();
   std::vector<float> sums;
-  if (has_min(p.fmt) || p.fmt == kQ4_0) {
-    sums = group_sums(p.x, p.rows, p.in, p.group_rows);
-    p.xsum = sums.data();
-  }
+  ffi::Error error = parse(x, values, scale, minimum, y, fmt, /*table=*/true, p, sums);
+  if (error.failure()) return error;
   run_units(pool, (p.out + kTableRows - 1) / kTableRows, p.in * p.out >= kParallelWeights,
             [&p](int64_t unit) { table_rows(p, unit); });
   return ffi::Error::Success();
