@@ -60,7 +60,11 @@ def hlo_instructions(hlo: str) -> dict[str, tuple[str, list[tuple[str, tuple[int
         calls = re.search(r"calls=%([\w.\-]+)", line) if " fusion(" in line else None
         op_name = re.search(r'op_name="([^"]*)"', line)
         shape = _SHAPE.match(line)
-        out[m.group(1)] = (op_name.group(1) if op_name else "", params.get(calls.group(1), []) if calls else [],
+        operands = params.get(calls.group(1), []) if calls else []
+        if " custom-call(" in line:  # a native kernel (vllm_jax/native/): its operands are on its own line
+            args = line.split(" custom-call(", 1)[1].split(")", 1)[0]
+            operands = [(d, tuple(int(s) for s in dims.split(",") if s)) for d, dims in _SHAPE.findall(args)]
+        out[m.group(1)] = (op_name.group(1) if op_name else "", operands,
                            tuple(int(s) for s in shape.group(2).split(",") if s) if shape else ())
     return out
 
@@ -71,16 +75,16 @@ def _nbytes(operand: tuple[str, tuple[int, ...]]) -> int:
 
 
 def classify(name: str, instructions: dict, head_dims: tuple[int, ...]) -> tuple[str, int]:
-    """(category, weight bytes read) of one thunk event: a dot inside the per-layer switch is a layer GEMV (its
-    weight: every operand but the activations, the first); the LM head is what outside the switch and outside
-    attention's einsums outputs a vocab-sized or vocab-chunk dim (`head_dims`: its dots, its chunk loop's slices
-    and dequantization); a fusion reading int8 / uint8 inside the switch dequantizes a kept weight; the
-    conditionals and loops themselves are dispatch; the rest of the layer loop is attention (page gathers, KV
-    writes, softmax, rotary, norms)."""
+    """(category, weight bytes read) of one thunk event: a dot (or a native kernel's, on kept GGUF blocks) inside
+    the per-layer switch is a layer GEMV (its weight: every operand but the activations, the first); the LM head is
+    what outside the switch and outside attention's einsums outputs a vocab-sized or vocab-chunk dim (`head_dims`:
+    its dots, its chunk loop's slices and dequantization); a fusion reading int8 / uint8 inside the switch
+    dequantizes a kept weight; the conditionals and loops themselves are dispatch; the rest of the layer loop is
+    attention (page gathers, KV writes, softmax, rotary, norms)."""
     op_name, operands, shape = instructions.get(name, ("", [], ()))
     if name.startswith(("cond", "conditional", "while")):
         return "dispatch", 0
-    is_dot = "dot_general" in op_name or "ynn" in name
+    is_dot = "dot_general" in op_name or "ynn" in name or "ffi_call" in op_name  # ffi_call: a native kernel's dot
     in_switch = "/cond/branch" in op_name
     if is_dot and in_switch:
         return "layer_gemv", sum(_nbytes(o) for o in operands[1:])
