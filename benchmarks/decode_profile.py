@@ -61,10 +61,14 @@ def hlo_instructions(hlo: str) -> dict[str, tuple[str, list[tuple[str, tuple[int
         op_name = re.search(r'op_name="([^"]*)"', line)
         shape = _SHAPE.match(line)
         operands = params.get(calls.group(1), []) if calls else []
-        if " custom-call(" in line:  # a native kernel (vllm_jax/native/): its operands are on its own line
-            args = line.split(" custom-call(", 1)[1].split(")", 1)[0]
-            operands = [(d, tuple(int(s) for s in dims.split(",") if s)) for d, dims in _SHAPE.findall(args)]
-        out[m.group(1)] = (op_name.group(1) if op_name else "", operands,
+        name = op_name.group(1) if op_name else ""
+        if " custom-call(" in line:  # a native kernel (vllm_jax/native/): its target and operand shapes
+            target = re.search(r'custom_call_target="([^"]*)"', line)
+            name += f" target={target.group(1) if target else ''}"
+            args = re.search(r"operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}", line)
+            operands = [(d, tuple(int(s) for s in dims.split(",") if s))
+                        for d, dims in _SHAPE.findall(args.group(1) if args else "")]
+        out[m.group(1)] = (name, operands,
                            tuple(int(s) for s in shape.group(2).split(",") if s) if shape else ())
     return out
 
@@ -84,7 +88,9 @@ def classify(name: str, instructions: dict, head_dims: tuple[int, ...]) -> tuple
     op_name, operands, shape = instructions.get(name, ("", [], ()))
     if name.startswith(("cond", "conditional", "while")):
         return "dispatch", 0
-    is_dot = "dot_general" in op_name or "ynn" in name or "ffi_call" in op_name  # ffi_call: a native kernel's dot
+    if "target=vllm_jax_gguf_rows_dot" in op_name:  # the native kernel of a kept tied head
+        return "lm_head", sum(_nbytes(o) for o in operands[1:])
+    is_dot = "dot_general" in op_name or "ynn" in name or "target=vllm_jax_gguf_matvec" in op_name
     in_switch = "/cond/branch" in op_name
     if is_dot and in_switch:
         return "layer_gemv", sum(_nbytes(o) for o in operands[1:])

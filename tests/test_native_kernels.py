@@ -79,7 +79,7 @@ def test_table_kernel_equals_x_times_the_dequantized_table(fmt, rows):
 @needs_compiler
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_a_matrix_split_across_threads_equals_the_reference(fmt):
-    """Above kParallelWeights (2^17) the column tiles are shared with XLA's thread pool."""
+    """Above kParallelWeights (2^15) the column tiles are shared with XLA's thread pool."""
     parts = _kept((1024, 576), fmt, axis=-2, seed=4)
     x = np.random.default_rng(5).standard_normal((4, 1024)).astype(np.float32)
     want = x.astype(np.float64) @ dequantize_grouped(parts["values"], parts["scale"], parts.get("min"), fmt,
@@ -88,6 +88,28 @@ def test_a_matrix_split_across_threads_equals_the_reference(fmt):
         got = np.asarray(jax.jit(gguf_dot, static_argnums=4)(jnp.asarray(x), parts["values"], parts["scale"],
                                                              parts.get("min"), fmt))
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+def test_a_buckets_padding_rows_are_skipped():
+    """Inside `padded_rows` (a forward's layers) only the first `valid` rows are computed; the padding's outputs are
+    zeros, and a dot of another row count is untouched."""
+    parts = _kept((256, 200), "q4_1", axis=-2)
+    w = dequantize_grouped(parts["values"], parts["scale"], parts["min"], "q4_1", axis=-2).astype(np.float64)
+    x = np.random.default_rng(6).standard_normal((8, 256)).astype(np.float32)
+
+    def padded(x, valid):
+        with gguf_matvec.padded_rows(8, valid):
+            inside = gguf_dot(x, parts["values"], parts["scale"], parts["min"], "q4_1")
+            other = gguf_dot(x[:4], parts["values"], parts["scale"], parts["min"], "q4_1")
+        return inside, other
+
+    for valid in (1, 5, 8):
+        inside, other = map(np.asarray, jax.jit(padded)(jnp.asarray(x), jnp.int32(valid)))
+        want = x.astype(np.float64) @ w
+        np.testing.assert_allclose(inside[:valid], want[:valid], rtol=0, atol=1e-5 * np.abs(want).max())
+        assert not inside[valid:].any()
+        np.testing.assert_allclose(other, want[:4], rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @needs_compiler

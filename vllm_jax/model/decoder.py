@@ -38,6 +38,7 @@ from vllm_jax.model.lora_layers import LoRAMask
 from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.native import gguf_matvec
 from vllm_jax.pallas_kernels.precision import model_matmuls
 
 
@@ -135,7 +136,9 @@ class DecoderLM(EmbeddingHead, nnx.Module):
             num_slots = next(iter(lora.values()))[0].shape[1]
             ctx = LayerContext(cos, sin, inputs, self.kernels, lora, LoRAMask.of(inputs.lora_slots, num_slots))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
-        hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
+        # the bucket's padding tokens follow the real ones: CPU's native kept-block dots skip them
+        with gguf_matvec.padded_rows(hidden.shape[0], inputs.query_start_loc[inputs.num_seqs[0]]):
+            hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, aux.concatenated()
 
     def _input_embeddings(self, inputs: StepInputs) -> jax.Array:

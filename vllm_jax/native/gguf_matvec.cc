@@ -10,6 +10,9 @@
 // scale is applied once per group: no float copy of W is ever written. The arithmetic is float32, as the XLA
 // path's dot of the dequantized weight; only the order of the additions differs.
 //
+// Rows of x from `valid` on (an int32 operand: a bucket's padding tokens, which follow the real ones) are skipped and
+// their outputs set to zero.
+//
 // Work is split into tiles of output columns (table rows), taken from a shared counter by the calling thread and
 // by helper tasks on XLA's intra-op thread pool; the caller runs whatever no helper has taken, so a pool that never runs
 // a task (or runs it late) cannot stall the call.
@@ -25,7 +28,7 @@ using namespace vllm_jax_native;  // NOLINT: this file's kernels are built on it
 enum Format : int32_t { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4 };
 
 constexpr int64_t kTile = 64;      // output columns a task unit covers
-constexpr int64_t kParallelWeights = 1 << 17;  // below this many weights a call runs on one thread
+constexpr int64_t kParallelWeights = 1 << 15;  // below this many weights a call runs on one thread
 
 struct Problem {
   const float* x;
@@ -204,9 +207,10 @@ bool has_min(Format fmt) { return fmt == kQ4_1 || fmt == kQ4_K; }
 int64_t group_rows_of(Format fmt) { return fmt == kQ6_K ? 16 : 32; }
 
 // The problem of either handler from its buffers: `table` E [out, in] (grouped along in) or W [in, out].
+// Rows of x at and past `valid` (a bucket's padding) are not computed: their outputs are zeros.
 ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, const ffi::AnyBuffer& scale,
-                 const ffi::AnyBuffer& minimum, ffi::ResultBuffer<ffi::F32>& y, int32_t fmt, bool table,
-                 Problem& p, std::vector<float>& sums) {
+                 const ffi::AnyBuffer& minimum, const ffi::Buffer<ffi::S32>& valid, ffi::ResultBuffer<ffi::F32>& y,
+                 int32_t fmt, bool table, Problem& p, std::vector<float>& sums) {
   auto xd = x.dimensions();
   auto vd = values.dimensions();
   auto sd = scale.dimensions();
@@ -214,7 +218,7 @@ ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, c
     return ffi::Error::InvalidArgument("gguf kernels: x [rows, in], values and scale 2-d, fmt 0..4");
   }
   p.fmt = static_cast<Format>(fmt);
-  p.rows = xd[0];
+  p.rows = std::clamp<int64_t>(valid.typed_data()[0], 0, xd[0]);
   p.in = xd[1];
   p.out = table ? vd[0] : vd[1];
   p.groups = table ? sd[1] : sd[0];
@@ -229,6 +233,7 @@ ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, c
   p.half_scales = scale.element_type() == ffi::DataType::F16;
   p.minimum = has_min(p.fmt) ? minimum.untyped_data() : nullptr;
   p.y = y->typed_data();
+  std::fill(p.y + p.rows * p.out, p.y + xd[0] * p.out, 0.0f);
   if (has_min(p.fmt) || p.fmt == kQ4_0) {
     sums = group_sums(p.x, p.rows, p.in, p.group_rows);
     p.xsum = sums.data();
@@ -237,10 +242,10 @@ ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, c
 }
 
 ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
-                      ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+                      ffi::AnyBuffer minimum, ffi::Buffer<ffi::S32> valid, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
   Problem p{};
   std::vector<float> sums;
-  ffi::Error error = parse(x, values, scale, minimum, y, fmt, /*table=*/false, p, sums);
+  ffi::Error error = parse(x, values, scale, minimum, valid, y, fmt, /*table=*/false, p, sums);
   if (error.failure()) return error;
   run_units(pool, (p.out + kTile - 1) / kTile, p.in * p.out >= kParallelWeights,
             [&p](int64_t unit) { column_tile(p, unit); });
@@ -329,10 +334,10 @@ void table_rows(const Problem& p, int64_t unit) {
 }
 
 ffi::Error GgufRowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
-                       ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+                       ffi::AnyBuffer minimum, ffi::Buffer<ffi::S32> valid, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
   Problem p{};
   std::vector<float> sums;
-  ffi::Error error = parse(x, values, scale, minimum, y, fmt, /*table=*/true, p, sums);
+  ffi::Error error = parse(x, values, scale, minimum, valid, y, fmt, /*table=*/true, p, sums);
   if (error.failure()) return error;
   run_units(pool, (p.out + kTableRows - 1) / kTableRows, p.in * p.out >= kParallelWeights,
             [&p](int64_t unit) { table_rows(p, unit); });
@@ -348,6 +353,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxGgufMatvec, GgufMatvec,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("fmt"));
 
@@ -358,5 +364,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxGgufRowsDot, GgufRowsDot,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("fmt"));

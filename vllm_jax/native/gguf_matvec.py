@@ -6,7 +6,9 @@ accelerator program built on a CPU host keeps the XLA path)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +59,29 @@ def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
     return _call("rows_dot", (x.shape[0], values.shape[0]), x, values, scale, minimum, fmt)
 
 
+_padding: list[tuple[int, jax.Array]] = []  # (bucket rows, valid rows) while a forward is traced
+
+
+@contextlib.contextmanager
+def padded_rows(bucket_rows: int, valid_rows: jax.Array) -> Iterator[None]:
+    """While a forward is traced: its activations have `bucket_rows` rows of which the first `valid_rows` (a
+    traced int32 scalar) are real and the rest the bucket's padding, which the kernels then skip (their outputs are
+    zeros; nothing reads them). A batch-1 decode step on CPU runs in the 2-token bucket, so this halves its rows."""
+    _padding.append((bucket_rows, jnp.reshape(valid_rows, (1,)).astype(jnp.int32)))
+    try:
+        yield
+    finally:
+        _padding.pop()
+
+
+def _valid_rows(rows: int) -> jax.Array:
+    if _padding and _padding[-1][0] == rows:
+        return _padding[-1][1]
+    return jnp.full((1,), rows, jnp.int32)
+
+
 def _call(name: str, shape: tuple[int, int], x: jax.Array, values: jax.Array, scale: jax.Array,
           minimum: jax.Array | None, fmt: str) -> jax.Array:
     call = jax.ffi.ffi_call(_target(name), jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential")
-    return call(x, values, scale, scale if minimum is None else minimum, fmt=np.int32(FORMAT_CODES[fmt]))
+    return call(x, values, scale, scale if minimum is None else minimum, _valid_rows(x.shape[0]),
+                fmt=np.int32(FORMAT_CODES[fmt]))
