@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes
-from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows
+from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, gguf_dots
 from vllm_jax.native import build, gguf_matvec
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
@@ -88,6 +88,19 @@ def test_a_matrix_split_across_threads_equals_the_reference(fmt):
         got = np.asarray(jax.jit(gguf_dot, static_argnums=4)(jnp.asarray(x), parts["values"], parts["scale"],
                                                              parts.get("min"), fmt))
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+def test_several_weights_in_one_call_equal_each_alone():
+    """q / k / v (or gate / up) share x: one native call computes every weight's product, formats and widths mixed."""
+    weights = [(_kept((256, n), fmt, axis=-2, seed=n), fmt) for n, fmt in ((200, "q4_1"), (64, "q8_0"), (96, "q4_k"))]
+    x = np.random.default_rng(7).standard_normal((3, 256)).astype(np.float32)
+    kept = [(p["values"], p["scale"], p.get("min"), fmt) for p, fmt in weights]
+    hlo = jax.jit(lambda x: gguf_dots(x, kept)).lower(jnp.asarray(x)).as_text()
+    assert hlo.count("custom_call @vllm_jax_gguf_matvec(") == 1
+    for got, (values, scale, minimum, fmt) in zip(jax.jit(lambda x: gguf_dots(x, kept))(jnp.asarray(x)), kept):
+        want = x.astype(np.float64) @ dequantize_grouped(values, scale, minimum, fmt, axis=-2).astype(np.float64)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @needs_compiler

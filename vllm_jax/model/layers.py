@@ -27,7 +27,7 @@ from vllm_jax.attention import AttentionBackend
 from vllm_jax.model.grouped_quant import grouped_shapes, min_name
 from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
-from vllm_jax.model.quantized_dots import dot, gguf_dot, grouped_dot
+from vllm_jax.model.quantized_dots import dot, gguf_dot, gguf_dots, grouped_dot
 from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
@@ -261,10 +261,34 @@ def matmul_f32(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight) 
     return y.astype(jnp.float32)
 
 
+def linears(x: jax.Array, weights: list, biases: list) -> list[jax.Array]:
+    """[linear(x, w, b) for each weight and bias]: weights kept in GGUF blocks as one `gguf_dots` (on CPU one native
+    call for q / k / v or gate / up, and in the CPU scan one switch over the layers instead of one per weight)."""
+    outs = _kept_dots(x, weights)
+    if outs is None:
+        return [linear(x, w, b) for w, b in zip(weights, biases)]
+    return [(y if b is None else y + b.astype(jnp.float32)).astype(x.dtype) for y, b in zip(outs, biases)]
+
+
+def _kept_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
+    """float32 x @ W of each weight when all are kept GGUF blocks of one layout, else None."""
+    if all(isinstance(w, LayerSwitch) and w.fmt is not None and w.index is weights[0].index for w in weights):
+        fmts = [w.fmt for w in weights]
+        per_layer = tuple(zip(*(w.arrays for w in weights)))  # layer -> each weight's (values, scale, min)
+
+        def layer_dots(x: jax.Array, parts: tuple) -> list[jax.Array]:
+            return gguf_dots(x, [(*p, fmt) for p, fmt in zip(parts, fmts)])
+
+        return LayerSwitch(per_layer, weights[0].index).apply(layer_dots, x)
+    if all(isinstance(w, QuantizedWeight) and w.fmt is not None and not isinstance(w.values, LayerSwitch)
+           for w in weights):
+        return gguf_dots(x, [(w.values, w.scale, w.minimum, w.fmt) for w in weights])
+    return None
+
+
 def gated_mlp(w: dict, x: jax.Array) -> jax.Array:
     """SiLU-gated MLP: down(silu(gate(x)) * up(x)), from one layer's `gate/up/down_proj` (and biases)."""
-    gate = linear(x, w["gate_proj"], w.get("gate_bias"))
-    up = linear(x, w["up_proj"], w.get("up_bias"))
+    gate, up = linears(x, [w["gate_proj"], w["up_proj"]], [w.get("gate_bias"), w.get("up_bias")])
     return linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
 
 
@@ -340,10 +364,9 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
 def project_qkv(spec: DecoderSpec, w: dict, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] from x [T, hidden] (with their biases)."""
     t = x.shape[0]
-    q = linear(x, w["q_proj"], w.get("q_bias")).reshape(t, spec.num_heads, spec.head_dim)
-    k = linear(x, w["k_proj"], w.get("k_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
-    v = linear(x, w["v_proj"], w.get("v_bias")).reshape(t, spec.num_kv_heads, spec.head_dim)
-    return q, k, v
+    q, k, v = linears(x, [w["q_proj"], w["k_proj"], w["v_proj"]], [w.get("q_bias"), w.get("k_bias"), w.get("v_bias")])
+    return (q.reshape(t, spec.num_heads, spec.head_dim), k.reshape(t, spec.num_kv_heads, spec.head_dim),
+            v.reshape(t, spec.num_kv_heads, spec.head_dim))
 
 
 def attend(spec: DecoderSpec, ctx: LayerContext, w: dict, q: jax.Array, k: jax.Array, v: jax.Array,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,17 +20,28 @@ from vllm_jax.native import gguf_matvec
 def gguf_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
              fmt: str) -> jax.Array:
     """float32 x @ W for W kept in GGUF blocks, weight-only on every platform (docs/architecture/06-model.md,
-    "Quantized weights"). A CPU program with at most `gguf_matvec.MAX_ROWS` float32 rows reads the blocks directly
-    in the native kernel (native/gguf_matvec.py) when it is built; otherwise, and on accelerators, W is dequantized
-    to float32 (exactly the dequantizing loader's weight), cast to x's dtype and dotted in one fusion."""
-    def dequantized(x, values, scale, minimum):
-        w = dequantize_grouped(values, scale, minimum, fmt, axis=-2).astype(x.dtype)
-        return jnp.dot(x, w, preferred_element_type=jnp.float32)
+    "Quantized weights"): `gguf_dots` of one weight."""
+    return gguf_dots(x, [(values, scale, minimum, fmt)])[0]
 
-    if not gguf_matvec.applies(x, values, fmt, gguf_matvec.MAX_ROWS):
-        return dequantized(x, values, scale, minimum)
-    return jax.lax.platform_dependent(x, values, scale, minimum, default=dequantized,
-                                      cpu=functools.partial(gguf_matvec.gguf_matvec, fmt=fmt))
+
+def gguf_dots(x: jax.Array, weights: Sequence[tuple]) -> list[jax.Array]:
+    """float32 x @ W for each W kept in GGUF blocks, (values, scale, minimum or None, fmt). A CPU program with at
+    most `gguf_matvec.MAX_ROWS` float32 rows reads the blocks directly in the native kernel (native/gguf_matvec.py),
+    all the weights in one call, when it is built; otherwise, and on accelerators, each W is dequantized to float32
+    (exactly the dequantizing loader's weight), cast to x's dtype and dotted in one fusion."""
+    fmts = [fmt for *_, fmt in weights]
+    parts = [tuple(w[:3]) for w in weights]
+
+    def dequantized(x, parts):
+        return [jnp.dot(x, dequantize_grouped(*p, fmt, axis=-2).astype(x.dtype), preferred_element_type=jnp.float32)
+                for p, fmt in zip(parts, fmts)]
+
+    def native(x, parts):
+        return gguf_matvec.gguf_matvec(x, [(*p, fmt) for p, fmt in zip(parts, fmts)])
+
+    if not all(gguf_matvec.applies(x, p[0], fmt, gguf_matvec.MAX_ROWS) for p, fmt in zip(parts, fmts)):
+        return dequantized(x, parts)
+    return jax.lax.platform_dependent(x, parts, default=dequantized, cpu=native)
 
 
 _NARROW_WEIGHTS = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))

@@ -1,6 +1,7 @@
 // x @ W for a few rows of x against W kept in GGUF blocks (vllm_jax/model/grouped_quant.py's layout), reading the
 // blocks directly: XLA FFI handlers for the CPU (docs/architecture/06-model.md, "Quantized weights").
-// VllmJaxGgufMatvec takes a linear weight, VllmJaxGgufRowsDot a table whose rows are the outputs (the tied LM head).
+// VllmJaxGgufMatvec takes one or more linear weights against the same x (q / k / v, gate / up: one call),
+// VllmJaxGgufRowsDot a table whose rows are the outputs (the tied LM head).
 //
 // W [in, out] is grouped along `in`: values uint8 [in / 2, out] (4-bit formats: byte j of group g holds row
 // 32g + j in its low nibble and row 32g + 16 + j in its high one) or int8 [in, out] (Q8_0, Q6_K); scales (and
@@ -209,8 +210,8 @@ int64_t group_rows_of(Format fmt) { return fmt == kQ6_K ? 16 : 32; }
 // The problem of either handler from its buffers: `table` E [out, in] (grouped along in) or W [in, out].
 // Rows of x at and past `valid` (a bucket's padding) are not computed: their outputs are zeros.
 ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, const ffi::AnyBuffer& scale,
-                 const ffi::AnyBuffer& minimum, const ffi::Buffer<ffi::S32>& valid, ffi::ResultBuffer<ffi::F32>& y,
-                 int32_t fmt, bool table, Problem& p, std::vector<float>& sums) {
+                 const ffi::AnyBuffer& minimum, const ffi::Buffer<ffi::S32>& valid, float* y, int32_t fmt, bool table,
+                 Problem& p, std::vector<float>& sums) {
   auto xd = x.dimensions();
   auto vd = values.dimensions();
   auto sd = scale.dimensions();
@@ -232,7 +233,7 @@ ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, c
   p.scale = scale.untyped_data();
   p.half_scales = scale.element_type() == ffi::DataType::F16;
   p.minimum = has_min(p.fmt) ? minimum.untyped_data() : nullptr;
-  p.y = y->typed_data();
+  p.y = y;
   std::fill(p.y + p.rows * p.out, p.y + xd[0] * p.out, 0.0f);
   if (has_min(p.fmt) || p.fmt == kQ4_0) {
     sums = group_sums(p.x, p.rows, p.in, p.group_rows);
@@ -241,14 +242,36 @@ ffi::Error parse(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& values, c
   return ffi::Error::Success();
 }
 
-ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
-                      ffi::AnyBuffer minimum, ffi::Buffer<ffi::S32> valid, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
-  Problem p{};
-  std::vector<float> sums;
-  ffi::Error error = parse(x, values, scale, minimum, valid, y, fmt, /*table=*/false, p, sums);
-  if (error.failure()) return error;
-  run_units(pool, (p.out + kTile - 1) / kTile, p.in * p.out >= kParallelWeights,
-            [&p](int64_t unit) { column_tile(p, unit); });
+// Several linear weights against the same x (q / k / v, gate / up) in one call: weights holds (values, scale, min)
+// per weight, outputs one y each, fmts one format each. Their column tiles are one pool of units.
+ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> valid,
+                      ffi::RemainingArgs weights, ffi::RemainingRets outputs, ffi::Span<const int32_t> fmts) {
+  const size_t n = fmts.size();
+  if (n == 0 || weights.size() != 3 * n || outputs.size() != n) {
+    return ffi::Error::InvalidArgument("gguf_matvec: three buffers (values, scale, min) and one output per format");
+  }
+  std::vector<Problem> problems(n);
+  std::vector<std::vector<float>> sums(n);
+  std::vector<int64_t> first_unit(n + 1, 0);
+  int64_t total_weights = 0;
+  for (size_t i = 0; i < n; ++i) {
+    auto values = weights.get<ffi::AnyBuffer>(3 * i);
+    auto scale = weights.get<ffi::AnyBuffer>(3 * i + 1);
+    auto minimum = weights.get<ffi::AnyBuffer>(3 * i + 2);
+    auto y = outputs.get<ffi::AnyBuffer>(i);
+    if (!values.has_value() || !scale.has_value() || !minimum.has_value() || !y.has_value()) {
+      return ffi::Error::InvalidArgument("gguf_matvec: a weight's buffers or its output are missing");
+    }
+    ffi::Error error = parse(x, *values, *scale, *minimum, valid, static_cast<float*>((*y)->untyped_data()), fmts[i],
+                             /*table=*/false, problems[i], sums[i]);
+    if (error.failure()) return error;
+    first_unit[i + 1] = first_unit[i] + (problems[i].out + kTile - 1) / kTile;
+    total_weights += problems[i].in * problems[i].out;
+  }
+  run_units(pool, first_unit[n], total_weights >= kParallelWeights, [&](int64_t unit) {
+    const size_t i = std::upper_bound(first_unit.begin(), first_unit.end(), unit) - first_unit.begin() - 1;
+    column_tile(problems[i], unit - first_unit[i]);
+  });
   return ffi::Error::Success();
 }
 
@@ -333,11 +356,11 @@ void table_rows(const Problem& p, int64_t unit) {
   }
 }
 
-ffi::Error GgufRowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
-                       ffi::AnyBuffer minimum, ffi::Buffer<ffi::S32> valid, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
+ffi::Error GgufRowsDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> valid, ffi::AnyBuffer values,
+                       ffi::AnyBuffer scale, ffi::AnyBuffer minimum, ffi::ResultBuffer<ffi::F32> y, int32_t fmt) {
   Problem p{};
   std::vector<float> sums;
-  ffi::Error error = parse(x, values, scale, minimum, valid, y, fmt, /*table=*/true, p, sums);
+  ffi::Error error = parse(x, values, scale, minimum, valid, y->typed_data(), fmt, /*table=*/true, p, sums);
   if (error.failure()) return error;
   run_units(pool, (p.out + kTableRows - 1) / kTableRows, p.in * p.out >= kParallelWeights,
             [&p](int64_t unit) { table_rows(p, unit); });
@@ -350,20 +373,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxGgufMatvec, GgufMatvec,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int32_t>("fmt"));
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int32_t>>("fmts"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxGgufRowsDot, GgufRowsDot,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("fmt"));

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,18 +45,29 @@ def applies(x: jax.Array, values: jax.Array, fmt: str, max_rows: int) -> bool:
             and fmt in FORMAT_CODES and available())
 
 
-def gguf_matvec(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
-                fmt: str) -> jax.Array:
-    """float32 [rows, out]: x [rows, in] @ W [in, out] kept as (values, scale[, minimum]) in `fmt`, grouped along
-    `in` (model/grouped_quant.py's linear layout)."""
-    return _call("matvec", (x.shape[0], values.shape[1]), x, values, scale, minimum, fmt)
+KeptWeight = tuple  # (values, scale, minimum or None, fmt) of one weight kept in GGUF blocks
+
+
+def gguf_matvec(x: jax.Array, weights: Sequence[KeptWeight]) -> list[jax.Array]:
+    """float32 [rows, out] for each weight: x [rows, in] @ W [in, out] kept as (values, scale[, minimum]) in fmt,
+    grouped along `in` (model/grouped_quant.py's linear layout). Several weights (q / k / v, gate / up) are one call,
+    their column tiles shared out together."""
+    outs = [jax.ShapeDtypeStruct((x.shape[0], values.shape[1]), jnp.float32) for values, *_ in weights]
+    call = jax.ffi.ffi_call(_target("matvec"), outs, vmap_method="sequential")
+    buffers = [b for values, scale, minimum, _ in weights
+               for b in (values, scale, scale if minimum is None else minimum)]  # a format without mins: unread
+    fmts = np.array([FORMAT_CODES[fmt] for *_, fmt in weights], np.int32)
+    return list(call(x, _valid_rows(x.shape[0]), *buffers, fmts=fmts))
 
 
 def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
                   fmt: str) -> jax.Array:
     """float32 [rows, vocab]: x [rows, hidden] @ E^T for a table E [vocab, hidden] kept in `fmt`, grouped along
     hidden (model/grouped_quant.py's embedding layout)."""
-    return _call("rows_dot", (x.shape[0], values.shape[0]), x, values, scale, minimum, fmt)
+    out = jax.ShapeDtypeStruct((x.shape[0], values.shape[0]), jnp.float32)
+    call = jax.ffi.ffi_call(_target("rows_dot"), out, vmap_method="sequential")
+    return call(x, _valid_rows(x.shape[0]), values, scale, scale if minimum is None else minimum,
+                fmt=np.int32(FORMAT_CODES[fmt]))
 
 
 _padding: list[tuple[int, jax.Array]] = []  # (bucket rows, valid rows) while a forward is traced
@@ -78,10 +89,3 @@ def _valid_rows(rows: int) -> jax.Array:
     if _padding and _padding[-1][0] == rows:
         return _padding[-1][1]
     return jnp.full((1,), rows, jnp.int32)
-
-
-def _call(name: str, shape: tuple[int, int], x: jax.Array, values: jax.Array, scale: jax.Array,
-          minimum: jax.Array | None, fmt: str) -> jax.Array:
-    call = jax.ffi.ffi_call(_target(name), jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential")
-    return call(x, values, scale, scale if minimum is None else minimum, _valid_rows(x.shape[0]),
-                fmt=np.int32(FORMAT_CODES[fmt]))
