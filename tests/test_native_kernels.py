@@ -1,11 +1,14 @@
-"""The native CPU kernels (vllm_jax/native/): x @ W and x @ E^T against weights kept in GGUF blocks, read directly
-by C++ XLA FFI handlers (docs/architecture/06-model.md, "Quantized weights").
+"""The native CPU kernels (vllm_jax/native/): x @ W and x @ E^T against weights kept in GGUF blocks read directly
+(docs/architecture/06-model.md, "Quantized weights"), and ragged paged attention for small steps
+(docs/architecture/07-attention.md, "Attention kernels"), C++ XLA FFI handlers.
 
 Bounds: both kernels compute in float32 what XLA's path computes from the dequantized weight, in another order of
 summation, so they must equal x @ dequantize_grouped(...) in float64 to float32 rounding (rtol 1e-5 of the largest
 output), for every kept format, for row counts that cover each row block (1, 2, 4 and the remainders), for widths
 that leave a partial tile, and for a matrix big enough to be split across threads. A kernel that dropped a group,
-a nibble or a min would miss by orders of magnitude more.
+a nibble or a min would miss by orders of magnitude more. The paged attention kernel must equal the xla backend's
+attention to float32 rounding (2e-6 of the largest output) on every live row, with sliding windows, soft caps,
+sinks, grouped query heads and a head_dim off the vector width; a wrong key range or scale would miss by far more.
 """
 
 from __future__ import annotations
@@ -159,3 +162,72 @@ def test_a_failed_build_warns_and_leaves_the_xla_path(monkeypatch, tmp_path, cap
         assert build.library.__wrapped__("gguf_matvec.cc") is None
     assert "could not be built" in caplog.text
     assert not list(tmp_path.rglob("*.so"))  # no half-written library left behind
+
+
+# ---- paged attention (native/paged_attention.py) --------------------------------------------------------------
+
+def _attention_case(head_dim: int, kv_heads: int, group: int, seed: int = 0) -> dict:
+    """Three live sequences in an 8-token bucket: a decode row at position 99, a 5-row chunk after 32 cached
+    tokens, a first token; one padding row. Pages scattered over a 2-layer cache."""
+    rng = np.random.default_rng(seed)
+    cache = rng.standard_normal((2, 40, 16, 2 * kv_heads, head_dim)).astype(np.float32)
+    tables = np.zeros((4, 8), np.int32)
+    tables[0, :7] = rng.permutation(np.arange(1, 40))[:7]
+    tables[1, :3] = [31, 5, 17]
+    tables[2, 0] = 22
+    return dict(q=rng.standard_normal((8, kv_heads * group, head_dim)).astype(np.float32), kv_cache=cache,
+                block_tables=tables, seq_lens=np.array([100, 37, 1, 0], np.int32),
+                query_start_loc=np.array([0, 1, 6, 7, 7], np.int32), num_seqs=np.array([3], np.int32))
+
+
+@needs_compiler
+@pytest.mark.parametrize("head_dim, kv_heads, group", [(64, 3, 3), (24, 2, 1), (32, 1, 4)])
+@pytest.mark.parametrize("window, soft_cap, with_sinks", [(0, None, False), (20, None, False), (0, 30.0, False),
+                                                          (0, None, True)])
+def test_paged_attention_equals_the_xla_backend(head_dim, kv_heads, group, window, soft_cap, with_sinks):
+    """Every live row within float32 rounding of the xla backend's attention (head_dim 24 takes the plain loops);
+    the padding row is zeros."""
+    from vllm_jax.native import paged_attention
+    from vllm_jax.pallas_kernels import xla_attention
+
+    assert paged_attention.available()
+    case = _attention_case(head_dim, kv_heads, group)
+    sinks = np.random.default_rng(9).standard_normal(kv_heads * group).astype(np.float32) if with_sinks else None
+    want = np.asarray(xla_attention.ragged_paged_attention(
+        **jax.tree.map(jnp.asarray, case), sm_scale=0.2, sliding_window=window, soft_cap=soft_cap, layer_index=1,
+        sinks=sinks))
+    got = np.asarray(jax.jit(paged_attention.paged_attention, static_argnames=("sm_scale", "soft_cap", "v_scale"))(
+        case["q"], case["kv_cache"], 1, case["block_tables"], case["seq_lens"], case["query_start_loc"],
+        case["num_seqs"], np.int32(window), sinks, sm_scale=0.2, soft_cap=soft_cap, v_scale=1.0))
+    np.testing.assert_allclose(got[:7], want[:7], rtol=0, atol=2e-6 * np.abs(want[:7]).max())
+    assert not got[7:].any()
+
+
+@needs_compiler
+def test_the_xla_backend_takes_the_native_kernel_only_on_one_cpu_device():
+    """A CPU step of at most 64 tokens on one device takes the kernel; a larger bucket, a mesh (GSPMD would gather
+    the sharded cache around the call) and a TPU / GPU program keep the XLA ops."""
+    from jax.sharding import Mesh
+
+    from vllm_jax.attention.xla import XlaBackend
+    from vllm_jax.native import paged_attention
+
+    backend = XlaBackend("cpu")
+    case = jax.tree.map(jnp.asarray, _attention_case(64, 3, 3))
+
+    def attend(q, mesh=None):
+        return backend.attention(q, case["kv_cache"], case["block_tables"], case["seq_lens"],
+                                 case["query_start_loc"], case["num_seqs"], sm_scale=0.2, layer_index=1, mesh=mesh)
+
+    def calls_native(fn, q) -> bool:
+        return "vllm_jax_paged_attention" in jax.jit(fn).lower(q).as_text()
+
+    q = jnp.asarray(case["q"])
+    assert calls_native(attend, q)
+    big = jnp.zeros((paged_attention.MAX_ROWS + 8, 9, 64))
+    assert not calls_native(attend, big)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+    assert not calls_native(lambda q: attend(q, mesh), q)
+    for platform in ("tpu", "cuda"):
+        exported = jax.export.export(jax.jit(attend), platforms=[platform])(q)
+        assert "vllm_jax_paged_attention" not in exported.mlir_module(), platform

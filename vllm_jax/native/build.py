@@ -4,7 +4,9 @@ The library is built once per machine into `<cache root>/native/` (`$VLLM_JAX_CA
 under a name that hashes the source and the headers beside it, the compiler and its flags, jaxlib's version (the FFI
 headers come from it) and the CPU's model and feature flags: the code is compiled for this CPU (`-march=native`), so
 a cache folder shared with another machine never hands it a library it cannot run. Builds write a temporary file and
-rename it into place, so concurrent processes (test workers) never load a half-written one.
+rename it into place, so concurrent processes (test workers) never load a half-written one. The compilation cache's
+switches do not apply (this is a build, not a cache of programs); where the cache root cannot be written, the
+library is built under the system's temporary folder.
 
 No compiler, a failed build or `VLLM_JAX_NATIVE_KERNELS=0` leave the kernel unavailable (`library` returns None, with
 one warning naming the cause) and the engine uses its XLA path, with the same results up to float32 rounding.
@@ -65,11 +67,18 @@ def _built(source: Path, compiler: str) -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     from vllm_jax.config import default_cache_root
 
+    name = f"{source.stem}-{digest}.so"
     folder = Path(default_cache_root()) / "native"
-    target = folder / f"{source.stem}-{digest}.so"
+    if (folder / name).exists():
+        return folder / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: build where this process may write
+        folder = Path(tempfile.gettempdir()) / f"vllm_jax-native-{os.getuid()}"
+        folder.mkdir(parents=True, exist_ok=True)
+    target = folder / name
     if target.exists():
         return target
-    folder.mkdir(parents=True, exist_ok=True)
     import jax.ffi
 
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)

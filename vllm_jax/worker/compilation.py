@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
-from vllm_jax.native import gguf_matvec
+from vllm_jax.native import gguf_matvec, paged_attention
 from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS
@@ -266,11 +266,12 @@ def program_store(config: EngineConfig, cache_dir: str | None, devices: list, st
 
 
 def _native_kernels(config: EngineConfig) -> str:
-    """Whether a CPU program with kept GGUF blocks calls the native kernels (native/gguf_matvec.py): a program
-    stored with them must not be loaded where they are off or could not be built, nor the other way round."""
-    if config.platform != "cpu" or config.model_config.quantization != "gguf":
+    """Which native kernels a CPU program calls (vllm_jax/native/: paged attention, and the kept GGUF blocks' dots):
+    a program stored with them must not be loaded where they are off or could not be built, nor the other way."""
+    if config.platform != "cpu":
         return ""
-    return f"native gguf kernels: {gguf_matvec.available()}"
+    kept = config.model_config.quantization == "gguf" and gguf_matvec.available()
+    return f"native kernels: attention {paged_attention.available()}, gguf {kept}"
 
 
 class WarmupProgress:

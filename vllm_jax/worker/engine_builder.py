@@ -79,7 +79,9 @@ class KernelChoices:
     # resolved once, for the platform the programs are built for (docs/architecture/07-attention.md,
     # "Backend selection")
     backend: AttentionBackend
-    kernel_mesh: Mesh | None  # the Pallas kernels run inside shard_map over it; None: GSPMD partitions xla's
+    # tp > 1: the Pallas kernels run inside shard_map over it; the xla backend's ops GSPMD partitions, and it keeps
+    # the native CPU kernels off under it (attention/xla.py). None: one device.
+    kernel_mesh: Mesh | None
     max_blocks_per_seq: int  # the block table's width (a kernel may pad it)
     lane_dense_cache: bool  # pallas_tpu's K/V cache layout (kv_cache.lane_dense_cache)
 
@@ -90,7 +92,7 @@ def kernel_choices(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> Kerne
     backend = config.resolved_attention_backend
     check_tensor_parallel_layout(spec, tp, backend)
     width = backend.block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size))
-    return KernelChoices(backend, mesh if tp > 1 and backend.shard_mapped else None, width,
+    return KernelChoices(backend, mesh if tp > 1 else None, width,
                          lane_dense_cache(config, spec))
 
 

@@ -90,8 +90,7 @@ def load_eagle3(config: EngineConfig, target: DecoderSpec, mesh: Mesh, attention
         layer = read_eagle3_spec(sc.model).layer
         check_tensor_parallel_layout(layer, tp, attention_backend)
         head = load_eagle3_head(sc.model, config.model_config.dtype, attention_backend=attention_backend.name,
-                                platform=config.platform, mesh=mesh if tp > 1 and attention_backend.shard_mapped
-                                else None,
+                                platform=config.platform, mesh=mesh if tp > 1 else None,
                                 sharding_for=lambda path, shape: NamedSharding(
                                     mesh, eagle3_param_partition_spec(path, shape, layer, tp)),
                                 abstract=abstract)

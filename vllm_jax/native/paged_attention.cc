@@ -1,0 +1,175 @@
+// Ragged paged attention for a few query rows on CPU: an XLA FFI handler, the `xla` backend's attention when a CPU
+// program's step has at most 64 tokens (docs/architecture/07-attention.md, "Attention kernels").
+//
+// q [T, Hq, D] float32 attends over the float32 cache [layers, blocks, block_size, 2 * Hkv, D] (K and V interleaved
+// on the head axis) through each sequence's block table. This step's keys are already written, so every row reads
+// its keys from the cache: query row i of sequence s sits at position p = seq_len - q_len + (i - start) and sees
+// keys max(0, p - window + 1) .. p (window 0: all). Per (row, KV head) the kernel scores the Hq / Hkv query heads
+// of the group against each key once read, takes one softmax (optional soft cap, optional sinks in the
+// denominator) and sums the values: the xla backend's arithmetic in float32, in one pass instead of its gathers,
+// transposes and log-sum-exp merge. Rows past the live sequences' tokens (a bucket's padding) are zeros.
+
+#include <cmath>
+#include <vector>
+
+#include "cpu_kernel.h"
+
+namespace {
+
+using namespace vllm_jax_native;  // NOLINT: this file's kernel is built on its helpers
+
+constexpr int64_t kParallelWork = 1 << 18;  // below this many (row, key, head) products a call runs on one thread
+
+struct Attention {
+  const float* q;
+  const float* cache;  // this layer's [blocks, block_size, 2 * Hkv, D]
+  const int32_t* block_tables;
+  const int32_t* seq_lens;
+  const int32_t* starts;  // query_start_loc
+  const float* sinks;  // [Hq] or nullptr
+  std::vector<int32_t> row_seq;  // each row's sequence (-1: padding)
+  int64_t heads, kv_heads, dim, block_size, table_width, window;
+  float sm_scale, soft_cap, v_scale;
+  float* out;
+};
+
+inline float dot(const float* a, const float* b, int64_t n) {
+#ifdef VLLM_JAX_SIMD
+  if (n % kLanes == 0) {
+    VecF acc = vzero();
+    for (int64_t i = 0; i < n; i += kLanes) acc = vfma(vload(a + i), vload(b + i), acc);
+    return vsum(acc);
+  }
+#endif
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline void add_scaled(float* dst, const float* src, float scale, int64_t n) {
+#ifdef VLLM_JAX_SIMD
+  if (n % kLanes == 0) {
+    const VecF s = vset1(scale);
+    for (int64_t i = 0; i < n; i += kLanes) vstore(dst + i, vfma(s, vload(src + i), vload(dst + i)));
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
+}
+
+// One live row against one KV head: its group of query heads.
+void row_head(const Attention& a, int64_t row, int64_t kv_head) {
+  const int64_t s = a.row_seq[row];
+  const int64_t q_len = a.starts[s + 1] - a.starts[s];
+  const int64_t pos = a.seq_lens[s] - q_len + (row - a.starts[s]);
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  const int64_t keys = pos + 1 - first;
+  const int64_t group = a.heads / a.kv_heads, d = a.dim, row_stride = 2 * a.kv_heads * d;
+  const int32_t* table = a.block_tables + s * a.table_width;
+  std::vector<float> scores(group * std::max<int64_t>(keys, 1));
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t key = first + j;
+    const float* k = a.cache + (table[key / a.block_size] * a.block_size + key % a.block_size) * row_stride +
+                     2 * kv_head * d;
+    for (int64_t g = 0; g < group; ++g) {
+      float score = dot(a.q + (row * a.heads + kv_head * group + g) * d, k, d) * a.sm_scale;
+      if (a.soft_cap > 0.0f) score = a.soft_cap * std::tanh(score / a.soft_cap);
+      scores[g * keys + j] = score;
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* o = a.out + (row * a.heads + kv_head * group + g) * d;
+    std::fill(o, o + d, 0.0f);
+    float* sc = scores.data() + g * keys;
+    float m = -1e30f;  // the xla backend's MASKED: a row with no keys stays finite
+    for (int64_t j = 0; j < keys; ++j) m = std::max(m, sc[j]);
+    const float sink = a.sinks != nullptr ? a.sinks[kv_head * group + g] : 0.0f;
+    if (a.sinks != nullptr) m = std::max(m, sink);
+    float l = a.sinks != nullptr ? std::exp(sink - m) : 0.0f;
+    for (int64_t j = 0; j < keys; ++j) {
+      sc[j] = std::exp(sc[j] - m);
+      l += sc[j];
+    }
+    for (int64_t j = 0; j < keys; ++j) {
+      const int64_t key = first + j;
+      const float* v = a.cache + (table[key / a.block_size] * a.block_size + key % a.block_size) * row_stride +
+                       (2 * kv_head + 1) * d;
+      add_scaled(o, v, sc[j], d);
+    }
+    const float norm = a.v_scale / std::max(l, 1e-30f);
+    for (int64_t i = 0; i < d; ++i) o[i] *= norm;
+  }
+}
+
+ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kv_cache,
+                          ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> seq_lens,
+                          ffi::Buffer<ffi::S32> query_start_loc, ffi::Buffer<ffi::S32> num_seqs,
+                          ffi::Buffer<ffi::S32> window, ffi::Buffer<ffi::F32> sinks, ffi::ResultBuffer<ffi::F32> out,
+                          float sm_scale, float soft_cap, float v_scale, bool has_sinks) {
+  auto qd = q.dimensions();
+  auto cd = kv_cache.dimensions();
+  auto td = block_tables.dimensions();
+  if (qd.size() != 3 || cd.size() != 5 || td.size() != 2 || cd[4] != qd[2] || cd[3] % 2 != 0 ||
+      qd[1] % (cd[3] / 2) != 0 || seq_lens.dimensions()[0] != td[0] ||
+      query_start_loc.dimensions()[0] != td[0] + 1) {
+    return ffi::Error::InvalidArgument("paged_attention: q [T, Hq, D], cache [L, blocks, bs, 2 Hkv, D], "
+                                       "tables [S, W]");
+  }
+  Attention a;
+  a.heads = qd[1];
+  a.dim = qd[2];
+  a.kv_heads = cd[3] / 2;
+  a.block_size = cd[2];
+  a.table_width = td[1];
+  const int64_t rows = qd[0];
+  const int64_t layer_elems = cd[1] * cd[2] * cd[3] * cd[4];
+  const int64_t l = std::clamp<int64_t>(layer.typed_data()[0], 0, cd[0] - 1);
+  a.q = q.typed_data();
+  a.cache = kv_cache.typed_data() + l * layer_elems;
+  a.block_tables = block_tables.typed_data();
+  a.seq_lens = seq_lens.typed_data();
+  a.starts = query_start_loc.typed_data();
+  a.sinks = has_sinks ? sinks.typed_data() : nullptr;
+  a.window = window.typed_data()[0];
+  a.sm_scale = sm_scale;
+  a.soft_cap = soft_cap;
+  a.v_scale = v_scale;
+  a.out = out->typed_data();
+  const int64_t seqs = std::clamp<int64_t>(num_seqs.typed_data()[0], 0, td[0]);
+  a.row_seq.assign(rows, -1);
+  std::vector<int64_t> live_rows;
+  int64_t work = 0;
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t begin = std::clamp<int64_t>(a.starts[s], 0, rows);
+    const int64_t end = std::clamp<int64_t>(a.starts[s + 1], begin, rows);
+    for (int64_t r = begin; r < end; ++r) {
+      a.row_seq[r] = static_cast<int32_t>(s);
+      live_rows.push_back(r);
+    }
+    work += (end - begin) * a.seq_lens[s];
+  }
+  std::fill(a.out, a.out + rows * a.heads * a.dim, 0.0f);
+  run_units(pool, static_cast<int64_t>(live_rows.size()) * a.kv_heads, work * a.heads * a.dim >= kParallelWork,
+            [&](int64_t unit) { row_head(a, live_rows[unit / a.kv_heads], unit % a.kv_heads); });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VllmJaxPagedAttention, PagedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("sm_scale")
+                                  .Attr<float>("soft_cap")
+                                  .Attr<float>("v_scale")
+                                  .Attr<bool>("has_sinks"));
