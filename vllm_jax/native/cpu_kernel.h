@@ -71,6 +71,13 @@ inline VecF high_nibbles(__m512i q) { return _mm512_cvtepi32_ps(_mm512_srli_epi3
 inline VecF load_i8(const uint8_t* src) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
 }
+inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF vmax(VecF a, VecF b) { return _mm512_max_ps(a, b); }
+inline VecF vround(VecF a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// 2^n for whole-number floats n in [-126, 127]: n + 127 moved into the exponent bits.
+inline VecF vpow2(VecF n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
 #define VLLM_JAX_SIMD 1
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kLanes = 8;
@@ -94,7 +101,34 @@ inline VecF high_nibbles(__m256i q) { return _mm256_cvtepi32_ps(_mm256_srli_epi3
 inline VecF load_i8(const uint8_t* src) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
 }
+inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF vmax(VecF a, VecF b) { return _mm256_max_ps(a, b); }
+inline VecF vround(VecF a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline VecF vpow2(VecF n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
 #define VLLM_JAX_SIMD 1
+#endif
+
+#ifdef VLLM_JAX_SIMD
+// exp(x) for x <= 0 (softmax terms after the max is subtracted): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its
+// Taylor polynomial to degree 7 (relative error below 2e-8 there, under float32's rounding), times 2^n. Inputs
+// below -87 give exp(-87) ~ 1.6e-38 instead of a denormal or zero: nothing next to the max's term of 1.
+inline VecF vexp_nonpositive(VecF x) {
+  x = vmax(x, vset1(-87.0f));
+  const VecF n = vround(vmul(x, vset1(1.44269504088896341f)));
+  VecF r = vfma(n, vset1(-0.693145751953125f), x);  // ln 2 in two parts, so n ln2 is exact enough
+  r = vfma(n, vset1(-1.42860682030941723212e-6f), r);
+  VecF p = vset1(1.0f / 5040.0f);
+  p = vfma(p, r, vset1(1.0f / 720.0f));
+  p = vfma(p, r, vset1(1.0f / 120.0f));
+  p = vfma(p, r, vset1(1.0f / 24.0f));
+  p = vfma(p, r, vset1(1.0f / 6.0f));
+  p = vfma(p, r, vset1(0.5f));
+  p = vfma(p, r, vset1(1.0f));
+  p = vfma(p, r, vset1(1.0f));
+  return vmul(p, vpow2(n));
+}
 #endif
 
 // Runs work(unit) for units 0 .. units - 1 on the calling thread and, when `parallel`, on helper tasks of XLA's

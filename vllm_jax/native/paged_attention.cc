@@ -19,6 +19,7 @@ namespace {
 using namespace vllm_jax_native;  // NOLINT: this file's kernel is built on its helpers
 
 constexpr int64_t kParallelWork = 1 << 18;  // below this many (row, key, head) products a call runs on one thread
+constexpr int64_t kRowsPerThreadSplit = 4;  // fewer live rows than this: split each row's KV heads across units
 
 struct Attention {
   const float* q;
@@ -57,48 +58,67 @@ inline void add_scaled(float* dst, const float* src, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
 }
 
-// One live row against one KV head: its group of query heads.
-void row_head(const Attention& a, int64_t row, int64_t kv_head) {
+// Turns one query head's scores into softmax weights in place (before the division) -> their sum, the denominator.
+float softmax_weights(float* sc, int64_t keys, const float* sink) {
+  float m = -1e30f;  // the xla backend's MASKED: a row with no keys stays finite
+  for (int64_t j = 0; j < keys; ++j) m = std::max(m, sc[j]);
+  if (sink != nullptr) m = std::max(m, *sink);
+  float l = sink != nullptr ? std::exp(*sink - m) : 0.0f;
+  int64_t j = 0;
+#ifdef VLLM_JAX_SIMD
+  const VecF max = vset1(m);
+  VecF sum = vzero();
+  for (; j + kLanes <= keys; j += kLanes) {
+    const VecF e = vexp_nonpositive(vload(sc + j) - max);
+    vstore(sc + j, e);
+    sum = sum + e;
+  }
+  l += vsum(sum);
+#endif
+  for (; j < keys; ++j) {
+    sc[j] = std::exp(sc[j] - m);
+    l += sc[j];
+  }
+  return l;
+}
+
+// One live row against KV heads h0 .. h1 and their groups of query heads: one pass over the row's keys for the
+// scores, one over its values for the sums, each cache row read once for all those heads.
+void row_heads(const Attention& a, int64_t row, int64_t h0, int64_t h1) {
   const int64_t s = a.row_seq[row];
   const int64_t q_len = a.starts[s + 1] - a.starts[s];
   const int64_t pos = a.seq_lens[s] - q_len + (row - a.starts[s]);
   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-  const int64_t keys = pos + 1 - first;
+  const int64_t keys = std::max<int64_t>(pos + 1 - first, 0);
   const int64_t group = a.heads / a.kv_heads, d = a.dim, row_stride = 2 * a.kv_heads * d;
+  const int64_t q0 = h0 * group, nq = (h1 - h0) * group;  // the query heads served
   const int32_t* table = a.block_tables + s * a.table_width;
-  std::vector<float> scores(group * std::max<int64_t>(keys, 1));
+  auto cache_row = [&](int64_t key) {
+    return a.cache + (table[key / a.block_size] * a.block_size + key % a.block_size) * row_stride;
+  };
+  std::vector<float> scores(nq * std::max<int64_t>(keys, 1));
+  const float* q = a.q + (row * a.heads + q0) * d;
   for (int64_t j = 0; j < keys; ++j) {
-    const int64_t key = first + j;
-    const float* k = a.cache + (table[key / a.block_size] * a.block_size + key % a.block_size) * row_stride +
-                     2 * kv_head * d;
-    for (int64_t g = 0; g < group; ++g) {
-      float score = dot(a.q + (row * a.heads + kv_head * group + g) * d, k, d) * a.sm_scale;
+    const float* kv = cache_row(first + j);
+    for (int64_t h = 0; h < nq; ++h) {
+      float score = dot(q + h * d, kv + 2 * (h0 + h / group) * d, d) * a.sm_scale;
       if (a.soft_cap > 0.0f) score = a.soft_cap * std::tanh(score / a.soft_cap);
-      scores[g * keys + j] = score;
+      scores[h * keys + j] = score;
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* o = a.out + (row * a.heads + kv_head * group + g) * d;
-    std::fill(o, o + d, 0.0f);
-    float* sc = scores.data() + g * keys;
-    float m = -1e30f;  // the xla backend's MASKED: a row with no keys stays finite
-    for (int64_t j = 0; j < keys; ++j) m = std::max(m, sc[j]);
-    const float sink = a.sinks != nullptr ? a.sinks[kv_head * group + g] : 0.0f;
-    if (a.sinks != nullptr) m = std::max(m, sink);
-    float l = a.sinks != nullptr ? std::exp(sink - m) : 0.0f;
-    for (int64_t j = 0; j < keys; ++j) {
-      sc[j] = std::exp(sc[j] - m);
-      l += sc[j];
-    }
-    for (int64_t j = 0; j < keys; ++j) {
-      const int64_t key = first + j;
-      const float* v = a.cache + (table[key / a.block_size] * a.block_size + key % a.block_size) * row_stride +
-                       (2 * kv_head + 1) * d;
-      add_scaled(o, v, sc[j], d);
-    }
-    const float norm = a.v_scale / std::max(l, 1e-30f);
-    for (int64_t i = 0; i < d; ++i) o[i] *= norm;
+  std::vector<float> norms(nq);
+  for (int64_t h = 0; h < nq; ++h) {
+    const float* sink = a.sinks != nullptr ? a.sinks + q0 + h : nullptr;
+    norms[h] = a.v_scale / std::max(softmax_weights(scores.data() + h * keys, keys, sink), 1e-30f);
   }
+  float* out = a.out + (row * a.heads + q0) * d;
+  std::fill(out, out + nq * d, 0.0f);
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* kv = cache_row(first + j);
+    for (int64_t h = 0; h < nq; ++h) add_scaled(out + h * d, kv + (2 * (h0 + h / group) + 1) * d, scores[h * keys + j], d);
+  }
+  for (int64_t h = 0; h < nq; ++h)
+    for (int64_t i = 0; i < d; ++i) out[h * d + i] *= norms[h];
 }
 
 ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kv_cache,
@@ -149,8 +169,14 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
     work += (end - begin) * a.seq_lens[s];
   }
   std::fill(a.out, a.out + rows * a.heads * a.dim, 0.0f);
-  run_units(pool, static_cast<int64_t>(live_rows.size()) * a.kv_heads, work * a.heads * a.dim >= kParallelWork,
-            [&](int64_t unit) { row_head(a, live_rows[unit / a.kv_heads], unit % a.kv_heads); });
+  // A few rows: a unit per (row, KV head), so the threads share even one row; more: a unit per row, all its heads
+  // in one pass over its cache rows.
+  const int64_t live = static_cast<int64_t>(live_rows.size());
+  const int64_t split = live < kRowsPerThreadSplit ? a.kv_heads : 1;
+  run_units(pool, live * split, work * a.heads * a.dim >= kParallelWork, [&](int64_t unit) {
+    const int64_t row = live_rows[unit / split], h0 = split == 1 ? 0 : unit % split;
+    row_heads(a, row, h0, split == 1 ? a.kv_heads : h0 + 1);
+  });
   return ffi::Error::Success();
 }
 
