@@ -231,3 +231,16 @@ def test_the_xla_backend_takes_the_native_kernel_only_on_one_cpu_device():
     for platform in ("tpu", "cuda"):
         exported = jax.export.export(jax.jit(attend), platforms=[platform])(q)
         assert "vllm_jax_paged_attention" not in exported.mlir_module(), platform
+
+
+def test_padding_of_a_forward_traced_on_another_thread_is_not_seen():
+    """Warm-up traces forwards on several threads: one thread's padded_rows must not reach another's dots."""
+    import threading
+
+    seen = {}
+    with gguf_matvec.padded_rows(8, jnp.int32(3)):
+        mine = gguf_matvec._valid_rows(8)
+        other = threading.Thread(target=lambda: seen.update(rows=gguf_matvec._valid_rows(8)))
+        other.start()
+        other.join()
+    assert int(mine[0]) == 3 and int(seen["rows"][0]) == 8

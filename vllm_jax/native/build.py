@@ -25,6 +25,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import jax.ffi
+import jaxlib
+
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "VLLM_JAX_NATIVE_KERNELS"  # "0" / "false" / "off": use the XLA paths only
@@ -56,16 +59,26 @@ def library(source_name: str) -> ctypes.CDLL | None:
         return None
 
 
+@functools.cache
+def registered(source_name: str, targets: tuple[tuple[str, str], ...]) -> bool:
+    """Whether `library(source_name)` is available, its handlers registered with XLA for the CPU under our names:
+    `targets` pairs each target name with the library's symbol. Once per process."""
+    lib = library(source_name)
+    if lib is None:
+        return False
+    for target, symbol in targets:
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return True
+
+
 def _built(source: Path, compiler: str) -> Path:
     """The library for `source`, compiled now unless a build for this machine is cached."""
-    import jaxlib
-
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what the source includes
     key = "\0".join([source.read_text(), *headers, compiler, version, " ".join(_FLAGS), jaxlib.__version__,
                      _cpu_identity()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    from vllm_jax.config import default_cache_root
+    from vllm_jax.config import default_cache_root  # here: config's imports reach the model, which imports this
 
     name = f"{source.stem}-{digest}.so"
     folder = Path(default_cache_root()) / "native"
@@ -79,8 +92,6 @@ def _built(source: Path, compiler: str) -> Path:
     target = folder / name
     if target.exists():
         return target
-    import jax.ffi
-
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:

@@ -7,7 +7,7 @@ accelerator program built on a CPU host keeps the XLA path)."""
 from __future__ import annotations
 
 import contextlib
-import functools
+import threading
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -24,15 +24,9 @@ MAX_ROWS = 64
 TABLE_MAX_ROWS = 8
 
 
-@functools.cache
 def available() -> bool:
-    """Whether the kernel is built and registered with XLA (once per process)."""
-    lib = build.library("gguf_matvec.cc")
-    if lib is None:
-        return False
-    for name, symbol in TARGETS.items():
-        jax.ffi.register_ffi_target(_target(name), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-    return True
+    """Whether the kernels are built and registered with XLA (once per process)."""
+    return build.registered("gguf_matvec.cc", tuple((_target(name), symbol) for name, symbol in TARGETS.items()))
 
 
 def _target(name: str) -> str:
@@ -70,7 +64,7 @@ def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
                 fmt=np.int32(FORMAT_CODES[fmt]))
 
 
-_padding: list[tuple[int, jax.Array]] = []  # (bucket rows, valid rows) while a forward is traced
+_traced = threading.local()  # .padding: [(bucket rows, valid rows)] of the forwards this thread is tracing
 
 
 @contextlib.contextmanager
@@ -78,14 +72,23 @@ def padded_rows(bucket_rows: int, valid_rows: jax.Array) -> Iterator[None]:
     """While a forward is traced: its activations have `bucket_rows` rows of which the first `valid_rows` (a
     traced int32 scalar) are real and the rest the bucket's padding, which the kernels then skip (their outputs are
     zeros; nothing reads them). A batch-1 decode step on CPU runs in the 2-token bucket, so this halves its rows."""
-    _padding.append((bucket_rows, jnp.reshape(valid_rows, (1,)).astype(jnp.int32)))
+    stack = _padding()
+    stack.append((bucket_rows, jnp.reshape(valid_rows, (1,)).astype(jnp.int32)))
     try:
         yield
     finally:
-        _padding.pop()
+        stack.pop()
+
+
+def _padding() -> list[tuple[int, jax.Array]]:
+    """This thread's stack (warm-up traces forwards on several threads at once)."""
+    if not hasattr(_traced, "padding"):
+        _traced.padding = []
+    return _traced.padding
 
 
 def _valid_rows(rows: int) -> jax.Array:
-    if _padding and _padding[-1][0] == rows:
-        return _padding[-1][1]
+    stack = _padding()
+    if stack and stack[-1][0] == rows:
+        return stack[-1][1]
     return jnp.full((1,), rows, jnp.int32)

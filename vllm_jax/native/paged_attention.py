@@ -5,8 +5,6 @@ a context part (docs/architecture/07-attention.md, "Attention kernels"). `attent
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,14 +17,9 @@ TARGET = "vllm_jax_paged_attention"
 MAX_ROWS = 64
 
 
-@functools.cache
 def available() -> bool:
     """Whether the kernel is built and registered with XLA (once per process)."""
-    lib = build.library("paged_attention.cc")
-    if lib is None:
-        return False
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.VllmJaxPagedAttention), platform="cpu")
-    return True
+    return build.registered("paged_attention.cc", ((TARGET, "VllmJaxPagedAttention"),))
 
 
 def applies(q: jax.Array, kv_cache: jax.Array, shared_kv: bool = False) -> bool:
