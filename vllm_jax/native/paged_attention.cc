@@ -29,7 +29,7 @@ struct Attention {
   const int32_t* starts;  // query_start_loc
   const float* sinks;  // [Hq] or nullptr
   std::vector<int32_t> row_seq;  // each row's sequence (-1: padding)
-  int64_t heads, kv_heads, dim, block_size, table_width, window;
+  int64_t heads, kv_heads, dim, block_size, table_width, num_blocks, window;
   float sm_scale, soft_cap, v_scale;
   float* out;
 };
@@ -87,14 +87,16 @@ float softmax_weights(float* sc, int64_t keys, const float* sink) {
 void row_heads(const Attention& a, int64_t row, int64_t h0, int64_t h1) {
   const int64_t s = a.row_seq[row];
   const int64_t q_len = a.starts[s + 1] - a.starts[s];
-  const int64_t pos = a.seq_lens[s] - q_len + (row - a.starts[s]);
+  // clamped to what the table can address (as XLA's gathers clamp), so inconsistent inputs never read out of bounds
+  const int64_t pos = std::min(a.seq_lens[s] - q_len + (row - a.starts[s]), a.table_width * a.block_size - 1);
   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
   const int64_t keys = std::max<int64_t>(pos + 1 - first, 0);
   const int64_t group = a.heads / a.kv_heads, d = a.dim, row_stride = 2 * a.kv_heads * d;
   const int64_t q0 = h0 * group, nq = (h1 - h0) * group;  // the query heads served
   const int32_t* table = a.block_tables + s * a.table_width;
   auto cache_row = [&](int64_t key) {
-    return a.cache + (table[key / a.block_size] * a.block_size + key % a.block_size) * row_stride;
+    const int64_t block = std::clamp<int64_t>(table[key / a.block_size], 0, a.num_blocks - 1);
+    return a.cache + (block * a.block_size + key % a.block_size) * row_stride;
   };
   std::vector<float> scores(nq * std::max<int64_t>(keys, 1));
   const float* q = a.q + (row * a.heads + q0) * d;
@@ -140,6 +142,7 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
   a.dim = qd[2];
   a.kv_heads = cd[3] / 2;
   a.block_size = cd[2];
+  a.num_blocks = cd[1];
   a.table_width = td[1];
   const int64_t rows = qd[0];
   const int64_t layer_elems = cd[1] * cd[2] * cd[3] * cd[4];
