@@ -28,7 +28,7 @@ using namespace vllm_jax_native;  // NOLINT: this file's kernels are built on it
 
 enum Format : int32_t { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4 };
 
-constexpr int64_t kTile = 64;      // output columns a task unit covers
+constexpr int64_t kTile = 64;  // output columns computed together (a group's rows of them: one pass)
 constexpr int64_t kParallelWeights = 1 << 15;  // below this many weights a call runs on one thread
 constexpr int64_t kSplits = 4;  // group ranges a weight's work is cut into when the call is threaded
 
