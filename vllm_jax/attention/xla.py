@@ -19,12 +19,11 @@ from vllm_jax.pallas_kernels import mla_attention, xla_attention, xla_common
 class XlaBackend(AttentionBackend):
     name = "xla"
     shard_mapped = False
+    native_cpu: bool = True  # whether a CPU program may take the native kernel (off under a mesh: see attention)
 
     def _write_kv_cache(self, kv_cache, k, v, slot_mapping, *, layer_index, k_scale, v_scale) -> jax.Array:
         return xla_common.write_kv_cache(kv_cache, k, v, slot_mapping, layer_index=layer_index, k_scale=k_scale,
                                          v_scale=v_scale)
-
-    native_cpu: bool = True  # whether a CPU program may take the native kernel (off under a mesh: see attention)
 
     def attention(self, *args, mesh: Mesh | None = None, **kwargs) -> jax.Array:
         """AttentionBackend.attention; under a mesh GSPMD partitions the XLA ops, where it would gather the sharded

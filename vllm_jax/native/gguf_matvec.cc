@@ -287,18 +287,24 @@ ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     splits[i] = parallel ? std::min<int64_t>(kSplits, problems[i].groups) : 1;
     first_unit[i + 1] = first_unit[i] + splits[i];
   }
+  // A weight's first range sums straight into y; the others into partials of their own, added at the end.
   std::vector<std::vector<float>> partials(first_unit[n]);
   run_units(pool, first_unit[n], parallel, [&](int64_t unit) {
     const size_t i = std::upper_bound(first_unit.begin(), first_unit.end(), unit) - first_unit.begin() - 1;
     const Problem& p = problems[i];
     const int64_t k = unit - first_unit[i], g0 = p.groups * k / splits[i], g1 = p.groups * (k + 1) / splits[i];
-    partials[unit].assign(p.rows * p.out, 0.0f);
-    group_range(p, g0, g1, partials[unit].data());
+    float* dst = p.y;
+    if (k > 0) {
+      partials[unit].assign(p.rows * p.out, 0.0f);
+      dst = partials[unit].data();
+    } else {
+      std::fill(p.y, p.y + p.rows * p.out, 0.0f);
+    }
+    group_range(p, g0, g1, dst);
   });
   for (size_t i = 0; i < n; ++i) {
     const Problem& p = problems[i];
-    std::fill(p.y, p.y + p.rows * p.out, 0.0f);
-    for (int64_t unit = first_unit[i]; unit < first_unit[i + 1]; ++unit) {
+    for (int64_t unit = first_unit[i] + 1; unit < first_unit[i + 1]; ++unit) {
       const float* part = partials[unit].data();
       for (int64_t e = 0; e < p.rows * p.out; ++e) p.y[e] += part[e];
     }

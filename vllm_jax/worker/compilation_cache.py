@@ -93,7 +93,7 @@ def _source_digest() -> str:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
-            if name.endswith((".py", ".cc")):  # .cc: the native kernels' sources (native/)
+            if name.endswith((".py", ".cc", ".h")):  # .cc / .h: the native kernels' sources (native/)
                 path = os.path.join(dirpath, name)
                 digest.update(os.path.relpath(path, root).encode())
                 with open(path, "rb") as f:
