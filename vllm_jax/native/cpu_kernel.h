@@ -72,6 +72,10 @@ inline VecF load_i8(const uint8_t* src) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
 }
 inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF vadd(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline VecF vload_half(const uint16_t* src) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+}
 inline VecF vmax(VecF a, VecF b) { return _mm512_max_ps(a, b); }
 inline VecF vround(VecF a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // 2^n for whole-number floats n in [-126, 127]: n + 127 moved into the exponent bits.
@@ -102,6 +106,16 @@ inline VecF load_i8(const uint8_t* src) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
 }
 inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline VecF vload_half(const uint16_t* src) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+#else
+  alignas(32) float f[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) f[i] = half_to_float(src[i]);
+  return _mm256_load_ps(f);
+#endif
+}
 inline VecF vmax(VecF a, VecF b) { return _mm256_max_ps(a, b); }
 inline VecF vround(VecF a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VecF vpow2(VecF n) {
