@@ -58,6 +58,46 @@ inline void add_scaled(float* dst, const float* src, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
 }
 
+#ifdef VLLM_JAX_SIMD
+template <int NV, class ValueRow>
+void weighted_values_in_registers(const float* w, int64_t keys, ValueRow value_row, float* out) {
+  VecF even[NV], odd[NV];  // even and odd keys apart: two chains of dependent FMAs
+  for (int v = 0; v < NV; ++v) even[v] = odd[v] = vzero();
+  int64_t j = 0;
+  for (; j + 2 <= keys; j += 2) {
+    const float *row0 = value_row(j), *row1 = value_row(j + 1);
+    const VecF p0 = vset1(w[j]), p1 = vset1(w[j + 1]);
+    for (int v = 0; v < NV; ++v) {
+      even[v] = vfma(p0, vload(row0 + v * kLanes), even[v]);
+      odd[v] = vfma(p1, vload(row1 + v * kLanes), odd[v]);
+    }
+  }
+  if (j < keys) {
+    const float* row = value_row(j);
+    const VecF p = vset1(w[j]);
+    for (int v = 0; v < NV; ++v) even[v] = vfma(p, vload(row + v * kLanes), even[v]);
+  }
+  for (int v = 0; v < NV; ++v) vstore(out + v * kLanes, vadd(even[v], odd[v]));
+}
+#endif
+
+// out [d] = the sum over keys j of w[j] x value_row(j) [d]: one query head's values, its sum kept in registers
+// where d is 1, 2, 4 or 8 vectors (summed through memory key by key, the value pass took ~3x longer).
+template <class ValueRow>
+void weighted_values(const float* w, int64_t keys, ValueRow value_row, int64_t d, float* out) {
+#ifdef VLLM_JAX_SIMD
+  switch (d % kLanes == 0 ? d / kLanes : 0) {
+    case 1: return weighted_values_in_registers<1>(w, keys, value_row, out);
+    case 2: return weighted_values_in_registers<2>(w, keys, value_row, out);
+    case 4: return weighted_values_in_registers<4>(w, keys, value_row, out);
+    case 8: return weighted_values_in_registers<8>(w, keys, value_row, out);
+    default: break;
+  }
+#endif
+  std::fill(out, out + d, 0.0f);
+  for (int64_t j = 0; j < keys; ++j) add_scaled(out, value_row(j), w[j], d);
+}
+
 // Turns one query head's scores into softmax weights in place (before the division) -> their sum, the denominator.
 float softmax_weights(float* sc, int64_t keys, const float* sink) {
   float m = -1e30f;  // the xla backend's MASKED: a row with no keys stays finite
@@ -82,6 +122,16 @@ float softmax_weights(float* sc, int64_t keys, const float* sink) {
   return l;
 }
 
+// The cache rows a row reads (one per key, 2 Hkv D floats: K and V of every KV head) come from memory each step,
+// past the caches that the layers' weights stream through, at an address the block table picks: asked for
+// kKeysAhead keys before the scores need them (the whole row, so the value pass finds them in cache too). Without
+// it the first loads of each key stalled for ~80% of the kernel's time in a perf profile of a batch-1 decode step.
+constexpr int64_t kKeysAhead = 8;
+inline void prefetch_floats(const float* row, int64_t floats) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < floats * static_cast<int64_t>(sizeof(float)); b += 64) __builtin_prefetch(bytes + b);
+}
+
 // One live row against KV heads h0 .. h1 and their groups of query heads: one pass over the row's keys for the
 // scores, one over its values for the sums, each cache row read once for all those heads.
 void row_heads(const Attention& a, int64_t row, int64_t h0, int64_t h1) {
@@ -94,14 +144,17 @@ void row_heads(const Attention& a, int64_t row, int64_t h0, int64_t h1) {
   const int64_t group = a.heads / a.kv_heads, d = a.dim, row_stride = 2 * a.kv_heads * d;
   const int64_t q0 = h0 * group, nq = (h1 - h0) * group;  // the query heads served
   const int32_t* table = a.block_tables + s * a.table_width;
-  auto cache_row = [&](int64_t key) {
+  std::vector<const float*> rows(keys);  // each key's cache row, looked up once
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t key = first + j;
     const int64_t block = std::clamp<int64_t>(table[key / a.block_size], 0, a.num_blocks - 1);
-    return a.cache + (block * a.block_size + key % a.block_size) * row_stride;
-  };
+    rows[j] = a.cache + (block * a.block_size + key % a.block_size) * row_stride;
+  }
   std::vector<float> scores(nq * std::max<int64_t>(keys, 1));
   const float* q = a.q + (row * a.heads + q0) * d;
   for (int64_t j = 0; j < keys; ++j) {
-    const float* kv = cache_row(first + j);
+    if (j + kKeysAhead < keys) prefetch_floats(rows[j + kKeysAhead] + 2 * h0 * d, 2 * (h1 - h0) * d);
+    const float* kv = rows[j];
     for (int64_t h = 0; h < nq; ++h) {
       float score = dot(q + h * d, kv + 2 * (h0 + h / group) * d, d) * a.sm_scale;
       if (a.soft_cap > 0.0f) score = a.soft_cap * std::tanh(score / a.soft_cap);
@@ -114,13 +167,12 @@ void row_heads(const Attention& a, int64_t row, int64_t h0, int64_t h1) {
     norms[h] = a.v_scale / std::max(softmax_weights(scores.data() + h * keys, keys, sink), 1e-30f);
   }
   float* out = a.out + (row * a.heads + q0) * d;
-  std::fill(out, out + nq * d, 0.0f);
-  for (int64_t j = 0; j < keys; ++j) {
-    const float* kv = cache_row(first + j);
-    for (int64_t h = 0; h < nq; ++h) add_scaled(out + h * d, kv + (2 * (h0 + h / group) + 1) * d, scores[h * keys + j], d);
-  }
-  for (int64_t h = 0; h < nq; ++h)
+  for (int64_t h = 0; h < nq; ++h) {
+    const int64_t value_offset = (2 * (h0 + h / group) + 1) * d;
+    weighted_values(scores.data() + h * keys, keys, [&](int64_t j) { return rows[j] + value_offset; },
+                    d, out + h * d);
     for (int64_t i = 0; i < d; ++i) out[h * d + i] *= norms[h];
+  }
 }
 
 ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kv_cache,
