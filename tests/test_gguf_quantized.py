@@ -221,6 +221,27 @@ def test_default_model_greedy_answers_equal_the_dequantizing_loader(default_runn
     assert answers["gguf"] == answers[None]
 
 
+def test_default_model_lm_heads_skip_the_buckets_padding_rows(default_runners):
+    """Three prompts in a step of more logits rows: on CPU both LM heads (the kept Q8_0 table and the dequantizing
+    loader's float32 one, each read by a native kernel) compute the three real rows only (the padding's are zeros),
+    and those agree within the kept bound."""
+    from vllm_jax.native import float_head, gguf_matvec
+    from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+
+    logits = {}
+    for q, runner in default_runners.items():
+        per_seq = runner.max_blocks_per_seq
+        rows = [RowChunk([1 + i, 50 + i, 99, 7], 0, list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)))
+                for i in range(3)]
+        inputs = pack_step_inputs(rows, block_size=runner.block_size, max_blocks_per_seq=per_seq,
+                                  num_tokens_padded=16, num_seqs_padded=runner.seq_bucket(16))
+        logits[q] = np.asarray(runner.step(inputs))
+        assert logits[q].shape[0] > 3
+        native = (gguf_matvec if q else float_head).available()
+        assert not logits[q][3:].any() if native else logits[q][3:].any()
+    assert relative_error(logits["gguf"][:3], logits[None][:3]) < LOGIT_BOUND
+
+
 def test_kept_engine_compiles_nothing_after_warm_up(files):
     from vllm_jax import LLM, SamplingParams
 

@@ -1,5 +1,6 @@
 """The native CPU kernels (vllm_jax/native/): x @ W and x @ E^T against weights kept in GGUF blocks read directly
-(docs/architecture/06-model.md, "Quantized weights"), and ragged paged attention for small steps
+(docs/architecture/06-model.md, "Quantized weights"), x @ E^T against a float32 table read in place, and ragged
+paged attention for small steps
 (docs/architecture/07-attention.md, "Attention kernels"), C++ XLA FFI handlers.
 
 Bounds: both kernels compute in float32 what XLA's path computes from the dequantized weight, in another order of
@@ -22,8 +23,9 @@ import numpy as np
 import pytest
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes
-from vllm_jax.model.quantized_dots import gguf_dot, gguf_dot_rows, gguf_dots
-from vllm_jax.native import build, gguf_matvec
+from vllm_jax.model.quantized_dots import dot_rows, float_dot_rows, gguf_dot, gguf_dot_rows, gguf_dots
+from vllm_jax.model.step_inputs import real_logits_rows
+from vllm_jax.native import build, float_head, gguf_matvec
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 HAVE_COMPILER = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
@@ -129,6 +131,63 @@ def test_a_buckets_padding_rows_are_skipped():
 
 
 @needs_compiler
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+@pytest.mark.parametrize("hidden", [256, 200])
+def test_float_head_kernel_equals_x_times_the_table_transposed(rows, hidden):
+    """A float32 table [vocab, hidden] read in place (vocab 600 leaves a partial 256-row unit; hidden 200 a tail
+    past the last full vector): x @ E^T in float64 to float32 rounding."""
+    rng = np.random.default_rng(rows)
+    table = rng.standard_normal((600, hidden)).astype(np.float32)
+    x = rng.standard_normal((rows, hidden)).astype(np.float32)
+    head = jax.tree_util.Partial(float_dot_rows, chunk_rows=lambda: None)
+    assert "vllm_jax_float_rows_dot" in jax.jit(head).lower(jnp.asarray(x), jnp.asarray(table)).as_text()
+    want = x.astype(np.float64) @ table.astype(np.float64).T
+    got = np.asarray(jax.jit(head)(jnp.asarray(x), jnp.asarray(table)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+def test_float_head_kernel_limits_and_padding():
+    """Past MAX_ROWS, for bfloat16 and in a TPU / GPU program the XLA dot stays; inside `padded_rows` the padding's
+    logits rows are zeros."""
+    table = jnp.asarray(np.random.default_rng(0).standard_normal((300, 64)).astype(np.float32))
+    head = jax.tree_util.Partial(float_dot_rows, chunk_rows=lambda: None)
+
+    def calls_native(x, t=table) -> bool:
+        return "vllm_jax_float_rows_dot" in jax.jit(head).lower(x, t).as_text()
+
+    assert calls_native(jnp.zeros((float_head.MAX_ROWS, 64)))
+    assert not calls_native(jnp.zeros((float_head.MAX_ROWS + 1, 64)))
+    assert not calls_native(jnp.zeros((2, 64), jnp.bfloat16), table.astype(jnp.bfloat16))
+    for platform in ("tpu", "cuda"):
+        exported = jax.export.export(jax.jit(head), platforms=[platform])(jnp.zeros((2, 64)), table)
+        assert "vllm_jax_float_rows_dot" not in exported.mlir_module(), platform
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32))
+
+    def padded(x, valid):
+        with gguf_matvec.padded_rows(4, valid):
+            return head(x, table)
+
+    got = np.asarray(jax.jit(padded)(x, jnp.int32(3)))
+    np.testing.assert_allclose(got[:3], np.asarray(dot_rows(x, table, None))[:3], rtol=0, atol=1e-4)
+    assert not got[3:].any()
+
+
+def test_real_logits_rows_counts_the_rows_before_the_padding():
+    """Real logits rows point at increasing token indices and the padding's at 0: a decode batch (whose first row
+    is token 0), chunks ending elsewhere, verified drafts' rows and every token's row (prompt logprobs)."""
+    from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+
+    rows = [RowChunk([5], 10, [1]), RowChunk([6], 3, [2]), RowChunk([7, 8], 0, [3])]
+    packed = pack_step_inputs(rows, block_size=16, max_blocks_per_seq=2, num_tokens_padded=8, num_seqs_padded=8)
+    assert list(packed.logits_indices[:4]) == [0, 1, 3, 0]
+    cases = [(packed.logits_indices, 3), (np.array([0, 0, 0, 0]), 1), (np.array([4, 9, 0, 0]), 2),
+             (np.array([0, 1, 2, 5, 6, 0, 0, 0]), 5), (np.arange(6), 6)]
+    for indices, real in cases:
+        assert int(jax.jit(real_logits_rows)(jnp.asarray(indices, jnp.int32))[0]) == real, indices
+
+
+@needs_compiler
 def test_more_rows_than_the_kernels_take_use_the_xla_path():
     parts = _kept((64, 64), "q4_1", axis=-2)
     args = (parts["values"], parts["scale"], parts["min"])
@@ -181,12 +240,12 @@ def _attention_case(head_dim: int, kv_heads: int, group: int, seed: int = 0) -> 
 
 
 @needs_compiler
-@pytest.mark.parametrize("head_dim, kv_heads, group", [(64, 3, 3), (24, 2, 1), (32, 1, 4)])
+@pytest.mark.parametrize("head_dim, kv_heads, group", [(64, 3, 3), (24, 2, 1), (32, 1, 4), (128, 2, 2)])
 @pytest.mark.parametrize("window, soft_cap, with_sinks", [(0, None, False), (20, None, False), (0, 30.0, False),
                                                           (0, None, True)])
 def test_paged_attention_equals_the_xla_backend(head_dim, kv_heads, group, window, soft_cap, with_sinks):
-    """Every live row within float32 rounding of the xla backend's attention (head_dim 24 takes the plain loops);
-    the padding row is zeros."""
+    """Every live row within float32 rounding of the xla backend's attention (head_dim 24 takes the plain loops;
+    32, 64 and 128 keep 2, 4 and 8 vectors of sums in registers); the padding row is zeros."""
     from vllm_jax.native import paged_attention
     from vllm_jax.pallas_kernels import xla_attention
 
@@ -239,8 +298,8 @@ def test_padding_of_a_forward_traced_on_another_thread_is_not_seen():
 
     seen = {}
     with gguf_matvec.padded_rows(8, jnp.int32(3)):
-        mine = gguf_matvec._valid_rows(8)
-        other = threading.Thread(target=lambda: seen.update(rows=gguf_matvec._valid_rows(8)))
+        mine = gguf_matvec.valid_rows(8)
+        other = threading.Thread(target=lambda: seen.update(rows=gguf_matvec.valid_rows(8)))
         other.start()
         other.join()
     assert int(mine[0]) == 3 and int(seen["rows"][0]) == 8

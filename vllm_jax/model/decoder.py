@@ -119,7 +119,7 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
-        logits = self._lm_head(last)
+        logits = self._logits(last, inputs)
         if aux is None:
             return kv_cache, logits
         return kv_cache, logits, aux

@@ -22,7 +22,15 @@ from flax import nnx
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.layers import QuantizedWeight, grouped_params, init_param, linear_params, matmul_f32
 from vllm_jax.model.quantization import quantize_table, scale_name
-from vllm_jax.model.quantized_dots import dot_rows, float_head_chunk_rows, gguf_dot, gguf_dot_rows, quantized_dot_rows
+from vllm_jax.model.quantized_dots import (
+    float_dot_rows,
+    float_head_chunk_rows,
+    gguf_dot,
+    gguf_dot_rows,
+    quantized_dot_rows,
+)
+from vllm_jax.model.step_inputs import StepInputs, real_logits_rows
+from vllm_jax.native import gguf_matvec
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
@@ -77,11 +85,18 @@ class EmbeddingHead:
                                   embed_fmt, axis=-1)
         return rows.astype(self.final_norm[...].dtype)
 
+    def _logits(self, last: jax.Array, inputs: StepInputs) -> jax.Array:
+        """float32 logits [S, vocab] of the step's normed last states `last` [S, hidden]: `_lm_head`, told which of
+        the S rows are the bucket's padding (CPU's native kept-block dots leave those rows zero)."""
+        with gguf_matvec.padded_rows(last.shape[0], real_logits_rows(inputs.logits_indices)):
+            return self._lm_head(last)
+
     def _lm_head(self, last: jax.Array) -> jax.Array:
         """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
         inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
-        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`); a float tied table in
-        row chunks on CPU (`dot_rows`)."""
+        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`); a float tied table read
+        in place by the native kernel on CPU at a few rows, else in row chunks where that is faster
+        (`float_dot_rows`)."""
         chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
         if not self.spec.tie_word_embeddings:
             if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
@@ -96,7 +111,7 @@ class EmbeddingHead:
         if embed_fmt is None:
             if self._table_quantized():
                 return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
-            return dot_rows(last, self.embed_tokens[...], self._float_head_chunk_rows())
+            return float_dot_rows(last, self.embed_tokens[...], self._float_head_chunk_rows)
         return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
 
     def _float_head_chunk_rows(self) -> int | None:

@@ -117,7 +117,7 @@ class Gemma4LM(DecoderLM):
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
         last = gemma4_rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
-        logits = soft_cap(self._lm_head(last), spec.final_soft_cap)
+        logits = soft_cap(self._logits(last, inputs), spec.final_soft_cap)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 
     def hidden_states(self, kv_cache: jax.Array, inputs: StepInputs,

@@ -76,7 +76,7 @@ class GptOssLM(DecoderLM):
             raise ValueError("LoRA adapters are not supported for gpt-oss")
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs)
         last = gpt_oss_rms_norm(hidden[inputs.logits_indices], self.final_norm[...], self.spec.rms_norm_eps)
-        logits = self._lm_head(last)
+        logits = self._logits(last, inputs)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 
     def _experts(self, w: dict, x: jax.Array) -> jax.Array:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 
 
 @jax.tree_util.register_dataclass
@@ -30,3 +31,10 @@ class StepInputs:
     mrope_positions: jax.Array | None = None
     mm_embeds: jax.Array | None = None
     mm_mask: jax.Array | None = None
+
+
+def real_logits_rows(logits_indices: jax.Array) -> jax.Array:
+    """int32 [1]: how many of the S logits rows are real. The real rows' token indices increase (one row per
+    sequence, or per verified position, in order) and the padding's are 0, so they are the positive entries, and
+    the first entry as well when it is 0."""
+    return (jnp.sum(logits_indices > 0) + (logits_indices[0] == 0)).astype(jnp.int32).reshape(1)

@@ -51,7 +51,7 @@ def gguf_matvec(x: jax.Array, weights: Sequence[KeptWeight]) -> list[jax.Array]:
     buffers = [b for values, scale, minimum, _ in weights
                for b in (values, scale, scale if minimum is None else minimum)]  # a format without mins: unread
     fmts = np.array([FORMAT_CODES[fmt] for *_, fmt in weights], np.int32)
-    return list(call(x, _valid_rows(x.shape[0]), *buffers, fmts=fmts))
+    return list(call(x, valid_rows(x.shape[0]), *buffers, fmts=fmts))
 
 
 def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
@@ -60,7 +60,7 @@ def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
     hidden (model/grouped_quant.py's embedding layout)."""
     out = jax.ShapeDtypeStruct((x.shape[0], values.shape[0]), jnp.float32)
     call = jax.ffi.ffi_call(_target("rows_dot"), out, vmap_method="sequential")
-    return call(x, _valid_rows(x.shape[0]), values, scale, scale if minimum is None else minimum,
+    return call(x, valid_rows(x.shape[0]), values, scale, scale if minimum is None else minimum,
                 fmt=np.int32(FORMAT_CODES[fmt]))
 
 
@@ -68,12 +68,12 @@ _traced = threading.local()  # .padding: [(bucket rows, valid rows)] of the forw
 
 
 @contextlib.contextmanager
-def padded_rows(bucket_rows: int, valid_rows: jax.Array) -> Iterator[None]:
-    """While a forward is traced: its activations have `bucket_rows` rows of which the first `valid_rows` (a
+def padded_rows(bucket_rows: int, valid: jax.Array) -> Iterator[None]:
+    """While a forward is traced: its activations have `bucket_rows` rows of which the first `valid` (a
     traced int32 scalar) are real and the rest the bucket's padding, which the kernels then skip (their outputs are
     zeros; nothing reads them). A batch-1 decode step on CPU runs in the 2-token bucket, so this halves its rows."""
     stack = _padding()
-    stack.append((bucket_rows, jnp.reshape(valid_rows, (1,)).astype(jnp.int32)))
+    stack.append((bucket_rows, jnp.reshape(valid, (1,)).astype(jnp.int32)))
     try:
         yield
     finally:
@@ -87,7 +87,9 @@ def _padding() -> list[tuple[int, jax.Array]]:
     return _traced.padding
 
 
-def _valid_rows(rows: int) -> jax.Array:
+def valid_rows(rows: int) -> jax.Array:
+    """int32 [1]: how many of an operand's `rows` are real, as the innermost `padded_rows` of this many rows says
+    (all of them otherwise)."""
     stack = _padding()
     if stack and stack[-1][0] == rows:
         return stack[-1][1]
