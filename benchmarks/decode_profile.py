@@ -88,7 +88,7 @@ def classify(name: str, instructions: dict, head_dims: tuple[int, ...]) -> tuple
     op_name, operands, shape = instructions.get(name, ("", [], ()))
     if name.startswith(("cond", "conditional", "while")):
         return "dispatch", 0
-    if "target=vllm_jax_gguf_rows_dot" in op_name:  # the native kernel of a kept tied head
+    if "target=vllm_jax_gguf_rows_dot" in op_name or "target=vllm_jax_float_rows_dot" in op_name:  # a tied head's
         return "lm_head", sum(_nbytes(o) for o in operands[1:])
     is_dot = "dot_general" in op_name or "ynn" in name or "target=vllm_jax_gguf_matvec" in op_name
     in_switch = "/cond/branch" in op_name
