@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 # a page of docs/ and a section name; the quotes may be escaped (a citation inside a string literal)
 CITATION = re.compile(r'(docs/[\w./-]+\.md)(?:[,:]\s*|\s+)\\?"([^"\\]+)\\?"')
 OLD_DOCUMENT = "docs/" + "architecture.md"  # split into docs/architecture/*.md; spelled so this file does not cite it
-TEST_COMMAND = "python -m pytest -q -n 3 --dist loadfile"
+TEST_COMMAND = "python -m pytest -q -n 2 --dist loadfile"
 
 
 def _sources() -> list[Path]:
