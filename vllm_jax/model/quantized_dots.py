@@ -93,7 +93,7 @@ def dot_rows(x: jax.Array, table: jax.Array, chunk_rows: int | None) -> jax.Arra
 def float_dot_rows(x: jax.Array, table: jax.Array, chunk_rows: Callable[[], int | None]) -> jax.Array:
     """float32 x @ E^T for a float table E [V, H] (the tied LM head): in a CPU program with at most
     `float_head.MAX_ROWS` float32 rows by the native kernel (native/float_head.py), which reads the table in place
-    (XLA:CPU's dot packs its whole transpose on every call: the default model's head 6.4 -> 2.9 ms at 2 rows);
+    (XLA:CPU's dot packs its whole transpose on every call: the default model's head 6.2 -> 3.3 ms at 2 rows);
     otherwise `dot_rows`, with `chunk_rows()` (asked only then: it may time the table's two forms)."""
     if not float_head.applies(x, table):
         return dot_rows(x, table, chunk_rows())

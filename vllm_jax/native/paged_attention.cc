@@ -124,8 +124,9 @@ float softmax_weights(float* sc, int64_t keys, const float* sink) {
 
 // The cache rows a row reads (one per key, 2 Hkv D floats: K and V of every KV head) come from memory each step,
 // past the caches that the layers' weights stream through, at an address the block table picks: asked for
-// kKeysAhead keys before the scores need them (the whole row, so the value pass finds them in cache too). Without
-// it the first loads of each key stalled for ~80% of the kernel's time in a perf profile of a batch-1 decode step.
+// kKeysAhead keys before the scores need them (K and V of the KV heads served, so the value pass finds them in cache
+// too). Without it the first loads of each key stalled for ~80% of the kernel's time in a perf profile of a batch-1
+// decode step.
 constexpr int64_t kKeysAhead = 8;
 inline void prefetch_floats(const float* row, int64_t floats) {
   const char* bytes = reinterpret_cast<const char*>(row);
