@@ -13,7 +13,8 @@ tensor parallelism over all its chips; every figure is per chip.
 - must read: every weight once, the embedding table excepted (B rows are gathered), plus B x C tokens of KV;
 - program: the compiled program's bytes (XLA:TPU's cost analysis, which counts the Mosaic kernels' estimates; on
   GPU XLA's HloCostAnalysis over the optimized module plus the Triton kernels' estimates, aot/hlo_cost.py);
-- ratio: program / must read (above ~1.2 means a copy or a poor fusion);
+- ratio: program / must read (above ~1.2 means a copy or a poor fusion); the host's CPU target is compiled without
+  the native CPU kernels (vllm_jax/native/), whose calls XLA's cost analysis does not see into;
 - TPU, no VMEM prefetch: the same program compiled with XLA:TPU's memory-space assignment into VMEM off. XLA's
   cost analysis counts the prefetch copies into VMEM (slice-start / copy-start, the ConcatBitcast reassembling
   them) on top of the fusions that then read the VMEM copy, so on TPU the program's figure is not HBM traffic;
@@ -34,6 +35,8 @@ import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# The host's CPU target compiles the XLA dots: XLA's cost analysis cannot see inside the native kernels' calls.
+os.environ.setdefault("VLLM_JAX_NATIVE_KERNELS", "0")
 
 from vllm_jax import EngineArgs
 from vllm_jax.aot.engine_programs import compile_plan

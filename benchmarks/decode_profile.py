@@ -90,7 +90,8 @@ def classify(name: str, instructions: dict, head_dims: tuple[int, ...]) -> tuple
         return "dispatch", 0
     if "target=vllm_jax_gguf_rows_dot" in op_name or "target=vllm_jax_float_rows_dot" in op_name:  # a tied head's
         return "lm_head", sum(_nbytes(o) for o in operands[1:])
-    is_dot = "dot_general" in op_name or "ynn" in name or "target=vllm_jax_gguf_matvec" in op_name
+    is_dot = "dot_general" in op_name or "ynn" in name or any(f"target=vllm_jax_{kernel}" in op_name
+                                                            for kernel in ("gguf_matvec", "float_matvec"))
     in_switch = "/cond/branch" in op_name
     if is_dot and in_switch:
         return "layer_gemv", sum(_nbytes(o) for o in operands[1:])

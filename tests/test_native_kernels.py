@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, grouped_shapes
-from vllm_jax.model.quantized_dots import dot_rows, float_dot_rows, gguf_dot, gguf_dot_rows, gguf_dots
+from vllm_jax.model.quantized_dots import dot_rows, float_dot_rows, float_dots, gguf_dot, gguf_dot_rows, gguf_dots
 from vllm_jax.model.step_inputs import real_logits_rows
-from vllm_jax.native import build, float_head, gguf_matvec
+from vllm_jax.native import build, float_head, float_matvec, gguf_matvec
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 HAVE_COMPILER = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
@@ -171,6 +171,80 @@ def test_float_head_kernel_limits_and_padding():
     got = np.asarray(jax.jit(padded)(x, jnp.int32(3)))
     np.testing.assert_allclose(got[:3], np.asarray(dot_rows(x, table, None))[:3], rtol=0, atol=1e-4)
     assert not got[3:].any()
+
+
+def _float_linear_calls(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).as_text().count("custom_call @vllm_jax_float_matvec(")
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("inner", [256, 203, 40])
+def test_float_linear_kernel_equals_x_times_w(rows, inner):
+    """float32 weights [in, out] against x, several in one call: widths past the vector steps, below one vector and
+    of one column; `in` with a tail of rows past the kernel's streams (203) and small enough to run on one thread
+    (40 x the widths: under kParallelWeights); x @ W in float64 to float32 rounding."""
+    rng = np.random.default_rng(rows * inner)
+    weights = [rng.standard_normal((inner, out)).astype(np.float32) for out in (200, 12, 1, 64)]
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
+    args = (jnp.asarray(x), [jnp.asarray(w) for w in weights])
+    assert _float_linear_calls(float_dots, *args) == 1
+    for got, w in zip(jax.jit(float_dots)(*args), weights):
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@needs_compiler
+def test_float_linear_kernel_limits_padding_and_meshes():
+    """Past MAX_ROWS, for bfloat16 or int8 operands, in a TPU / GPU program and in a forward traced over a mesh
+    the XLA dot stays; inside `padded_rows` the padding rows' outputs are zeros."""
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32))
+
+    def dots(x, w=w):
+        return float_dots(x, [w])[0]
+
+    assert _float_linear_calls(dots, jnp.zeros((float_matvec.MAX_ROWS, 64))) == 1
+    assert _float_linear_calls(dots, jnp.zeros((float_matvec.MAX_ROWS + 1, 64))) == 0
+    assert _float_linear_calls(lambda x: dots(x, w.astype(jnp.bfloat16)), jnp.zeros((2, 64), jnp.bfloat16)) == 0
+    assert _float_linear_calls(lambda x: dots(x, w.astype(jnp.int8)), jnp.zeros((2, 64), jnp.int8)) == 0
+    for platform in ("tpu", "cuda"):
+        exported = jax.export.export(jax.jit(dots), platforms=[platform])(jnp.zeros((2, 64)))
+        assert "vllm_jax_float_matvec" not in exported.mlir_module(), platform
+
+    def on_mesh(x):
+        with gguf_matvec.padded_rows(2, jnp.int32(2), sharded=True):
+            return dots(x)
+
+    assert _float_linear_calls(on_mesh, jnp.zeros((2, 64))) == 0
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32))
+
+    def padded(x, valid):
+        with gguf_matvec.padded_rows(4, valid):
+            return dots(x)
+
+    got = np.asarray(jax.jit(padded)(x, jnp.int32(3)))
+    np.testing.assert_allclose(got[:3], np.asarray(x @ w)[:3], rtol=0, atol=1e-4)
+    assert not got[3:].any()
+
+
+@needs_compiler
+def test_the_layers_q_k_v_are_one_native_call_per_layer():
+    """`layers.linears` over switched per-layer float weights: one call of the kernel for q / k / v in each layer's
+    branch, equal to each weight's own product."""
+    from vllm_jax.model.layers import LayerSwitch, linears
+
+    rng = np.random.default_rng(3)
+    per_layer = [[jnp.asarray(rng.standard_normal((32, n)).astype(np.float32)) for n in (32, 16, 16)]
+                 for _ in range(3)]
+    x = jnp.asarray(rng.standard_normal((2, 32)).astype(np.float32))
+
+    def qkv(x, layer):
+        switches = [LayerSwitch(tuple(ws[j] for ws in per_layer), layer) for j in range(3)]
+        return linears(x, switches, [None, None, None])
+
+    assert _float_linear_calls(qkv, x, jnp.int32(1)) == 3  # one per layer's branch
+    for got, w in zip(jax.jit(qkv)(x, jnp.int32(1)), per_layer[1]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(x) @ np.asarray(w), rtol=0, atol=1e-5)
 
 
 def test_real_logits_rows_counts_the_rows_before_the_padding():

@@ -137,7 +137,8 @@ class DecoderLM(EmbeddingHead, nnx.Module):
             ctx = LayerContext(cos, sin, inputs, self.kernels, lora, LoRAMask.of(inputs.lora_slots, num_slots))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
         # the bucket's padding tokens follow the real ones: CPU's native kept-block dots skip them
-        with gguf_matvec.padded_rows(hidden.shape[0], inputs.query_start_loc[inputs.num_seqs[0]]):
+        with gguf_matvec.padded_rows(hidden.shape[0], inputs.query_start_loc[inputs.num_seqs[0]],
+                                     sharded=self.kernels.mesh is not None):
             hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, aux.concatenated()
 

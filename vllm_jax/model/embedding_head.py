@@ -88,7 +88,8 @@ class EmbeddingHead:
     def _logits(self, last: jax.Array, inputs: StepInputs) -> jax.Array:
         """float32 logits [S, vocab] of the step's normed last states `last` [S, hidden]: `_lm_head`, told which of
         the S rows are the bucket's padding (CPU's native kept-block dots leave those rows zero)."""
-        with gguf_matvec.padded_rows(last.shape[0], real_logits_rows(inputs.logits_indices)):
+        with gguf_matvec.padded_rows(last.shape[0], real_logits_rows(inputs.logits_indices),
+                                     sharded=self.kernels.mesh is not None):
             return self._lm_head(last)
 
     def _lm_head(self, last: jax.Array) -> jax.Array:
@@ -105,7 +106,7 @@ class EmbeddingHead:
                 return matmul_f32(last, head)
             head_fmt = self._kept_format("lm_head")
             if head_fmt is None:
-                return jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
+                return matmul_f32(last, self.lm_head[...])
             return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
         embed_fmt = self._kept_format("embed_tokens")
         if embed_fmt is None:

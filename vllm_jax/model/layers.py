@@ -27,7 +27,7 @@ from vllm_jax.attention import AttentionBackend
 from vllm_jax.model.grouped_quant import grouped_shapes, min_name
 from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
-from vllm_jax.model.quantized_dots import dot, gguf_dot, gguf_dots, grouped_dot
+from vllm_jax.model.quantized_dots import float_dots, gguf_dot, gguf_dots, grouped_dot
 from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
@@ -171,7 +171,7 @@ class LayerSwitch:
     fmt: str | None = None  # kept GGUF format of `arrays` (model/grouped_quant.py), static
 
     def matmul(self, x: jax.Array) -> jax.Array:
-        return self.apply(dot if self.fmt is None else partial(_gguf_dot_parts, fmt=self.fmt), x)
+        return self.apply(_float_dot if self.fmt is None else partial(_gguf_dot_parts, fmt=self.fmt), x)
 
     def apply(self, fn: Callable[[jax.Array, Any], jax.Array], x: jax.Array) -> jax.Array:
         """fn(x, W[layer]) as a switch over the layers."""
@@ -187,8 +187,13 @@ def _gguf_dot_parts(x: jax.Array, parts: tuple, fmt: str) -> jax.Array:
     return gguf_dot(x, *parts, fmt)
 
 
+def _float_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`dot`, on CPU for float32 weights at a few rows by the native kernel (quantized_dots.float_dots)."""
+    return float_dots(x, [w])[0]
+
+
 def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
-    return weight.matmul(x) if isinstance(weight, LayerSwitch) else dot(x, weight)
+    return weight.matmul(x) if isinstance(weight, LayerSwitch) else _float_dot(x, weight)
 
 
 @dataclass(frozen=True)
@@ -262,19 +267,24 @@ def matmul_f32(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight) 
 
 
 def linears(x: jax.Array, weights: list, biases: list) -> list[jax.Array]:
-    """[linear(x, w, b) for each weight and bias]: weights kept in GGUF blocks as one `gguf_dots` (on CPU one native
-    call for q / k / v or gate / up, and in the CPU scan one switch over the layers instead of one per weight)."""
-    outs = _kept_dots(x, weights)
+    """[linear(x, w, b) for each weight and bias]: q / k / v or gate / up as one call of `gguf_dots` (kept GGUF
+    blocks) or `float_dots` (plain weights), on CPU one native call, and in the CPU scan one switch over the layers
+    instead of one per weight."""
+    outs = _joined_dots(x, weights)
     if outs is None:
         return [linear(x, w, b) for w, b in zip(weights, biases)]
     return [(y if b is None else y + b.astype(jnp.float32)).astype(x.dtype) for y, b in zip(outs, biases)]
 
 
-def _kept_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
-    """float32 x @ W of each weight when all are kept GGUF blocks of one layout, else None."""
-    if all(isinstance(w, LayerSwitch) and w.fmt is not None and w.index is weights[0].index for w in weights):
+def _joined_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
+    """float32 x @ W of each weight when all are kept GGUF blocks of one layout or all plain arrays, else None."""
+    if all(isinstance(w, LayerSwitch) and w.index is weights[0].index for w in weights):
         fmts = [w.fmt for w in weights]
-        per_layer = tuple(zip(*(w.arrays for w in weights)))  # layer -> each weight's (values, scale, min)
+        per_layer = tuple(zip(*(w.arrays for w in weights)))  # layer -> each weight's array (kept: its parts)
+        if all(fmt is None for fmt in fmts):
+            return LayerSwitch(per_layer, weights[0].index).apply(float_dots, x)
+        if any(fmt is None for fmt in fmts):
+            return None
 
         def layer_dots(x: jax.Array, parts: tuple) -> list[jax.Array]:
             return gguf_dots(x, [(*p, fmt) for p, fmt in zip(parts, fmts)])
@@ -283,6 +293,8 @@ def _kept_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
     if all(isinstance(w, QuantizedWeight) and w.fmt is not None and not isinstance(w.values, LayerSwitch)
            for w in weights):
         return gguf_dots(x, [(w.values, w.scale, w.minimum, w.fmt) for w in weights])
+    if all(isinstance(w, jax.Array) for w in weights):
+        return float_dots(x, weights)
     return None
 
 

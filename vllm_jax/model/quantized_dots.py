@@ -1,6 +1,7 @@
 """Matmuls against quantized weights that are not plain x @ W: kept GGUF blocks (rebuilt inside the dot), the
 weight-only / W8A8 dot of int8 / fp8 values, grouped scales' per-group partial sums, and a table's rows (the tied
-LM head, quantized or, on CPU, float) in vocab-row chunks. `layers.linear` picks among them
+LM head, quantized or, on CPU, float) in vocab-row chunks, and on CPU float weights against a few rows by a native
+kernel. `layers.linear` picks among them
 (docs/architecture/06-model.md, "Quantized weights")."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vllm_jax.model.grouped_quant import dequantize_grouped
-from vllm_jax.native import float_head, gguf_matvec
+from vllm_jax.native import float_head, float_matvec, gguf_matvec
 
 
 def gguf_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
@@ -55,6 +56,20 @@ def dot(x: jax.Array, w: jax.Array) -> jax.Array:
     if w.dtype in _NARROW_WEIGHTS:
         w = w.astype(x.dtype)
     return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def float_dots(x: jax.Array, weights: Sequence[jax.Array]) -> list[jax.Array]:
+    """`dot(x, w)` for each weight; float32 x and weights [in, out] in a CPU program with at most
+    `float_matvec.MAX_ROWS` rows of x as one call of the native kernel (native/float_matvec.py), which streams the
+    weights at close to the machine's read bandwidth where XLA:CPU's dot reaches about half of it (the default
+    model's 30 layers at 1 row: 24 -> 13-15 ms, docs/performance.md, "Batch-1 decode profile")."""
+    def xla(x, _, *weights):
+        return [dot(x, w) for w in weights]
+
+    if not float_matvec.applies(x, weights):
+        return xla(x, None, *weights)
+    return jax.lax.platform_dependent(x, gguf_matvec.valid_rows(x.shape[0]), *weights, default=xla,
+                                      cpu=float_matvec.float_matvec)
 
 
 def _over_row_chunks(dot_rows: Callable[..., jax.Array], tables: tuple, chunk_rows: int | None) -> jax.Array:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.native import build
+from vllm_jax.native import build, gguf_matvec
 
 TARGET = "vllm_jax_float_rows_dot"
 # Above this many rows of x XLA's dot, packing included, is the faster one (a 32-row step is compute-bound).
@@ -23,7 +23,8 @@ def available() -> bool:
 def applies(x: jax.Array, table: jax.Array) -> bool:
     """float32 x [rows <= MAX_ROWS, in] against a float32 table [vocab, in]."""
     return (x.ndim == 2 and table.ndim == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == table.shape[1]
-            and x.dtype == jnp.float32 and table.dtype == jnp.float32 and available())
+            and x.dtype == jnp.float32 and table.dtype == jnp.float32 and gguf_matvec.traced_unsharded()
+            and available())
 
 
 def float_rows_dot(x: jax.Array, table: jax.Array, valid: jax.Array) -> jax.Array:

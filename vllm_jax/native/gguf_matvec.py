@@ -36,7 +36,7 @@ def _target(name: str) -> str:
 def applies(x: jax.Array, values: jax.Array, fmt: str, max_rows: int) -> bool:
     """Whether the kernels take this dot: float32 x [rows <= max_rows, in], one 2-d weight, a format they read."""
     return (x.ndim == 2 and values.ndim == 2 and x.dtype == jnp.float32 and x.shape[0] <= max_rows
-            and fmt in FORMAT_CODES and available())
+            and fmt in FORMAT_CODES and traced_unsharded() and available())
 
 
 KeptWeight = tuple  # (values, scale, minimum or None, fmt) of one weight kept in GGUF blocks
@@ -64,23 +64,25 @@ def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
                 fmt=np.int32(FORMAT_CODES[fmt]))
 
 
-_traced = threading.local()  # .padding: [(bucket rows, valid rows)] of the forwards this thread is tracing
+_traced = threading.local()  # .padding: [(bucket rows, valid rows, sharded)] of the forwards this thread is tracing
 
 
 @contextlib.contextmanager
-def padded_rows(bucket_rows: int, valid: jax.Array) -> Iterator[None]:
+def padded_rows(bucket_rows: int, valid: jax.Array, *, sharded: bool = False) -> Iterator[None]:
     """While a forward is traced: its activations have `bucket_rows` rows of which the first `valid` (a
     traced int32 scalar) are real and the rest the bucket's padding, which the kernels then skip (their outputs are
-    zeros; nothing reads them). A batch-1 decode step on CPU runs in the 2-token bucket, so this halves its rows."""
+    zeros; nothing reads them). A batch-1 decode step on CPU runs in the 2-token bucket, so this halves its rows.
+    `sharded`: the forward runs over a mesh (tensor parallelism), where the native kernels are not called (GSPMD
+    would gather each sharded weight around the call)."""
     stack = _padding()
-    stack.append((bucket_rows, jnp.reshape(valid, (1,)).astype(jnp.int32)))
+    stack.append((bucket_rows, jnp.reshape(valid, (1,)).astype(jnp.int32), sharded))
     try:
         yield
     finally:
         stack.pop()
 
 
-def _padding() -> list[tuple[int, jax.Array]]:
+def _padding() -> list[tuple[int, jax.Array, bool]]:
     """This thread's stack (warm-up traces forwards on several threads at once)."""
     if not hasattr(_traced, "padding"):
         _traced.padding = []
@@ -94,3 +96,10 @@ def valid_rows(rows: int) -> jax.Array:
     if stack and stack[-1][0] == rows:
         return stack[-1][1]
     return jnp.full((1,), rows, jnp.int32)
+
+
+def traced_unsharded() -> bool:
+    """False inside a forward traced over a mesh (`padded_rows(..., sharded=True)`): the native kernels' `applies`
+    then leaves the XLA dots to GSPMD."""
+    stack = _padding()
+    return not (stack and stack[-1][2])

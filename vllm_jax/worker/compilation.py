@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
-from vllm_jax.native import float_head, gguf_matvec, paged_attention
+from vllm_jax.native import float_head, float_matvec, gguf_matvec, paged_attention
 from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS
@@ -266,14 +266,14 @@ def program_store(config: EngineConfig, cache_dir: str | None, devices: list, st
 
 
 def _native_kernels(config: EngineConfig) -> str:
-    """Which native kernels a CPU program calls (vllm_jax/native/: paged attention, the kept GGUF blocks' dots and a
-    float tied head's): a program stored with them must not be loaded where they are off or could not be built, nor
-    the other way."""
+    """Which native kernels a CPU program calls (vllm_jax/native/: paged attention, the kept GGUF blocks' dots, the
+    float linears' and a float tied head's): a program stored with them must not be loaded where they are off or
+    could not be built, nor the other way."""
     if config.platform != "cpu":
         return ""
     kept = config.model_config.quantization == "gguf" and gguf_matvec.available()
     return (f"native kernels: attention {paged_attention.available()}, gguf {kept}, "
-            f"float head {float_head.available()}")
+            f"float linears {float_matvec.available()}, float head {float_head.available()}")
 
 
 class WarmupProgress:
