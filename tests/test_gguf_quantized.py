@@ -136,7 +136,8 @@ def test_cpu_program_reads_the_kept_blocks_natively(files, monkeypatch):
 
     calls = []
     traced = gguf_matvec.gguf_matvec
-    monkeypatch.setattr(gguf_matvec, "gguf_matvec", lambda x, weights: calls.append(len(weights)) or traced(x, weights))
+    monkeypatch.setattr(gguf_matvec, "gguf_matvec",
+                        lambda x, valid, weights: calls.append(len(weights)) or traced(x, valid, weights))
     reference = prompt_logits(quant_runner(files["Q4_0"], None))
     assert relative_error(prompt_logits(quant_runner(files["Q4_0"], "gguf")), reference) < LOGIT_BOUND
     # one call a layer for q / k / v, one for gate / up, one each for o and down

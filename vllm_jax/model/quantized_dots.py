@@ -33,16 +33,16 @@ def gguf_dots(x: jax.Array, weights: Sequence[tuple]) -> list[jax.Array]:
     fmts = [fmt for *_, fmt in weights]
     parts = [tuple(w[:3]) for w in weights]
 
-    def dequantized(x, parts):
+    def dequantized(x, _, parts):
         return [jnp.dot(x, dequantize_grouped(*p, fmt, axis=-2).astype(x.dtype), preferred_element_type=jnp.float32)
                 for p, fmt in zip(parts, fmts)]
 
-    def native(x, parts):
-        return gguf_matvec.gguf_matvec(x, [(*p, fmt) for p, fmt in zip(parts, fmts)])
+    def native(x, valid, parts):
+        return gguf_matvec.gguf_matvec(x, valid, [(*p, fmt) for p, fmt in zip(parts, fmts)])
 
     if not all(gguf_matvec.applies(x, p[0], fmt, gguf_matvec.MAX_ROWS) for p, fmt in zip(parts, fmts)):
-        return dequantized(x, parts)
-    return jax.lax.platform_dependent(x, parts, default=dequantized, cpu=native)
+        return dequantized(x, None, parts)
+    return jax.lax.platform_dependent(x, gguf_matvec.valid_rows(x.shape[0]), parts, default=dequantized, cpu=native)
 
 
 _NARROW_WEIGHTS = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
@@ -157,7 +157,7 @@ def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
     most `gguf_matvec.TABLE_MAX_ROWS` float32 rows by the native kernel (native/gguf_matvec.py) when it is built;
     otherwise dequantized inside the dot, in row chunks on CPU (`_over_row_chunks`; measured 17 ms vs 124 ms for
     the default model's head at 2 rows, float32 105 ms)."""
-    def dequantized(x, values, scale, minimum):
+    def dequantized(x, _, values, scale, minimum):
         def dot_rows(v: jax.Array, s: jax.Array, m: jax.Array | None) -> jax.Array:
             table = dequantize_grouped(v, s, m, fmt, axis=-1).astype(x.dtype)
             return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
@@ -165,9 +165,9 @@ def gguf_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: ja
         return _over_row_chunks(dot_rows, (values, scale, minimum), chunk_rows)
 
     if not gguf_matvec.applies(x, values, fmt, gguf_matvec.TABLE_MAX_ROWS):
-        return dequantized(x, values, scale, minimum)
-    return jax.lax.platform_dependent(x, values, scale, minimum, default=dequantized,
-                                      cpu=functools.partial(gguf_matvec.gguf_rows_dot, fmt=fmt))
+        return dequantized(x, None, values, scale, minimum)
+    return jax.lax.platform_dependent(x, gguf_matvec.valid_rows(x.shape[0]), values, scale, minimum,
+                                      default=dequantized, cpu=functools.partial(gguf_matvec.gguf_rows_dot, fmt=fmt))
 
 
 def quantized_dot_rows(x: jax.Array, values: jax.Array, scale: jax.Array, chunk_rows: int | None) -> jax.Array:

@@ -42,26 +42,26 @@ def applies(x: jax.Array, values: jax.Array, fmt: str, max_rows: int) -> bool:
 KeptWeight = tuple  # (values, scale, minimum or None, fmt) of one weight kept in GGUF blocks
 
 
-def gguf_matvec(x: jax.Array, weights: Sequence[KeptWeight]) -> list[jax.Array]:
+def gguf_matvec(x: jax.Array, valid: jax.Array, weights: Sequence[KeptWeight]) -> list[jax.Array]:
     """float32 [rows, out] for each weight: x [rows, in] @ W [in, out] kept as (values, scale[, minimum]) in fmt,
-    grouped along `in` (model/grouped_quant.py's linear layout). Several weights (q / k / v, gate / up) are one call,
-    their column tiles shared out together."""
+    grouped along `in` (model/grouped_quant.py's linear layout), for the first `valid` rows (int32 [1]:
+    `valid_rows`, an operand so that a cached trace of a caller never holds another trace's value); the rest are
+    zeros. Several weights (q / k / v, gate / up) are one call, their column tiles shared out together."""
     outs = [jax.ShapeDtypeStruct((x.shape[0], values.shape[1]), jnp.float32) for values, *_ in weights]
     call = jax.ffi.ffi_call(_target("matvec"), outs, vmap_method="sequential")
     buffers = [b for values, scale, minimum, _ in weights
                for b in (values, scale, scale if minimum is None else minimum)]  # a format without mins: unread
     fmts = np.array([FORMAT_CODES[fmt] for *_, fmt in weights], np.int32)
-    return list(call(x, valid_rows(x.shape[0]), *buffers, fmts=fmts))
+    return list(call(x, valid, *buffers, fmts=fmts))
 
 
-def gguf_rows_dot(x: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
+def gguf_rows_dot(x: jax.Array, valid: jax.Array, values: jax.Array, scale: jax.Array, minimum: jax.Array | None,
                   fmt: str) -> jax.Array:
     """float32 [rows, vocab]: x [rows, hidden] @ E^T for a table E [vocab, hidden] kept in `fmt`, grouped along
-    hidden (model/grouped_quant.py's embedding layout)."""
+    hidden (model/grouped_quant.py's embedding layout), for the first `valid` rows (as `gguf_matvec`)."""
     out = jax.ShapeDtypeStruct((x.shape[0], values.shape[0]), jnp.float32)
     call = jax.ffi.ffi_call(_target("rows_dot"), out, vmap_method="sequential")
-    return call(x, valid_rows(x.shape[0]), values, scale, scale if minimum is None else minimum,
-                fmt=np.int32(FORMAT_CODES[fmt]))
+    return call(x, valid, values, scale, scale if minimum is None else minimum, fmt=np.int32(FORMAT_CODES[fmt]))
 
 
 _traced = threading.local()  # .padding: [(bucket rows, valid rows, sharded)] of the forwards this thread is tracing
