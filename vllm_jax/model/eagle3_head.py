@@ -33,10 +33,12 @@ from vllm_jax.model.layers import (
     gated_mlp,
     init_param,
     linear,
+    matmul_f32,
     rms_norm,
     rotary_tables,
 )
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.native import gguf_matvec
 from vllm_jax.pallas_kernels.precision import model_matmuls
 
 
@@ -89,6 +91,13 @@ class Eagle3Head(nnx.Module):
         differ). `embed_tokens`: the target's [vocab, H] embedding, read only when the head has none.
         -> (updated kv_cache, pre-norm hidden [T, H] for the next step, float32 logits [S, draft_vocab] for the
         `logits_indices` rows)."""
+        tokens = inputs.input_ids.shape[0]
+        # every row computed (the next step reads this one's hidden rows); over a mesh, no native CPU kernel
+        with gguf_matvec.padded_rows(tokens, jnp.int32(tokens), sharded=self.kernels.mesh is not None):
+            return self._forward(kv_cache, inputs, features, from_target, embed_tokens)
+
+    def _forward(self, kv_cache: jax.Array, inputs: StepInputs, features: jax.Array, from_target: bool,
+                 embed_tokens: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
         spec, layer = self.spec, self.spec.layer
         feature = self._feature(features, from_target)
         embeds = self._embedding(embed_tokens)[inputs.input_ids]
@@ -102,8 +111,7 @@ class Eagle3Head(nnx.Module):
         hidden = residual + attn
         hidden = hidden + gated_mlp(w, rms_norm(hidden, w["post_attention_norm"], layer.rms_norm_eps))
         last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], layer.rms_norm_eps)
-        logits = jnp.dot(last, self.lm_head[...], preferred_element_type=jnp.float32)
-        return kv_cache, hidden, logits
+        return kv_cache, hidden, matmul_f32(last, self.lm_head[...])
 
     def _feature(self, features: jax.Array, from_target: bool) -> jax.Array:
         spec = self.spec
