@@ -15,6 +15,7 @@
 #include <memory>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -168,6 +169,31 @@ void run_units(ffi::ThreadPool& pool, int64_t units, bool parallel, Work work) {
   for (int64_t h = 0; h < helpers; ++h) pool.Schedule([state] { state->take(); });
   state->take();
   while (state->done.load(std::memory_order_acquire) < units) std::this_thread::yield();
+}
+
+// Several dots whose outputs are sums over a reduction axis, dot j's axis cut into parts[j] ranges, a unit each
+// (run_units): unit (j, 0) sums into ys[j] (zeroed by the caller), unit (j, k > 0) into a partial of its own
+// (sizes[j] floats), and the partials are added into ys[j] once every unit is done. range(j, k, dst) runs one unit.
+template <class Range>
+void run_split_sums(ffi::ThreadPool& pool, bool parallel, const std::vector<int64_t>& parts,
+                    const std::vector<float*>& ys, const std::vector<int64_t>& sizes, Range range) {
+  const size_t n = parts.size();
+  std::vector<int64_t> first_unit(n + 1, 0);
+  for (size_t j = 0; j < n; ++j) first_unit[j + 1] = first_unit[j] + parts[j];
+  std::vector<std::vector<float>> partials(first_unit[n]);
+  run_units(pool, first_unit[n], parallel, [&](int64_t unit) {
+    const size_t j = std::upper_bound(first_unit.begin(), first_unit.end(), unit) - first_unit.begin() - 1;
+    const int64_t k = unit - first_unit[j];
+    float* dst = ys[j];
+    if (k > 0) {
+      partials[unit].assign(sizes[j], 0.0f);
+      dst = partials[unit].data();
+    }
+    range(j, k, dst);
+  });
+  for (size_t j = 0; j < n; ++j)
+    for (int64_t unit = first_unit[j] + 1; unit < first_unit[j + 1]; ++unit)
+      for (int64_t e = 0; e < sizes[j]; ++e) ys[j][e] += partials[unit][e];
 }
 
 }  // namespace vllm_jax_native

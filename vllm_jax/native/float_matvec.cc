@@ -114,37 +114,23 @@ ffi::Error FloatMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
     std::fill(linears[j].y, linears[j].y + xd[0] * wd[1], 0.0f);
     total_weights += wd[0] * wd[1];
   }
-  // Each weight's rows in up to kSplits ranges, a unit each: a weight's first range sums straight into y, the others
-  // into partials of their own, added at the end.
+  // Each weight's rows in up to kSplits ranges, a unit each, summed as partials (cpu_kernel.h's run_split_sums);
+  // range boundaries on multiples of kStreams, so that only the last range has a tail past the streams.
   const bool parallel = total_weights >= kParallelWeights && rows > 0;
-  std::vector<int64_t> first_unit(n + 1, 0), splits(n);
+  std::vector<int64_t> splits(n), sizes(n);
+  std::vector<float*> ys(n);
   for (size_t j = 0; j < n; ++j) {
     splits[j] = parallel ? std::clamp<int64_t>(linears[j].in / kStreams, 1, kSplits) : 1;
-    first_unit[j + 1] = first_unit[j] + splits[j];
+    ys[j] = linears[j].y;
+    sizes[j] = rows * linears[j].out;
   }
-  std::vector<std::vector<float>> partials(first_unit[n]);
-  run_units(pool, first_unit[n], parallel, [&](int64_t unit) {
-    const size_t j = std::upper_bound(first_unit.begin(), first_unit.end(), unit) - first_unit.begin() - 1;
+  run_split_sums(pool, parallel, splits, ys, sizes, [&](size_t j, int64_t k, float* dst) {
     const Linear& l = linears[j];
-    const int64_t k = unit - first_unit[j];
-    // range boundaries on multiples of kStreams, so that only the last range has a tail of single rows
     const int64_t blocks = l.in / kStreams;
-    const int64_t i0 = k == 0 ? 0 : blocks * k / splits[j] * kStreams;
+    const int64_t i0 = blocks * k / splits[j] * kStreams;
     const int64_t i1 = k + 1 == splits[j] ? l.in : blocks * (k + 1) / splits[j] * kStreams;
-    float* dst = l.y;
-    if (k > 0) {
-      partials[unit].assign(l.rows * l.out, 0.0f);
-      dst = partials[unit].data();
-    }
     row_range(l, i0, i1, dst);
   });
-  for (size_t j = 0; j < n; ++j) {
-    const Linear& l = linears[j];
-    for (int64_t unit = first_unit[j] + 1; unit < first_unit[j + 1]; ++unit) {
-      const float* part = partials[unit].data();
-      for (int64_t e = 0; e < l.rows * l.out; ++e) l.y[e] += part[e];
-    }
-  }
   return ffi::Error::Success();
 }
 

@@ -282,7 +282,6 @@ ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   }
   std::vector<Problem> problems(n);
   std::vector<std::vector<float>> sums(n);
-  std::vector<int64_t> first_unit(n + 1, 0), splits(n);
   int64_t total_weights = 0;
   for (size_t i = 0; i < n; ++i) {
     auto values = weights.get<ffi::AnyBuffer>(3 * i);
@@ -297,35 +296,22 @@ ffi::Error GgufMatvec(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     if (error.failure()) return error;
     total_weights += problems[i].in * problems[i].out;
   }
-  // Each weight's groups in up to kSplits contiguous ranges, a unit each, each unit summing into a partial of its
-  // own; the partials are added into y at the end.
+  // Each weight's groups in up to kSplits contiguous ranges, a unit each, summed as partials (cpu_kernel.h's
+  // run_split_sums).
   const bool parallel = total_weights >= kParallelWeights;
+  std::vector<int64_t> splits(n), sizes(n);
+  std::vector<float*> ys(n);
   for (size_t i = 0; i < n; ++i) {
-    splits[i] = parallel ? std::min<int64_t>(kSplits, problems[i].groups) : 1;
-    first_unit[i + 1] = first_unit[i] + splits[i];
-  }
-  // A weight's first range sums straight into y; the others into partials of their own, added at the end.
-  std::vector<std::vector<float>> partials(first_unit[n]);
-  run_units(pool, first_unit[n], parallel, [&](int64_t unit) {
-    const size_t i = std::upper_bound(first_unit.begin(), first_unit.end(), unit) - first_unit.begin() - 1;
     const Problem& p = problems[i];
-    const int64_t k = unit - first_unit[i], g0 = p.groups * k / splits[i], g1 = p.groups * (k + 1) / splits[i];
-    float* dst = p.y;
-    if (k > 0) {
-      partials[unit].assign(p.rows * p.out, 0.0f);
-      dst = partials[unit].data();
-    } else {
-      std::fill(p.y, p.y + p.rows * p.out, 0.0f);
-    }
-    group_range(p, g0, g1, dst);
+    splits[i] = parallel ? std::min<int64_t>(kSplits, p.groups) : 1;
+    ys[i] = p.y;
+    sizes[i] = p.rows * p.out;
+    std::fill(p.y, p.y + sizes[i], 0.0f);
+  }
+  run_split_sums(pool, parallel, splits, ys, sizes, [&](size_t i, int64_t k, float* dst) {
+    const Problem& p = problems[i];
+    group_range(p, p.groups * k / splits[i], p.groups * (k + 1) / splits[i], dst);
   });
-  for (size_t i = 0; i < n; ++i) {
-    const Problem& p = problems[i];
-    for (int64_t unit = first_unit[i] + 1; unit < first_unit[i + 1]; ++unit) {
-      const float* part = partials[unit].data();
-      for (int64_t e = 0; e < p.rows * p.out; ++e) p.y[e] += part[e];
-    }
-  }
   return ffi::Error::Success();
 }
 
