@@ -247,6 +247,33 @@ def test_the_layers_q_k_v_are_one_native_call_per_layer():
         np.testing.assert_allclose(np.asarray(got), np.asarray(x) @ np.asarray(w), rtol=0, atol=1e-5)
 
 
+@needs_compiler
+def test_the_float_forward_reads_its_linears_natively(tmp_path, monkeypatch):
+    """The engine's CPU forward in a bucket of at most 8 tokens: in every layer one native call for q / k / v, one
+    for gate / up, one each for o and down; its logits equal the XLA dots' within float32 rounding."""
+    from tests.helpers.quantized_models import make_quant_checkpoint, quant_runner
+    from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+
+    model = make_quant_checkpoint(tmp_path / "model")
+
+    def logits(runner) -> np.ndarray:
+        rows = [RowChunk(token_ids=[5, 17, 200], num_computed=0, block_ids=[1]),
+                RowChunk(token_ids=[99, 3], num_computed=0, block_ids=[2])]
+        inputs = pack_step_inputs(rows, block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
+                                  num_tokens_padded=8, num_seqs_padded=runner.seq_bucket(8))
+        return np.asarray(runner.step(inputs))[:2]
+
+    calls = []
+    traced = float_matvec.float_matvec
+    monkeypatch.setattr(float_matvec, "float_matvec",
+                        lambda x, valid, *weights: calls.append(len(weights)) or traced(x, valid, *weights))
+    native = logits(quant_runner(model, None))
+    assert sorted(set(calls)) == [1, 2, 3]
+    monkeypatch.setattr(float_matvec, "applies", lambda x, weights: False)
+    xla = logits(quant_runner(model, None))
+    np.testing.assert_allclose(native, xla, rtol=0, atol=1e-5 * np.abs(xla).max())
+
+
 def test_real_logits_rows_counts_the_rows_before_the_padding():
     """Real logits rows point at increasing token indices and the padding's at 0: a decode batch (whose first row
     is token 0), chunks ending elsewhere, verified drafts' rows and every token's row (prompt logprobs)."""
