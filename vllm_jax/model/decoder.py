@@ -12,6 +12,7 @@ for every token, EAGLE-3's auxiliary hidden states (model/aux_hidden.py).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from functools import partial
 
 import jax
@@ -136,11 +137,15 @@ class DecoderLM(EmbeddingHead, nnx.Module):
             num_slots = next(iter(lora.values()))[0].shape[1]
             ctx = LayerContext(cos, sin, inputs, self.kernels, lora, LoRAMask.of(inputs.lora_slots, num_slots))
         aux = AuxHiddenStates.start(self.aux_hidden_layers, self.spec.num_layers, hidden)
-        # the bucket's padding tokens follow the real ones: CPU's native kept-block dots skip them
-        with gguf_matvec.padded_rows(hidden.shape[0], inputs.query_start_loc[inputs.num_seqs[0]],
-                                     sharded=self.kernels.mesh is not None):
+        with self._layers_traced(hidden, inputs):
             hidden, kv_cache, aux = self._run_layers(ctx, hidden, kv_cache, aux)
         return kv_cache, hidden, aux.concatenated()
+
+    def _layers_traced(self, hidden: jax.Array, inputs: StepInputs) -> AbstractContextManager[None]:
+        """The context the layers are traced in for CPU's native dots: the bucket's padding tokens follow the real
+        ones, so the dots skip them; over a mesh the dots stay XLA's (`gguf_matvec.padded_rows`)."""
+        return gguf_matvec.padded_rows(hidden.shape[0], inputs.query_start_loc[inputs.num_seqs[0]],
+                                       sharded=self.kernels.mesh is not None)
 
     def _input_embeddings(self, inputs: StepInputs) -> jax.Array:
         """[T, hidden]: the tokens' embeddings (a vision-language model puts its image tokens in)."""

@@ -32,7 +32,6 @@ from vllm_jax.model.gemma4_spec import Gemma4Spec
 from vllm_jax.model.layers import LayerContext, apply_rotary, init_param, layer_param_values, linear
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.native import gguf_matvec
 
 
 def gemma4_rms_norm(x: jax.Array, weight: jax.Array | None, eps: float) -> jax.Array:
@@ -136,9 +135,7 @@ class Gemma4LM(DecoderLM):
             ctx = LayerContext(*tables["full" if spec.is_full(layer) else "sliding"], inputs, self.kernels)
             return self._layer(ctx, w, hidden, kv_cache, layer, None if ple is None else ple[:, layer])
 
-        # the bucket's padding tokens follow the real ones: CPU's native dots skip them
-        with gguf_matvec.padded_rows(hidden.shape[0], inputs.query_start_loc[inputs.num_seqs[0]],
-                                     sharded=self.kernels.mesh is not None):
+        with self._layers_traced(hidden, inputs):
             hidden, kv_cache, aux = layer_loop.unrolled(step, self._layer_weights(), (hidden, kv_cache, aux))
         return kv_cache, hidden, aux.concatenated()
 

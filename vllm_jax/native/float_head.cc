@@ -53,7 +53,7 @@ void table_row(const Table& t, int64_t r0, int64_t v) {
 
 #ifdef VLLM_JAX_SIMD
 // y[r0 .. r0 + RB, v + s stride] for s < kStreams: that many table rows read at once, each a sequential stream through
-// its part of the unit (one stream a core read 15-17 GB/s, four 22-25), each vector of x loaded once for all of them.
+// its part of the unit (one stream a core read 17.5 GB/s, 2-8 at once 22-25), each vector of x loaded once for all.
 template <int RB>
 void table_rows_together(const Table& t, int64_t r0, int64_t v, int64_t stride) {
   const float* x = t.x + r0 * t.in;

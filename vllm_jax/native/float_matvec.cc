@@ -37,8 +37,8 @@ struct Linear {
 // Vectors of columns a step computes: 4 x 4 accumulators for four rows fit AVX-512's 32 registers, not AVX2's 16.
 constexpr int kStepVectors = kLanes == 16 ? 4 : 2;
 
-// dst[r0 .. r0 + RB, col .. col + V kLanes] += x[r, i .. i + KB] @ W[i .. i + KB, col ..]: each vector of W loaded once
-// for the RB rows, RB x V independent chains of FMAs.
+// dst[r0 .. r0 + RB, col .. col + V kLanes] += the share of W's rows i + k stride (k < KB) for those columns: each
+// vector of W loaded once for the RB rows, RB x V independent chains of FMAs.
 template <int KB, int RB, int V>
 inline void column_step(const Linear& l, const float* w, int64_t i, int64_t stride, int64_t col, int64_t r0,
                         float* dst) {
@@ -67,7 +67,7 @@ inline void column_rows(const Linear& l, const float* w, int64_t i, int64_t stri
 }
 #endif
 
-// dst[r, :] += x[r, i .. i + KB] @ W[i .. i + KB, :] for every valid row r.
+// dst[r, :] += the share of W's rows i + k stride (k < KB), all columns, for every valid row r.
 template <int KB>
 void row_block(const Linear& l, int64_t i, int64_t stride, float* dst) {
   const float* w = l.w + i * l.out;
@@ -87,7 +87,8 @@ void row_block(const Linear& l, int64_t i, int64_t stride, float* dst) {
   }
 }
 
-// dst [rows, out] += x[:, i0 .. i1] @ W[i0 .. i1, :], kStreams rows of W at a time.
+// dst [rows, out] += x[:, i0 .. i1] @ W[i0 .. i1, :]: the range read as kStreams streams, rows i0 + s stride + t
+// for s < kStreams, then the rows past the last full stride one at a time.
 void row_range(const Linear& l, int64_t i0, int64_t i1, float* dst) {
   const int64_t stride = (i1 - i0) / kStreams;
   for (int64_t t = 0; t < stride; ++t) row_block<kStreams>(l, i0 + t, stride, dst);
