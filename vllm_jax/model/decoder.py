@@ -119,7 +119,7 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         target -> (a [L, N, in, R], b [L, N, R, out]) adapter slots, chosen per token by `inputs.lora_slots`."""
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
-        last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
+        last = rms_norm(self._logits_rows(hidden, inputs), self.final_norm[...], spec.rms_norm_eps)
         logits = self._logits(last, inputs)
         if aux is None:
             return kv_cache, logits

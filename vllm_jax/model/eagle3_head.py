@@ -37,6 +37,7 @@ from vllm_jax.model.layers import (
     rms_norm,
     rotary_tables,
 )
+from vllm_jax.model.row_gather import take_rows
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.native import gguf_matvec
 from vllm_jax.pallas_kernels.precision import model_matmuls
@@ -110,7 +111,8 @@ class Eagle3Head(nnx.Module):
         attn, kv_cache = attention(layer, ctx, w, x, kv_cache, 0, 0)
         hidden = residual + attn
         hidden = hidden + gated_mlp(w, rms_norm(hidden, w["post_attention_norm"], layer.rms_norm_eps))
-        last = rms_norm(hidden[inputs.logits_indices], self.final_norm[...], layer.rms_norm_eps)
+        last = rms_norm(take_rows(hidden, inputs.logits_indices, sharded=self.kernels.mesh is not None),
+                        self.final_norm[...], layer.rms_norm_eps)
         return kv_cache, hidden, matmul_f32(last, self.lm_head[...])
 
     def _feature(self, features: jax.Array, from_target: bool) -> jax.Array:

@@ -29,6 +29,7 @@ from vllm_jax.model.quantized_dots import (
     gguf_dot_rows,
     quantized_dot_rows,
 )
+from vllm_jax.model.row_gather import take_rows
 from vllm_jax.model.step_inputs import StepInputs, real_logits_rows
 from vllm_jax.native import gguf_matvec
 
@@ -76,14 +77,23 @@ class EmbeddingHead:
         """The embedding rows of `ids`; kept GGUF blocks (or online-quantized rows) gather their rows' values and
         scales, then dequantize."""
         if self._table_quantized():
-            rows = self.embed_tokens[...][ids].astype(jnp.float32) * self.embed_tokens_scale[...][ids]
+            values, scale = self._rows(self.embed_tokens[...], ids), self._rows(self.embed_tokens_scale[...], ids)
+            rows = values.astype(jnp.float32) * scale
             return rows.astype(self.final_norm[...].dtype)
         embed_fmt = self._kept_format("embed_tokens")
         if embed_fmt is None:
-            return self.embed_tokens[...][ids]
-        rows = dequantize_grouped(*(None if part is None else part[ids] for part in self._kept_parts("embed_tokens")),
-                                  embed_fmt, axis=-1)
+            return self._rows(self.embed_tokens[...], ids)
+        rows = dequantize_grouped(*(None if part is None else self._rows(part, ids)
+                                    for part in self._kept_parts("embed_tokens")), embed_fmt, axis=-1)
         return rows.astype(self.final_norm[...].dtype)
+
+    def _rows(self, table: jax.Array, ids: jax.Array) -> jax.Array:
+        """table[ids] (model/row_gather.py: a TPU program's gathers as a loop over chunks)."""
+        return take_rows(table, ids, sharded=self.kernels.mesh is not None)
+
+    def _logits_rows(self, hidden: jax.Array, inputs: StepInputs) -> jax.Array:
+        """[S, hidden]: the states of the rows that get logits, the bucket's last scheduled token of each row."""
+        return self._rows(hidden, inputs.logits_indices)
 
     def _logits(self, last: jax.Array, inputs: StepInputs) -> jax.Array:
         """float32 logits [S, vocab] of the step's normed last states `last` [S, hidden]: `_lm_head`, told which of

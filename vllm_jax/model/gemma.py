@@ -126,7 +126,7 @@ class GemmaLM(DecoderLM):
         """DecoderLM.__call__ with Gemma's final norm and the final logit soft cap (float32)."""
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
-        last = gemma_rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
+        last = gemma_rms_norm(self._logits_rows(hidden, inputs), self.final_norm[...], spec.rms_norm_eps)
         logits = soft_cap(self._logits(last, inputs), spec.final_soft_cap)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 

@@ -116,7 +116,7 @@ class Gemma4LM(DecoderLM):
         """DecoderLM.__call__ with Gemma 4's final norm and the final logit soft cap (float32)."""
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
-        last = gemma4_rms_norm(hidden[inputs.logits_indices], self.final_norm[...], spec.rms_norm_eps)
+        last = gemma4_rms_norm(self._logits_rows(hidden, inputs), self.final_norm[...], spec.rms_norm_eps)
         logits = soft_cap(self._logits(last, inputs), spec.final_soft_cap)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 
@@ -155,7 +155,7 @@ class Gemma4LM(DecoderLM):
         sqrt(ple_size)) / sqrt(2), as transformers' get_per_layer_inputs / project_per_layer_inputs."""
         spec, t = self.spec, ids.shape[0]
         dtype = embeds.dtype
-        token = self.embed_tokens_per_layer[...][ids] * jnp.asarray(spec.ple_size ** 0.5, dtype)
+        token = self._rows(self.embed_tokens_per_layer[...], ids) * jnp.asarray(spec.ple_size ** 0.5, dtype)
         token = token.reshape(t, spec.num_layers, spec.ple_size)
         proj = linear(embeds, self.per_layer_model_projection[...]) * jnp.asarray(spec.hidden_size ** -0.5, dtype)
         proj = gemma4_rms_norm(proj.reshape(t, spec.num_layers, spec.ple_size), self.per_layer_projection_norm[...],

@@ -75,7 +75,7 @@ class GptOssLM(DecoderLM):
         if lora:
             raise ValueError("LoRA adapters are not supported for gpt-oss")
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs)
-        last = gpt_oss_rms_norm(hidden[inputs.logits_indices], self.final_norm[...], self.spec.rms_norm_eps)
+        last = gpt_oss_rms_norm(self._logits_rows(hidden, inputs), self.final_norm[...], self.spec.rms_norm_eps)
         logits = self._logits(last, inputs)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 
