@@ -4,9 +4,9 @@ a loop over 32-row chunks.
 XLA:TPU emits a gather of N rows as N row copies written out one after the other: its compile grows with N, to
 1.3-1.7 s of CPU at 256 rows, two of a forward's largest kernels after the matmuls (the embedding lookup and the
 logits rows, in every forward of a 256-sequence bucket), where a loop over 32-row chunks compiles its one body in
-~0.15 s and runs N / 32 iterations of the same copies (docs/accelerators.md, "Gathers in a loop"). Other platforms,
-and forwards traced over a mesh (a vocab-parallel table's gather is partitioned with an all-reduce, which a loop
-would repeat per chunk), keep the one gather.
+~0.15 s and runs N / 32 iterations of the same copies (docs/accelerators.md, "Ahead-of-time compile checks", its
+"Gathers in a loop"). Other platforms, and forwards traced over a mesh (a vocab-parallel table's gather is
+partitioned with an all-reduce, which a loop would repeat per chunk), keep the one gather.
 """
 
 from __future__ import annotations
