@@ -55,20 +55,11 @@ def test_a_runner_built_for_an_accelerator_on_this_cpu_host_lowers_to_its_kernel
                                                                                  marker, width):
     """`auto` on a tpu / gpu platform config is the real kernel (not interpret mode, not xla) in the runner's
     forward, lowered here for that chip; the TPU kernel's block table is 128 columns wide."""
-    import jax
-
+    from tests.helpers.lowering import lowered_forward_text
     from vllm_jax import EngineArgs
-    from vllm_jax.model.decoder import forward
-    from vllm_jax.worker.batch import pack_step_inputs
     from vllm_jax.worker.model_runner import ModelRunner
 
     args = EngineArgs(model=checkpoint, compilation_cache=False, **ENGINE_ARGS)
     runner = ModelRunner(args.create_config(platform=platform), random_weights=True)
     assert runner.attention_backend.name == f"pallas_{platform}" and runner.max_blocks_per_seq == width
-    inputs = pack_step_inputs([], block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
-                              num_tokens_padded=16, num_seqs_padded=8)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (runner.params, runner.kv_cache, inputs))
-    graphdef = runner.device.graphdef
-    lowered = jax.jit(lambda p, c, i: forward(graphdef, p, c, i)).trace(*abstract).lower(
-        lowering_platforms=(lowering,))
-    assert marker in lowered.as_text()
+    assert marker in lowered_forward_text(runner, 16, 8, lowering)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.lowering import lowered_forward_text
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.model.row_gather import CHUNK_ROWS, rows_by_chunks, take_rows
 
@@ -57,16 +58,7 @@ def tpu_runner(tmp_path_factory):
 
 def _forward_loops(runner, num_tokens: int, num_seqs: int) -> int:
     """The while loops in the runner's forward for a (tokens, sequences) bucket, lowered for a TPU."""
-    from vllm_jax.model.decoder import forward
-    from vllm_jax.worker.batch import pack_step_inputs
-
-    inputs = pack_step_inputs([], block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
-                              num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (runner.params, runner.kv_cache, inputs))
-    graphdef = runner.device.graphdef
-    lowered = jax.jit(lambda p, c, i: forward(graphdef, p, c, i)).trace(*abstract).lower(
-        lowering_platforms=("tpu",))
-    return lowered.as_text().count("stablehlo.while")
+    return lowered_forward_text(runner, num_tokens, num_seqs, "tpu").count("stablehlo.while")
 
 
 def test_a_tpu_forward_gathers_its_embeddings_and_logits_rows_in_chunks(tpu_runner):

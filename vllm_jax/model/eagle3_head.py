@@ -100,8 +100,9 @@ class Eagle3Head(nnx.Module):
     def _forward(self, kv_cache: jax.Array, inputs: StepInputs, features: jax.Array, from_target: bool,
                  embed_tokens: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
         spec, layer = self.spec, self.spec.layer
+        sharded = self.kernels.mesh is not None
         feature = self._feature(features, from_target)
-        embeds = self._embedding(embed_tokens)[inputs.input_ids]
+        embeds = take_rows(self._embedding(embed_tokens), inputs.input_ids, sharded=sharded)
         w = {name: p.get_value() for name, p in vars(self.midlayer).items() if isinstance(p, nnx.Param)}
         normed_feature = rms_norm(feature, w["hidden_norm"], layer.rms_norm_eps)
         residual = normed_feature if spec.norm_before_residual else feature
@@ -111,8 +112,8 @@ class Eagle3Head(nnx.Module):
         attn, kv_cache = attention(layer, ctx, w, x, kv_cache, 0, 0)
         hidden = residual + attn
         hidden = hidden + gated_mlp(w, rms_norm(hidden, w["post_attention_norm"], layer.rms_norm_eps))
-        last = rms_norm(take_rows(hidden, inputs.logits_indices, sharded=self.kernels.mesh is not None),
-                        self.final_norm[...], layer.rms_norm_eps)
+        last = rms_norm(take_rows(hidden, inputs.logits_indices, sharded=sharded), self.final_norm[...],
+                        layer.rms_norm_eps)
         return kv_cache, hidden, matmul_f32(last, self.lm_head[...])
 
     def _feature(self, features: jax.Array, from_target: bool) -> jax.Array:
