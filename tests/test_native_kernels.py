@@ -249,8 +249,9 @@ def test_the_layers_q_k_v_are_one_native_call_per_layer():
 
 @needs_compiler
 def test_the_float_forward_reads_its_linears_natively(tmp_path, monkeypatch):
-    """The engine's CPU forward in a bucket of at most 8 tokens: in every layer one native call for q / k / v, one
-    for gate / up, one each for o and down; its logits equal the XLA dots' within float32 rounding."""
+    """The engine's CPU forward in a bucket of at most 8 tokens: in every layer one native call for the fused q / k /
+    v weight, one for the fused gate / up, one each for o and down (model/fused_projections.py); its logits equal
+    the XLA dots' within float32 rounding."""
     from tests.helpers.quantized_models import make_quant_checkpoint, quant_runner
     from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
@@ -265,10 +266,13 @@ def test_the_float_forward_reads_its_linears_natively(tmp_path, monkeypatch):
 
     calls = []
     traced = float_matvec.float_matvec
-    monkeypatch.setattr(float_matvec, "float_matvec",
-                        lambda x, valid, *weights: calls.append(len(weights)) or traced(x, valid, *weights))
-    native = logits(quant_runner(model, None))
-    assert sorted(set(calls)) == [1, 2, 3]
+    monkeypatch.setattr(float_matvec, "float_matvec", lambda x, valid, *weights: calls.append(
+        tuple(w.shape[-1] for w in weights)) or traced(x, valid, *weights))
+    runner = quant_runner(model, None)
+    native = logits(runner)
+    spec = runner.spec
+    widths = {(spec.q_size + 2 * spec.kv_size,), (spec.hidden_size,), (2 * spec.intermediate_size,)}
+    assert set(calls) == widths
     monkeypatch.setattr(float_matvec, "applies", lambda x, weights: False)
     xla = logits(quant_runner(model, None))
     np.testing.assert_allclose(native, xla, rtol=0, atol=1e-5 * np.abs(xla).max())

@@ -5,7 +5,7 @@ the fake CPU devices."""
 
 from __future__ import annotations
 
-import numpy as np
+import jax
 import pytest
 import torch
 
@@ -133,4 +133,5 @@ def test_tp2_equals_tp1(checkpoint, engine):
     tp2 = LLMEngine(EngineArgs(model=str(checkpoint[0]), tensor_parallel_size=2, **ARGS).create_config(),
                     warmup=False)
     assert [o.outputs[0].token_ids for o in _run(tp2, prompts)] == tp1
-    assert np.asarray(tp2.runner.params["layers"]["q_proj"]).shape  # the decoder is sharded as Qwen2's
+    qkv = jax.tree.leaves(tp2.runner.params["layers"]["qkv_proj"])[0]  # fused q/k/v (per-layer arrays on CPU)
+    assert len(qkv.sharding.device_set) == 2  # the decoder is sharded as Qwen2's

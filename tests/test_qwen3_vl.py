@@ -166,6 +166,6 @@ def test_tp2_equals_tp1(checkpoint, llm):
     tp2 = LLMEngine(EngineArgs(model=str(checkpoint[0]), tensor_parallel_size=2, **ARGS).create_config(),
                     warmup=False)
     assert [o.outputs[0].token_ids for o in _run(tp2, prompts)] == tp1
-    q_proj = jax.tree.leaves(tp2.runner.params["layers"]["q_proj"])[0]  # (per-layer arrays on CPU)
-    assert len(q_proj.sharding.device_set) == 2  # the decoder is sharded as Qwen3's
+    qkv = jax.tree.leaves(tp2.runner.params["layers"]["qkv_proj"])[0]  # fused q/k/v (per-layer arrays on CPU)
+    assert len(qkv.sharding.device_set) == 2  # the decoder is sharded as Qwen3's
 

@@ -22,6 +22,7 @@ def test_tp2_and_tp4_greedy_tokens_equal_tp1(tp):
 
 def test_param_and_kv_shardings_follow_the_rules(tp):
     two = tp["llama_tp2_specs"]
+    assert two["fused"] == ["gate_up_proj", "qkv_proj"]  # tp 2 divides the 2 KV heads: q/k/v, gate/up fused
     assert two["q_proj"] == [None, None, "model"] and two["gate_proj"] == [None, None, "model"]
     assert two["o_proj"] == [None, "model"] and two["down_proj"] == [None, "model"]
     assert two["k_proj"] == [None, None, "model"]
@@ -32,13 +33,15 @@ def test_param_and_kv_shardings_follow_the_rules(tp):
 
 def test_tp_above_num_kv_heads_replicates_kv_heads_and_cache(tp):
     four = tp["llama_tp4_specs"]
+    assert four["fused"] == []  # KV replicated while q splits: the projections stay separate
     assert four["k_proj"] == [] and four["kv_cache"] == []
     assert four["q_proj"] == [None, None, "model"]
 
 
 def test_each_device_reads_only_its_slice_of_a_column_parallel_weight(tp):
-    # HF q_proj.weight is [out=64, in=64]; column-parallel splits `out` (rows of the HF tensor)
-    assert tp["llama_tp1_q_proj_reads"] == [[[None, None], [None, None]]]
+    # HF q_proj.weight is [out=64, in=64]; column-parallel splits `out` (rows of the HF tensor); the fused q/k/v
+    # param reads each part's range of rows (all 64 at tp 1, q's rows of each device's KV head at tp 2)
+    assert tp["llama_tp1_q_proj_reads"] == [[[0, 64], [None, None]]]
     halves = sorted(r[0] for r in tp["llama_tp2_q_proj_reads"])
     assert halves == [[0, 32], [32, 64]]
 

@@ -15,6 +15,7 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs, SamplingParams
 from vllm_jax.engine.errors import EngineSleepingError
 from vllm_jax.engine.llm_engine import LLMEngine
+from vllm_jax.model.fused_projections import qkv_layout
 
 ARGS = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=2, max_num_batched_tokens=8,
             enable_sleep_mode=True)
@@ -81,8 +82,8 @@ def test_torch_tensors_and_a_partial_update(checkpoints, engine, answers):
                 if k.startswith("model.layers.1.")}
     engine.update_weights(b_layer1)  # layer 1 only
     state = nnx.to_pure_dict(engine.runner.params)
-    np.testing.assert_array_equal(np.asarray(state["layers"]["q_proj"][1]),
-                                  b_layer1["model.layers.1.self_attn.q_proj.weight"].T)
+    q = qkv_layout(engine.runner.spec).split(state["layers"]["qkv_proj"][1])[0]  # model/fused_projections.py
+    np.testing.assert_array_equal(np.asarray(q), b_layer1["model.layers.1.self_attn.q_proj.weight"].T)
     mixed = greedy(engine)
     assert mixed not in (on_a, on_b)
     engine.update_weights((name, t) for name, t in checkpoints[2].state_dict().items())  # torch, back to A
@@ -156,13 +157,16 @@ def test_tensor_parallel_update_equals_a_fresh_tp2_engine(checkpoints):
     assert tp.runner.num_compilations == traces
 
 
-@pytest.mark.parametrize("arch, args", [
-    ("qwen3_moe", dict(tensor_parallel_size=2, enable_expert_parallel=True)),  # stacked experts, split over 2
-    ("llama", dict(quantization="int8")),  # the update arrives in float and is quantized by the load's rule
+@pytest.mark.parametrize("arch, args, by_parts", [
+    ("qwen3_moe", dict(tensor_parallel_size=2, enable_expert_parallel=True), False),  # stacked experts, split
+    ("llama", dict(quantization="int8"), False),  # the update arrives in float and is quantized by the load's rule
+    ("llama", dict(tensor_parallel_size=2), True),  # fused q/k/v and gate/up, fed part by part
 ])
-def test_update_equals_a_fresh_load(tmp_path, arch, args):
+def test_update_equals_a_fresh_load(tmp_path, arch, args, by_parts):
     """Param for param, sharding for sharding: a runner on A updated with B's tensors holds what a runner built
-    on B holds (no step runs, so nothing compiles)."""
+    on B holds (no step runs, so nothing compiles). A fused weight (model/fused_projections.py) may be fed one
+    part at a time, as trainers that send tensor by tensor do: the parts an update leaves out keep their values,
+    and a part given as a jax.Array is placed from its devices."""
     from vllm_jax.worker.model_runner import ModelRunner
 
     make_tiny_checkpoint(arch, tmp_path / "a", seed=1)
@@ -178,6 +182,16 @@ def test_update_equals_a_fresh_load(tmp_path, arch, args):
         with pytest.raises(ValueError, match="together"):
             updated.update_weights({"model.layers.0.mlp.experts.1.up_proj.weight":
                                     tensors["model.layers.0.mlp.experts.1.up_proj.weight"]})
+    if by_parts:
+        def k_of_layer0(r) -> np.ndarray:
+            return np.asarray(qkv_layout(r.spec).split(nnx.to_pure_dict(r.params)["layers"]["qkv_proj"][0])[1])
+
+        k_of_a = k_of_layer0(updated)
+        q_and_gate = {n: jax.numpy.asarray(t) for n, t in tensors.items()
+                      if n.endswith(("q_proj.weight", "gate_proj.weight"))}
+        updated.update_weights(q_and_gate)
+        np.testing.assert_array_equal(k_of_layer0(updated), k_of_a)  # the parts left out keep A's values
+        tensors = {n: t for n, t in tensors.items() if n not in q_and_gate}
     updated.update_weights(tensors)
     for got, want in zip(jax.tree.leaves(nnx.to_pure_dict(updated.params)),
                          jax.tree.leaves(nnx.to_pure_dict(fresh.params))):

@@ -30,6 +30,18 @@ def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
     return [tokens[str(i)] for i in range(len(prompts()))], engine
 
 
+def _layer_spec(layers: dict, name: str) -> list:
+    """`_spec_list` of a layer param, or of the fused weight it is part of (q_proj in qkv_proj:
+    model/fused_projections.py), whose output columns split the same way."""
+    from vllm_jax.model.fused_projections import FUSED_PARENT
+
+    return _spec_list(layers[name] if name in layers else layers[FUSED_PARENT[name]])
+
+
+def _fused(layers: dict) -> list[str]:
+    return sorted(name for name in ("gate_up_proj", "qkv_proj") if name in layers)
+
+
 def _spec_list(value) -> list:
     """A param's PartitionSpec as a list without trailing None (P(None, 'model') == P(None, 'model', None)).
     Layers unstacked into per-layer arrays (CPU) report the stacked view: a leading None for the layer axis."""
@@ -49,7 +61,8 @@ def _specs(engine) -> dict[str, list]:
     specs = {"kv_cache": _spec_list(runner.kv_cache)}
     specs["embed_tokens"] = _spec_list(state["embed_tokens"])
     for name in ("q_proj", "k_proj", "o_proj", "gate_proj", "down_proj", "input_norm"):
-        specs[name] = _spec_list(state["layers"][name])
+        specs[name] = _layer_spec(state["layers"], name)
+    specs["fused"] = _fused(state["layers"])
     return specs
 
 
@@ -350,7 +363,8 @@ def check_gemma_tensor_parallel(workdir: Path) -> dict:
         tokens, engine = _greedy(str(workdir / arch), tensor_parallel_size=2)
         result[f"{arch}_tp2"] = tokens
         layers = nnx.to_pure_dict(engine.runner.params)["layers"]
-        result[f"{arch}_specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "pre_feedforward_norm")}
+        result[f"{arch}_specs"] = {name: _layer_spec(layers, name) for name in ("q_proj", "pre_feedforward_norm")}
+        result[f"{arch}_fused"] = _fused(layers)
     return result
 
 
@@ -411,8 +425,9 @@ def check_family_tensor_parallel(family: str, workdir: Path) -> dict:
     result["tp2"] = prompt_logits(runner).tolist()
     result["tp2_qkv_rows"] = sorted(rows)
     layers = nnx.to_pure_dict(runner.params)["layers"]
-    result["specs"] = {name: _spec_list(layers[name]) for name in ("q_proj", "k_proj", "v_proj", "gate_proj",
-                                                                   "up_proj", "o_proj", "down_proj")}
+    result["specs"] = {name: _layer_spec(layers, name) for name in ("q_proj", "k_proj", "v_proj", "gate_proj",
+                                                                    "up_proj", "o_proj", "down_proj")}
+    result["fused"] = _fused(layers)
     return result
 
 

@@ -24,11 +24,13 @@ from vllm_jax.attention import attention_backend_for
 from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.embedding_head import EmbeddingHead
+from vllm_jax.model.fused_projections import NO_FUSION, Fusion, fusion_for, gate_up_layout
 from vllm_jax.model.layers import (
     AttentionKernels,
     LayerContext,
     attention_params,
     decoder_block,
+    fused_or_separate,
     gated_mlp,
     layer_param_values,
     linear_params,
@@ -41,6 +43,7 @@ from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.native import gguf_matvec
 from vllm_jax.pallas_kernels.precision import model_matmuls
+from vllm_jax.sharding.mesh import MODEL_AXIS
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, inputs: StepInputs,
@@ -54,13 +57,15 @@ def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, input
 
 
 class DecoderLayers(nnx.Module):
-    """All decoder layers' weights, stacked on axis 0 (the linear ones quantized with `quant`)."""
+    """All decoder layers' weights, stacked on axis 0 (the linear ones quantized with `quant`; q/k/v and gate/up
+    fused as `fusion` says: model/fused_projections.py)."""
 
-    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None):
+    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
+                 fusion: Fusion = NO_FUSION):
         n, h, i = spec.num_layers, spec.hidden_size, spec.intermediate_size
-        params = {**attention_params(spec, dtype, rngs, quant),
-                  **linear_params(rngs, "gate_proj", (n, h, i), dtype, quant),
-                  **linear_params(rngs, "up_proj", (n, h, i), dtype, quant),
+        params = {**attention_params(spec, dtype, rngs, quant, fusion.qkv),
+                  **fused_or_separate(rngs, gate_up_layout(spec) if fusion.gate_up else None,
+                                      {"gate_proj": (n, h, i), "up_proj": (n, h, i)}, dtype, quant),
                   **linear_params(rngs, "down_proj", (n, i, h), dtype, quant)}
         for name, param in params.items():
             setattr(self, name, param)
@@ -90,6 +95,8 @@ class DecoderLM(EmbeddingHead, nnx.Module):
     # one layer's computation (layers.decoder_block's signature): families with another residual / norm layout
     # (model/granite.py, model/olmo2.py) name theirs
     block = staticmethod(decoder_block)
+    # whether `layers_class` takes fused q/k/v and gate/up (model/fused_projections.py) when the weights allow
+    fuses_projections = True
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None,
@@ -109,7 +116,9 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         self.kernels = AttentionKernels(attention_backend_for(attention_backend, platform), mesh)
         self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
         self._init_embedding(dtype, rngs)
-        self.layers = self.layers_class(spec, dtype, rngs, self.quantization)
+        tp = 1 if mesh is None else mesh.shape[MODEL_AXIS]
+        fusion = fusion_for(spec, self.quantization, tp) if self.fuses_projections else NO_FUSION
+        self.layers = self.layers_class(spec, dtype, rngs, self.quantization, fusion)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         self._init_lm_head(dtype, rngs)
 
@@ -172,4 +181,5 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         """One layer from its weights `w`: `block` (the pre-norm block, or a family's residual / norm layout) with
         the SiLU-gated MLP. A family with another MLP too (Gemma: model/gemma.py) overrides this and keeps the scan /
         switch / LoRA machinery of layer_loop.run_layers."""
-        return self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)
+        return self.block(self.spec, ctx, w, partial(gated_mlp, w, spec=self.spec), hidden, kv_cache, layer_index,
+                          window)

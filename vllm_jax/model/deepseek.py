@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.deepseek_routing import deepseek_route
+from vllm_jax.model.fused_projections import NO_FUSION, Fusion
 from vllm_jax.model.layers import LayerContext, Mlp, gated_mlp, init_param
 from vllm_jax.model.mla import mla_attention_params, mla_decoder_block
 from vllm_jax.model.mla_spec import MlaSpec
@@ -39,8 +40,9 @@ class DeepseekLayers(nnx.Module):
     """MLA params for every layer; router, bias, routed and shared experts for the MoE layers; a dense MLP for the
     first ones."""
 
-    def __init__(self, spec: MlaSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None):
-        del quant  # refused by DeepseekLM
+    def __init__(self, spec: MlaSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
+                 fusion: Fusion = NO_FUSION):
+        del quant, fusion  # quantization is refused by DeepseekLM; MLA has no q/k/v to fuse
         h, e, i = spec.hidden_size, spec.num_experts, spec.intermediate_size
         params = mla_attention_params(spec, dtype, rngs)
         m = len(spec.moe_layer_ids)
@@ -70,6 +72,7 @@ class DeepseekLM(MoeLM):
     the MLA latent cache [num_layers, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]."""
 
     layers_class = DeepseekLayers
+    fuses_projections = False
     mlp_param_set = _MLP_PARAMS | frozenset(SHARED_PARAMS + ("e_score_bias",))
 
     def __init__(self, spec: MlaSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",

@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.attention import AttentionBackend
+from vllm_jax.model.fused_projections import GATE_UP, QKV, FusedLayout, gate_up_layout, qkv_layout
 from vllm_jax.model.grouped_quant import grouped_shapes, min_name
 from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
@@ -65,6 +66,18 @@ def linear_params(rngs: nnx.Rngs, name: str, shape: tuple[int, ...], dtype,
     return {name: nnx.Param(values), scale_name(name): nnx.Param(scale)}
 
 
+def fused_or_separate(rngs: nnx.Rngs, layout: FusedLayout | None, shapes: dict[str, tuple[int, ...]], dtype,
+                      quant: Quantization | None) -> dict[str, nnx.Param]:
+    """The linears `shapes` (name -> [..., in, out], in order) as separate params, or with `layout` as its one
+    fused param. The fused one is drawn part by part and joined, so seeded random weights are the same numbers in
+    either layout."""
+    if layout is None:
+        return {key: param for name, shape in shapes.items()
+                for key, param in linear_params(rngs, name, shape, dtype, quant).items()}
+    parts = [init_param(rngs, shapes[name], dtype).get_value() for name in layout.parts]
+    return {layout.name: nnx.Param(layout.join(parts))}
+
+
 def grouped_params(name: str, shape: tuple[int, ...], fmt: str, axis: int) -> dict[str, nnx.Param]:
     """Zero placeholders of a weight kept in GGUF blocks (`fmt`, groups along `axis`): the loader fills them."""
     suffixes = {"values": name, "scale": scale_name(name), "min": min_name(name)}
@@ -72,17 +85,16 @@ def grouped_params(name: str, shape: tuple[int, ...], fmt: str, axis: int) -> di
             for part, (part_shape, part_dtype) in grouped_shapes(shape, fmt, axis).items()}
 
 
-def attention_params(spec: DecoderSpec, dtype, rngs: nnx.Rngs,
-                     quant: Quantization | None = None) -> dict[str, nnx.Param]:
+def attention_params(spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
+                     fused: bool = False) -> dict[str, nnx.Param]:
     """The attention half of every layer (norms, q/k/v/o, their biases, q/k norms), stacked on axis 0; q/k/v/o
-    quantized with `quant`."""
+    quantized with `quant`; q/k/v one `qkv_proj` with `fused` (model/fused_projections.py)."""
     n, h = spec.num_layers, spec.hidden_size
+    shapes = {"q_proj": (n, h, spec.q_size), "k_proj": (n, h, spec.kv_size), "v_proj": (n, h, spec.kv_size)}
     params = {
         "input_norm": nnx.Param(jnp.ones((n, h), dtype)),
         "post_attention_norm": nnx.Param(jnp.ones((n, h), dtype)),
-        **linear_params(rngs, "q_proj", (n, h, spec.q_size), dtype, quant),
-        **linear_params(rngs, "k_proj", (n, h, spec.kv_size), dtype, quant),
-        **linear_params(rngs, "v_proj", (n, h, spec.kv_size), dtype, quant),
+        **fused_or_separate(rngs, qkv_layout(spec) if fused else None, shapes, dtype, quant),
         **linear_params(rngs, "o_proj", (n, spec.q_size, h), dtype, quant),
     }
     if spec.qkv_bias:
@@ -298,9 +310,33 @@ def _joined_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
     return None
 
 
-def gated_mlp(w: dict, x: jax.Array) -> jax.Array:
-    """SiLU-gated MLP: down(silu(gate(x)) * up(x)), from one layer's `gate/up/down_proj` (and biases)."""
-    gate, up = linears(x, [w["gate_proj"], w["up_proj"]], [w.get("gate_bias"), w.get("up_bias")])
+def fused_linears(x: jax.Array, w: dict, layout: FusedLayout, biases: list) -> list[jax.Array]:
+    """`linears` of the layout's parts through its one fused weight `w[layout.name]`: each part's output as the
+    separate linear gives it (its bias added in float32 before the cast), plus the part's LoRA delta when
+    `bundle_lora` put one under the part's name."""
+    outs = []
+    for part, y, bias in zip(layout.parts, layout.split(matmul_f32(x, w[layout.name])), biases):
+        y = (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
+        adapter = w.get(part)
+        if isinstance(adapter, LoRAWeight):
+            y = (y.astype(jnp.float32) + adapter.delta(x)).astype(x.dtype)
+        outs.append(y)
+    return outs
+
+
+def gate_up(w: dict, x: jax.Array, spec: DecoderSpec | None = None) -> list[jax.Array]:
+    """gate(x) and up(x) (with biases) from `gate_proj` / `up_proj`, or the fused `gate_up_proj` (`spec` then
+    gives its layout)."""
+    biases = [w.get("gate_bias"), w.get("up_bias")]
+    if GATE_UP in w:
+        return fused_linears(x, w, gate_up_layout(spec), biases)
+    return linears(x, [w["gate_proj"], w["up_proj"]], biases)
+
+
+def gated_mlp(w: dict, x: jax.Array, spec: DecoderSpec | None = None) -> jax.Array:
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x)), from one layer's `gate/up/down_proj` (and biases); `spec`
+    where gate/up may be fused."""
+    gate, up = gate_up(w, x, spec)
     return linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
 
 
@@ -373,10 +409,19 @@ def attention(spec: DecoderSpec, ctx: LayerContext, w: dict, x: jax.Array, kv_ca
     return attend(spec, ctx, w, q, k, v, kv_cache, layer_index, window)
 
 
+def qkv_outputs(spec: DecoderSpec, w: dict, x: jax.Array) -> list[jax.Array]:
+    """q [T, q_size], k and v [T, kv_size] from x [T, hidden] (with their biases), through separate or fused
+    weights."""
+    biases = [w.get("q_bias"), w.get("k_bias"), w.get("v_bias")]
+    if QKV in w:
+        return fused_linears(x, w, qkv_layout(spec), biases)
+    return linears(x, [w["q_proj"], w["k_proj"], w["v_proj"]], biases)
+
+
 def project_qkv(spec: DecoderSpec, w: dict, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] from x [T, hidden] (with their biases)."""
     t = x.shape[0]
-    q, k, v = linears(x, [w["q_proj"], w["k_proj"], w["v_proj"]], [w.get("q_bias"), w.get("k_bias"), w.get("v_bias")])
+    q, k, v = qkv_outputs(spec, w, x)
     return (q.reshape(t, spec.num_heads, spec.head_dim), k.reshape(t, spec.num_kv_heads, spec.head_dim),
             v.reshape(t, spec.num_kv_heads, spec.head_dim))
 

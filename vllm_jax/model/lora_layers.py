@@ -10,6 +10,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from vllm_jax.model.fused_projections import FUSED_PARENT
+
 
 @dataclass(frozen=True)
 class LoRAMask:
@@ -59,13 +61,17 @@ class LoRAWeight:
 
 def bundle_lora(w: dict, lora: dict | None, mask: LoRAMask | None, layer: jax.Array | int) -> dict:
     """Layer `layer`'s weights with each adapted linear wrapped in a LoRAWeight (unchanged without `lora`).
-    `lora`: target name -> (a [L, N, in, R], b [L, N, R, out]), every layer's slots."""
+    `lora`: target name -> (a [L, N, in, R], b [L, N, R, out]), every layer's slots. A target inside a fused
+    weight (q_proj in `qkv_proj`: model/fused_projections.py) gets a LoRAWeight without a base under its own name,
+    whose delta `layers.fused_linears` adds to that part's output."""
     if not lora:
         return w
     out = dict(w)
     for name, (a, b) in lora.items():
         if name in out:  # a MoE layer's attention half, or its experts' (ExpertLoRA)
             out[name] = LoRAWeight(out[name], a, b, mask, layer)
+        elif FUSED_PARENT.get(name) in out:
+            out[name] = LoRAWeight(None, a, b, mask, layer)
     return out
 
 

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vllm_jax.model.decoder import DecoderLayers, DecoderLM
-from vllm_jax.model.layers import LayerContext, Mlp, attend, linear
+from vllm_jax.model.fused_projections import NO_FUSION, Fusion
+from vllm_jax.model.layers import LayerContext, Mlp, attend, qkv_outputs
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architecture
 
@@ -50,9 +51,8 @@ def olmo2_block(spec: DecoderSpec, ctx: LayerContext, w: dict, mlp: Mlp, hidden:
     """One OLMo 2 layer: attention of the un-normed hidden state (q/k normed over the whole projection), its
     output normed and added; then the MLP's output normed and added. -> (hidden, updated kv_cache)."""
     t, eps = hidden.shape[0], spec.rms_norm_eps
-    q = olmo2_rms_norm(linear(hidden, w["q_proj"], w.get("q_bias")), w["q_norm"], eps)
-    k = olmo2_rms_norm(linear(hidden, w["k_proj"], w.get("k_bias")), w["k_norm"], eps)
-    v = linear(hidden, w["v_proj"], w.get("v_bias"))
+    q, k, v = qkv_outputs(spec, w, hidden)
+    q, k = olmo2_rms_norm(q, w["q_norm"], eps), olmo2_rms_norm(k, w["k_norm"], eps)
     attn, kv_cache = attend(spec, ctx, w, q.reshape(t, spec.num_heads, spec.head_dim),
                             k.reshape(t, spec.num_kv_heads, spec.head_dim),
                             v.reshape(t, spec.num_kv_heads, spec.head_dim), kv_cache, layer_index, window)
@@ -64,8 +64,9 @@ def olmo2_block(spec: DecoderSpec, ctx: LayerContext, w: dict, mlp: Mlp, hidden:
 class Olmo2Layers(DecoderLayers):
     """DecoderLayers without `input_norm`, with whole-projection q/k norms and `post_feedforward_norm`."""
 
-    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None):
-        super().__init__(spec, dtype, rngs, quant)
+    def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
+                 fusion: Fusion = NO_FUSION):
+        super().__init__(spec, dtype, rngs, quant, fusion)
         n = spec.num_layers
         del self.input_norm
         self.q_norm = nnx.Param(jnp.ones((n, spec.q_size), dtype))

@@ -1,18 +1,20 @@
-"""A param read as a row range of a fused HF tensor (Phi-3's qkv_proj and gate_up_proj; Gemma 4's stacked
-experts.gate_up_proj, and its experts.down_proj whole, both with their last two dims swapped).
-
-The fused tensor is split at load: q, k, v (gate, up) are separate params, so the partition rules, the
-quantized reads and the model code see Llama's layout. Each device reads only its slice of its part: the
-part's output rows are shifted by the part's offset before the checkpoint read.
+"""Params and HF tensors that fuse differently. A param read as a row range of a fused HF tensor (Phi-3's
+qkv_proj and gate_up_proj; Gemma 4's stacked experts.gate_up_proj, and its experts.down_proj whole, both with
+their last two dims swapped): each device reads only its slice of its part, the part's output rows shifted by
+the part's offset before the checkpoint read. And the other way round, one fused param read from several parts
+(`FusedColumnsSource`: our `qkv_proj` / `gate_up_proj`, model/fused_projections.py), whatever each part's own
+source is (a separate HF tensor, or a row range of Phi-3's fused one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from vllm_jax.model.fused_projections import FUSED_PARTS, FusedLayout, layout_of
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.param_source import ParamSource, per_layer
 
@@ -79,3 +81,72 @@ class ExpertPartSource(ParamSource):
 def expert_part(template: str, layers: list[int], offset: int, fused_rows: int) -> ExpertPartSource:
     """Per layer (`template` holds `{layer}`), rows offset .. of a stacked-expert [E, fused_rows, in] tensor."""
     return ExpertPartSource(per_layer(template, layers).names, offset=offset, fused_rows=fused_rows)
+
+
+@dataclass(frozen=True)
+class FusedColumnsSource(ParamSource):
+    """A fused param [*stack, in, layout.size] whose output columns interleave its parts' (`layout`); `names` is
+    the grid [*stack, parts] of the parts' HF tensors, and `parts` each part's source with its names left to
+    that grid's column (so narrowing `names` to some layers narrows every part). A slice of output columns reads
+    only the columns of each part it covers."""
+
+    layout: FusedLayout | None = None
+    parts: tuple[ParamSource, ...] = ()
+
+    @property
+    def stack_ndim(self) -> int:
+        return self.names.ndim - 1
+
+    def part(self, p: int) -> ParamSource:
+        """Part `p`'s source over this param's stack positions."""
+        return dataclasses.replace(self.parts[p], names=self.names[..., p])
+
+    def part_shape(self, param_shape: tuple[int, ...], p: int) -> tuple[int, ...]:
+        return tuple(param_shape[:-1]) + (self.layout.part_size(p),)
+
+    def hf_shape(self, param_shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise AssertionError("a fused param's parts have shapes of their own: use needed()")
+
+    def needed(self, param_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        needed: dict[str, tuple[int, ...]] = {}
+        for p in range(len(self.parts)):
+            needed.update(self.part(p).needed(self.part_shape(param_shape, p)))
+        return needed
+
+    def read(self, checkpoint: Checkpoint, index: tuple[slice, ...], param_shape: tuple[int, ...],
+             dtype) -> np.ndarray:
+        index = tuple(index) + (slice(None),) * (len(param_shape) - len(index))
+        columns = np.arange(*index[-1].indices(param_shape[-1]))
+        owner = np.empty(self.layout.size, np.int64)
+        within = np.empty(self.layout.size, np.int64)
+        for p in range(len(self.parts)):
+            owner[self.layout.columns(p)] = p
+            within[self.layout.columns(p)] = np.arange(self.layout.part_size(p))
+        out = None
+        for p in range(len(self.parts)):
+            mine = owner[columns] == p
+            if not mine.any():
+                continue
+            wanted = within[columns[mine]]
+            lo, hi = int(wanted.min()), int(wanted.max()) + 1
+            block = self.part(p).read(checkpoint, index[:-1] + (slice(lo, hi),), self.part_shape(param_shape, p),
+                                      dtype)
+            if out is None:
+                out = np.empty(block.shape[:-1] + (len(columns),), block.dtype)
+            out[..., mine] = block[..., wanted - lo]
+        return out
+
+
+def with_fused_params(sources: dict[tuple[str, ...], ParamSource],
+                      spec: Any) -> dict[tuple[str, ...], ParamSource]:
+    """`sources` plus the fused `layers/qkv_proj` and `layers/gate_up_proj` read from their parts' sources, for the
+    models built with them (the loader reads the entries a model's param tree has)."""
+    out = dict(sources)
+    for fused, part_names in FUSED_PARTS.items():
+        parts = [sources.get(("layers", part)) for part in part_names]
+        if any(p is None for p in parts) or not getattr(spec, "num_kv_heads", None):
+            continue
+        layout = layout_of(spec, fused)
+        names = np.stack([p.names for p in parts], axis=-1)
+        out[("layers", fused)] = FusedColumnsSource(names, layout=layout, parts=tuple(parts))
+    return out

@@ -30,6 +30,11 @@ class ParamSource:
         trailing = tuple(param_shape[self.stack_ndim:])
         return trailing[::-1] if self.transpose else trailing
 
+    def needed(self, param_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """Every HF tensor the param is read from, with the shape the checkpoint must hold."""
+        shape = self.hf_shape(param_shape)
+        return {name: shape for name in self.names.flat}
+
     def read(self, checkpoint: Checkpoint, index: tuple[slice, ...], param_shape: tuple[int, ...],
              dtype) -> np.ndarray:
         """The param's [index] slice, assembled from the HF tensors it covers."""

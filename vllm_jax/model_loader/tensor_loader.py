@@ -175,9 +175,7 @@ def check_checkpoint(checkpoint: Checkpoint, sources: dict[ParamPath, ParamSourc
     available = checkpoint.names()
     needed: dict[str, tuple[int, ...]] = {}
     for path, src in sources.items():
-        hf_shape = src.hf_shape(shapes[path])
-        for name in src.names.flat:
-            needed[name] = hf_shape
+        needed.update(src.needed(shapes[path]))
     missing = sorted(set(needed) - available)
     if missing:
         raise ModelSourceError(f"{checkpoint.path}: checkpoint lacks {len(missing)} tensor(s) the model needs, "

@@ -19,6 +19,7 @@ from vllm_jax.model.spec import SUPPORTED_ARCHITECTURES, DecoderSpec
 from vllm_jax.model_loader.decoder_weights import decoder_param_sources
 from vllm_jax.model_loader.deepseek_weights import deepseek_param_sources
 from vllm_jax.model_loader.family_weights import olmo2_param_sources, phi3_param_sources
+from vllm_jax.model_loader.fused_weights import with_fused_params
 from vllm_jax.model_loader.gemma4_weights import gemma4_param_sources
 from vllm_jax.model_loader.gemma_weights import gemma_param_sources
 from vllm_jax.model_loader.gpt_oss_weights import gpt_oss_param_sources
@@ -50,4 +51,4 @@ def param_sources(spec: DecoderSpec) -> dict[tuple[str, ...], ParamSource]:
     if weight_map is None:
         raise ValueError(f"no weight map for architecture {spec.architecture}; "
                          f"supported: {', '.join(WEIGHT_MAPS)}")
-    return weight_map(spec)
+    return with_fused_params(weight_map(spec), spec)

@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vllm_jax.model.grouped_quant import min_name, packed
 from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, KeptFormats, scheme_name
 from vllm_jax.model_loader.checkpoint import Checkpoint
+from vllm_jax.model_loader.fused_weights import FusedColumnsSource
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import stored_format, stored_parts
 from vllm_jax.model_loader.gguf_file.requantize import QUANTIZABLE, quantized_parts
@@ -149,9 +150,12 @@ class WeightUpdater:
             raise ValueError(f"update_weights: unknown tensor(s) for {self.spec.architecture}: "
                              f"{', '.join(unknown[:5])}")
         fed: dict[ParamPath, set[int]] = {}
+        needed: dict[ParamPath, dict[str, tuple[int, ...]]] = {}
         for name in sorted(names & set(self.feeds)):
             for path, position in self.feeds[name]:
-                expected = self.sources[path].hf_shape(self._float_shape(path))
+                if path not in needed:
+                    needed[path] = self.sources[path].needed(self._float_shape(path))
+                expected = needed[path][name]
                 if checkpoint.shape(name) != expected:
                     raise ValueError(f"update_weights: {name!r} has shape {checkpoint.shape(name)}; the model's "
                                      f"is {expected}")
@@ -165,9 +169,12 @@ class WeightUpdater:
         plan = []
         for path, positions in fed.items():
             src = self.sources[path]
+            dropped = isinstance(_variable(self.params, path).get_value(), jax.ShapeDtypeStruct)
             for p in sorted(positions):
                 at = src.names[p] if src.stack_ndim else src.names
                 missing = sorted(n for n in np.asarray(at).flat if n not in names)
+                if missing and isinstance(src, FusedColumnsSource) and not dropped:
+                    continue  # the parts left out keep their values (_apply_fused)
                 if missing:
                     raise ValueError(f"update_weights: {'/'.join(path)} is read from {at.size} tensor(s) together; "
                                      f"the update lacks {', '.join(missing[:5])}")
@@ -183,7 +190,7 @@ class WeightUpdater:
                 raise ValueError(f"update_weights: {'/'.join(path)} was dropped by sleep(level=2); update all its "
                                  "layers at once, or wake_up(tags=['weights']) first")
             narrowed = src if picked is None else dataclasses.replace(src, names=src.names[picked])
-            tensors = [checkpoint.arrays[n] for n in narrowed.names.flat] if isinstance(
+            tensors = [checkpoint.arrays[n] for n in narrowed.names.flat if n in names] if isinstance(
                 checkpoint, ArrayCheckpoint) else []
             from_device = (bool(tensors) and all(isinstance(t, jax.Array) for t in tensors)
                            and type(src) is ParamSource and self._scale(path) is None)
@@ -209,6 +216,8 @@ class WeightUpdater:
         path, src = update.path, update.src
         if update.kept:
             return self._apply_kept(checkpoint, update)
+        if isinstance(src, FusedColumnsSource):
+            return self._apply_fused(checkpoint, update)
         count = src.names.shape[0] if src.stack_ndim else None
         paths = [path] + ([self._scale(path)] if self._scale(path) else [])
         if update.from_device:
@@ -226,6 +235,37 @@ class WeightUpdater:
             self.borrowed.update(id(a) for a in (value if isinstance(value, tuple) else (value,))
                                  if _buffers(a) & callers)
         return swapped
+
+    def _apply_fused(self, checkpoint: Checkpoint, update: _ParamUpdate) -> int:
+        """A fused param's fed layers (model/fused_projections.py) rebuilt on its devices: each part the update names
+        read as loading reads it (a jax.Array transposed and cast where it is), each part it leaves out taken from
+        the param as it is, then joined in the layout."""
+        path, src = update.path, update.src
+        layout, value = src.layout, _variable(self.params, path).get_value()
+        shape = _narrow(self.shapes[path], src.names.shape[0])
+        names, dtype = checkpoint.names(), jnp.dtype(NP_DTYPES[self.dtype])
+        positions = update.positions if update.positions is not None else range(src.names.shape[0])
+        fresh = []
+        for i, layer in enumerate(positions):
+            sharding = _layer_sharding(value, layer)
+            kept = None
+            parts = []
+            for p in range(len(layout.parts)):
+                name = src.names[i, p]
+                if name not in names:
+                    kept = kept if kept is not None else layout.split(value[layer])
+                    parts.append(kept[p])
+                    continue
+                part = src.part(p)
+                array = checkpoint.arrays.get(name) if isinstance(checkpoint, ArrayCheckpoint) else None
+                if isinstance(array, jax.Array) and type(part) is ParamSource:
+                    array = (array.T if part.transpose else array).astype(dtype)
+                else:
+                    array = part.read(checkpoint, (slice(i, i + 1),), src.part_shape(shape, p),
+                                      NP_DTYPES[self.dtype])[0]
+                parts.append(jax.device_put(array, sharding))
+            fresh.append(layout.join(parts))
+        return self._swap(path, fresh, update.positions)
 
     def _apply_kept(self, checkpoint: Checkpoint, update: _ParamUpdate) -> int:
         """A GGUF-kept param's fed positions quantized to its format (or a GGUF path's own blocks), swapped in
@@ -305,6 +345,16 @@ def _placed(array: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
 
 def _buffers(array: jax.Array) -> set[int]:
     return {shard.data.unsafe_buffer_pointer() for shard in array.addressable_shards}
+
+
+def _layer_sharding(value: Any, layer: int) -> jax.sharding.Sharding:
+    """The sharding of one layer of a param (per-layer arrays, or a stacked array without its layer axis)."""
+    if isinstance(value, tuple):
+        return value[layer].sharding
+    sharding = value.sharding
+    if isinstance(sharding, NamedSharding):
+        return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+    return sharding
 
 
 def _write_rows(stacked: jax.Array, positions: jax.Array, rows: jax.Array) -> jax.Array:
