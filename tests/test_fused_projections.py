@@ -1,7 +1,7 @@
-"""Fused q/k/v and gate/up (model/fused_projections.py): the layout's columns, which models fuse, the loader's
-reads of a fused param from its parts' HF tensors, and seeded random weights that are the same numbers in either
-layout. The fused forward's logits against transformers are tests/test_model_parity.py's (every family there
-fuses at tp 1); tensor-parallel splits tests/test_sharding.py's; updates part by part tests/test_weight_sync.py's."""
+"""Fused q/k/v (model/fused_projections.py): the layout's columns, which models fuse, the loader's reads of the
+fused param from its parts' HF tensors, and seeded random weights that are the same numbers in either layout. The
+fused forward's logits against transformers are tests/test_model_parity.py's (every family there fuses at tp 1);
+tensor-parallel splits tests/test_sharding.py's; updates part by part tests/test_weight_sync.py's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from transformers import AutoConfig
 
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.fused_projections import Fusion, fusion_for, gate_up_layout, qkv_layout
+from vllm_jax.model.fused_projections import fuses_qkv, qkv_layout
 from vllm_jax.model.spec import spec_from_hf_config
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 from vllm_jax.model_loader.weight_maps import param_sources
@@ -25,7 +25,6 @@ class Shapes:
     num_kv_heads: int = 2
     q_size: int = 12  # 4 heads of 3
     kv_size: int = 6
-    intermediate_size: int = 8
 
 
 def test_a_unit_is_one_kv_head_with_its_query_heads():
@@ -37,15 +36,12 @@ def test_a_unit_is_one_kv_head_with_its_query_heads():
     for p, part in enumerate((q, k, v)):
         np.testing.assert_array_equal(np.asarray(layout.split(jnp.asarray(fused))[p]), part)
         np.testing.assert_array_equal(fused[:, layout.columns(p)], part)
-    gate_up = gate_up_layout(Shapes())
-    assert (gate_up.widths, gate_up.units) == ((4, 4), 2)
 
 
 def test_only_plain_weights_fuse_and_only_where_tp_divides_the_kv_heads():
-    assert fusion_for(Shapes(), None, 1) == fusion_for(Shapes(), None, 2) == Fusion(qkv=True, gate_up=True)
-    assert fusion_for(Shapes(), None, 4) == Fusion()  # tp 4 replicates the 2 KV heads while q splits
-    assert fusion_for(Shapes(), object(), 1) == Fusion()  # any quantization
-    assert fusion_for(Shapes(intermediate_size=9), None, 1) == Fusion(qkv=True, gate_up=False)
+    assert fuses_qkv(Shapes(), None, 1) and fuses_qkv(Shapes(), None, 2)
+    assert not fuses_qkv(Shapes(), None, 4)  # tp 4 replicates the 2 KV heads while q splits
+    assert not fuses_qkv(Shapes(), object(), 1)  # any quantization
 
 
 def test_the_fused_param_reads_its_parts_and_a_column_slice_reads_only_what_it_covers(tmp_path):
@@ -82,7 +78,8 @@ def test_seeded_random_weights_are_the_same_numbers_in_either_layout(tmp_path):
 
     fused = DecoderLM(spec, jnp.float32, rngs=nnx.Rngs(0)).layers
     separate = Separate(spec, jnp.float32, rngs=nnx.Rngs(0)).layers
-    for layout in (qkv_layout(spec), gate_up_layout(spec)):
-        for name, part in zip(layout.parts, layout.split(getattr(fused, layout.name)[...])):
-            np.testing.assert_array_equal(np.asarray(part), np.asarray(getattr(separate, name)[...]))
+    layout = qkv_layout(spec)
+    for name, part in zip(layout.parts, layout.split(fused.qkv_proj[...])):
+        np.testing.assert_array_equal(np.asarray(part), np.asarray(getattr(separate, name)[...]))
+    np.testing.assert_array_equal(np.asarray(fused.o_proj[...]), np.asarray(separate.o_proj[...]))
     np.testing.assert_array_equal(np.asarray(fused.down_proj[...]), np.asarray(separate.down_proj[...]))

@@ -250,8 +250,8 @@ def test_the_layers_q_k_v_are_one_native_call_per_layer():
 @needs_compiler
 def test_the_float_forward_reads_its_linears_natively(tmp_path, monkeypatch):
     """The engine's CPU forward in a bucket of at most 8 tokens: in every layer one native call for the fused q / k /
-    v weight, one for the fused gate / up, one each for o and down (model/fused_projections.py); its logits equal
-    the XLA dots' within float32 rounding."""
+    v weight (model/fused_projections.py), one for gate / up, one each for o and down; its logits equal the XLA
+    dots' within float32 rounding."""
     from tests.helpers.quantized_models import make_quant_checkpoint, quant_runner
     from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
@@ -271,7 +271,7 @@ def test_the_float_forward_reads_its_linears_natively(tmp_path, monkeypatch):
     runner = quant_runner(model, None)
     native = logits(runner)
     spec = runner.spec
-    widths = {(spec.q_size + 2 * spec.kv_size,), (spec.hidden_size,), (2 * spec.intermediate_size,)}
+    widths = {(spec.q_size + 2 * spec.kv_size,), (spec.hidden_size,), (spec.intermediate_size,) * 2}
     assert set(calls) == widths
     monkeypatch.setattr(float_matvec, "applies", lambda x, weights: False)
     xla = logits(quant_runner(model, None))

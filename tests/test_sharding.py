@@ -22,7 +22,7 @@ def test_tp2_and_tp4_greedy_tokens_equal_tp1(tp):
 
 def test_param_and_kv_shardings_follow_the_rules(tp):
     two = tp["llama_tp2_specs"]
-    assert two["fused"] == ["gate_up_proj", "qkv_proj"]  # tp 2 divides the 2 KV heads: q/k/v, gate/up fused
+    assert two["fused"] == ["qkv_proj"]  # tp 2 divides the 2 KV heads: q/k/v fused
     assert two["q_proj"] == [None, None, "model"] and two["gate_proj"] == [None, None, "model"]
     assert two["o_proj"] == [None, "model"] and two["down_proj"] == [None, "model"]
     assert two["k_proj"] == [None, None, "model"]
@@ -33,7 +33,7 @@ def test_param_and_kv_shardings_follow_the_rules(tp):
 
 def test_tp_above_num_kv_heads_replicates_kv_heads_and_cache(tp):
     four = tp["llama_tp4_specs"]
-    assert four["fused"] == []  # KV replicated while q splits: the projections stay separate
+    assert four["fused"] == []  # KV replicated while q splits: q/k/v stay separate
     assert four["k_proj"] == [] and four["kv_cache"] == []
     assert four["q_proj"] == [None, None, "model"]
 
@@ -59,12 +59,15 @@ def test_rules_replicate_a_dim_tp_does_not_divide():
     assert tuple(param_partition_spec(("embed_tokens",), (320, 64), Spec, 2)) == ("model", None)
 
 
-def test_orbax_converted_params_restore_into_a_tp2_mesh_unchanged(tmp_path):
+def test_orbax_converted_params_restore_into_tp2_unchanged_and_into_tp4_split(tmp_path):
     result = run_check("orbax", tmp_path)
     assert result["source_kind"] == "orbax"
     assert result["params_equal"]
     assert result["restored_tp2"] == result["direct"]
     assert result["restored_specs"]["q_proj"] == [None, None, "model"]
+    # converted fused, restored where tp 4 keeps the projections separate: split at restore, layer 0 checked
+    assert result["tp4_fused"] == [] and result["tp4_parts_equal"]
+    assert result["restored_tp4"] == result["direct"]
 
 
 def test_two_processes_with_tp_across_both_match_one_process(tmp_path):

@@ -160,11 +160,11 @@ def test_tensor_parallel_update_equals_a_fresh_tp2_engine(checkpoints):
 @pytest.mark.parametrize("arch, args, by_parts", [
     ("qwen3_moe", dict(tensor_parallel_size=2, enable_expert_parallel=True), False),  # stacked experts, split
     ("llama", dict(quantization="int8"), False),  # the update arrives in float and is quantized by the load's rule
-    ("llama", dict(tensor_parallel_size=2), True),  # fused q/k/v and gate/up, fed part by part
+    ("llama", dict(tensor_parallel_size=2), True),  # fused q/k/v, fed part by part
 ])
 def test_update_equals_a_fresh_load(tmp_path, arch, args, by_parts):
     """Param for param, sharding for sharding: a runner on A updated with B's tensors holds what a runner built
-    on B holds (no step runs, so nothing compiles). A fused weight (model/fused_projections.py) may be fed one
+    on B holds (no step runs, so nothing compiles). The fused q/k/v (model/fused_projections.py) may be fed one
     part at a time, as trainers that send tensor by tensor do: the parts an update leaves out keep their values,
     and a part given as a jax.Array is placed from its devices."""
     from vllm_jax.worker.model_runner import ModelRunner

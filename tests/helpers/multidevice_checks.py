@@ -33,13 +33,11 @@ def _greedy(model_dir: str, **args) -> tuple[list[list[int]], object]:
 def _layer_spec(layers: dict, name: str) -> list:
     """`_spec_list` of a layer param, or of the fused weight it is part of (q_proj in qkv_proj:
     model/fused_projections.py), whose output columns split the same way."""
-    from vllm_jax.model.fused_projections import FUSED_PARENT
-
-    return _spec_list(layers[name] if name in layers else layers[FUSED_PARENT[name]])
+    return _spec_list(layers[name] if name in layers else layers["qkv_proj"])
 
 
 def _fused(layers: dict) -> list[str]:
-    return sorted(name for name in ("gate_up_proj", "qkv_proj") if name in layers)
+    return [name for name in ("qkv_proj",) if name in layers]
 
 
 def _spec_list(value) -> list:
@@ -155,9 +153,13 @@ def _forward_primitives(runner) -> dict[str, bool]:
 
 
 def check_orbax_restore_into_another_mesh(workdir: Path) -> dict:
-    """Convert on one device, restore into a TP=2 mesh: same params, same greedy tokens, sharded placement."""
+    """Convert on one device, restore into a TP=2 mesh: same params, same greedy tokens, sharded placement. And
+    into TP=4, which keeps q/k/v separate (the tiny Llama's 2 KV heads): the converted fused q/k/v is split at
+    restore (model/fused_projections.py)."""
+    import jax
     from flax import nnx
 
+    from vllm_jax.model.fused_projections import qkv_layout
     from vllm_jax.model_loader.convert import convert
 
     model_dir = workdir / "llama"
@@ -168,8 +170,14 @@ def check_orbax_restore_into_another_mesh(workdir: Path) -> dict:
     a = nnx.to_pure_dict(direct.runner.params)
     b = nnx.to_pure_dict(restored.runner.params)
     same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(_leaves(a), _leaves(b)))
+    tp4_tokens, tp4 = _greedy(str(converted), tensor_parallel_size=4)
+    c = nnx.to_pure_dict(tp4.runner.params)["layers"]
+    layout = qkv_layout(direct.runner.spec)
+    split_equal = all(np.array_equal(np.asarray(jax.tree.leaves(c[name])[0]), np.asarray(part))
+                      for name, part in zip(layout.parts, layout.split(jax.tree.leaves(a["layers"][layout.name])[0])))
     return {"direct": direct_tokens, "restored_tp2": restored_tokens, "params_equal": same,
-            "restored_specs": _specs(restored), "source_kind": restored.config.model_config.source.kind}
+            "restored_specs": _specs(restored), "source_kind": restored.config.model_config.source.kind,
+            "restored_tp4": tp4_tokens, "tp4_fused": _fused(c), "tp4_parts_equal": split_equal}
 
 
 def _leaves(tree: dict) -> list:

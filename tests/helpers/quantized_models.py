@@ -78,7 +78,7 @@ def dequantized_logits(float_runner, quantized_params) -> np.ndarray:
             if name.endswith(SCALE_SUFFIX):
                 weight = name[:-len(SCALE_SUFFIX)]
                 target[weight] = deq(group[weight], group[name])
-    _fuse_parts(state["layers"], float_runner.spec)
+    _fuse_qkv(state["layers"], float_runner.spec)
     nnx.replace_by_pure_dict(params, state)
     try:
         return prompt_logits(float_runner)
@@ -86,16 +86,16 @@ def dequantized_logits(float_runner, quantized_params) -> np.ndarray:
         nnx.replace_by_pure_dict(params, original)
 
 
-def _fuse_parts(layers: dict, spec) -> None:
-    """The dequantized q/k/v and gate/up joined into the float model's fused weights where it has them
+def _fuse_qkv(layers: dict, spec) -> None:
+    """The dequantized q/k/v joined into the float model's fused weight where it has one
     (model/fused_projections.py), in place."""
-    from vllm_jax.model.fused_projections import gate_up_layout, qkv_layout
+    from vllm_jax.model.fused_projections import qkv_layout
 
-    for layout in (qkv_layout(spec), gate_up_layout(spec)):
-        if layout.name not in layers or layout.parts[0] not in layers:
-            continue
-        parts = [layers.pop(name) for name in layout.parts]
-        if isinstance(parts[0], tuple):  # per-layer arrays
-            layers[layout.name] = tuple(layout.join(list(layer)) for layer in zip(*parts))
-        else:
-            layers[layout.name] = layout.join(parts)
+    layout = qkv_layout(spec)
+    if layout.name not in layers or layout.parts[0] not in layers:
+        return
+    parts = [layers.pop(name) for name in layout.parts]
+    if isinstance(parts[0], tuple):  # per-layer arrays
+        layers[layout.name] = tuple(layout.join(list(layer)) for layer in zip(*parts))
+    else:
+        layers[layout.name] = layout.join(parts)

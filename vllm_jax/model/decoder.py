@@ -24,13 +24,12 @@ from vllm_jax.attention import attention_backend_for
 from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.embedding_head import EmbeddingHead
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion, fusion_for, gate_up_layout
+from vllm_jax.model.fused_projections import fuses_qkv
 from vllm_jax.model.layers import (
     AttentionKernels,
     LayerContext,
     attention_params,
     decoder_block,
-    fused_or_separate,
     gated_mlp,
     layer_param_values,
     linear_params,
@@ -57,15 +56,15 @@ def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, input
 
 
 class DecoderLayers(nnx.Module):
-    """All decoder layers' weights, stacked on axis 0 (the linear ones quantized with `quant`; q/k/v and gate/up
-    fused as `fusion` says: model/fused_projections.py)."""
+    """All decoder layers' weights, stacked on axis 0 (the linear ones quantized with `quant`; q/k/v one weight with
+    `fuse_qkv`: model/fused_projections.py)."""
 
     def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
-                 fusion: Fusion = NO_FUSION):
+                 fuse_qkv: bool = False):
         n, h, i = spec.num_layers, spec.hidden_size, spec.intermediate_size
-        params = {**attention_params(spec, dtype, rngs, quant, fusion.qkv),
-                  **fused_or_separate(rngs, gate_up_layout(spec) if fusion.gate_up else None,
-                                      {"gate_proj": (n, h, i), "up_proj": (n, h, i)}, dtype, quant),
+        params = {**attention_params(spec, dtype, rngs, quant, fuse_qkv),
+                  **linear_params(rngs, "gate_proj", (n, h, i), dtype, quant),
+                  **linear_params(rngs, "up_proj", (n, h, i), dtype, quant),
                   **linear_params(rngs, "down_proj", (n, i, h), dtype, quant)}
         for name, param in params.items():
             setattr(self, name, param)
@@ -95,7 +94,7 @@ class DecoderLM(EmbeddingHead, nnx.Module):
     # one layer's computation (layers.decoder_block's signature): families with another residual / norm layout
     # (model/granite.py, model/olmo2.py) name theirs
     block = staticmethod(decoder_block)
-    # whether `layers_class` takes fused q/k/v and gate/up (model/fused_projections.py) when the weights allow
+    # whether `layers_class` takes fused q/k/v (model/fused_projections.py) when the weights and the mesh allow
     fuses_projections = True
 
     def __init__(self, spec: DecoderSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
@@ -117,8 +116,8 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         self.quantization = Quantization.for_platform(quantization, platform, quantization_group_size)
         self._init_embedding(dtype, rngs)
         tp = 1 if mesh is None else mesh.shape[MODEL_AXIS]
-        fusion = fusion_for(spec, self.quantization, tp) if self.fuses_projections else NO_FUSION
-        self.layers = self.layers_class(spec, dtype, rngs, self.quantization, fusion)
+        fuse = self.fuses_projections and fuses_qkv(spec, self.quantization, tp)
+        self.layers = self.layers_class(spec, dtype, rngs, self.quantization, fuse)
         self.final_norm = nnx.Param(jnp.ones((spec.hidden_size,), dtype))
         self._init_lm_head(dtype, rngs)
 
@@ -181,5 +180,4 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         """One layer from its weights `w`: `block` (the pre-norm block, or a family's residual / norm layout) with
         the SiLU-gated MLP. A family with another MLP too (Gemma: model/gemma.py) overrides this and keeps the scan /
         switch / LoRA machinery of layer_loop.run_layers."""
-        return self.block(self.spec, ctx, w, partial(gated_mlp, w, spec=self.spec), hidden, kv_cache, layer_index,
-                          window)
+        return self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)

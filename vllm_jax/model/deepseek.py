@@ -26,7 +26,6 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.deepseek_routing import deepseek_route
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion
 from vllm_jax.model.layers import LayerContext, Mlp, gated_mlp, init_param
 from vllm_jax.model.mla import mla_attention_params, mla_decoder_block
 from vllm_jax.model.mla_spec import MlaSpec
@@ -41,8 +40,8 @@ class DeepseekLayers(nnx.Module):
     first ones."""
 
     def __init__(self, spec: MlaSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
-                 fusion: Fusion = NO_FUSION):
-        del quant, fusion  # quantization is refused by DeepseekLM; MLA has no q/k/v to fuse
+                 fuse_qkv: bool = False):
+        del quant, fuse_qkv  # quantization is refused by DeepseekLM; MLA has no q/k/v to fuse
         h, e, i = spec.hidden_size, spec.num_experts, spec.intermediate_size
         params = mla_attention_params(spec, dtype, rngs)
         m = len(spec.moe_layer_ids)

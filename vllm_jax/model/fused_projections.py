@@ -1,15 +1,15 @@
-"""q/k/v and gate/up as one weight each (`qkv_proj`, `gate_up_proj`): one dot per layer where there were three and
-two, so a step reads the activations once per group and an accelerator compiles and launches fewer kernels
-(docs/architecture/06-model.md, "Fused projections").
+"""q/k/v as one weight (`qkv_proj`): one dot per layer where there were three, so a step reads the activations
+once and an accelerator compiles and launches one kernel where it had three (docs/architecture/06-model.md,
+"Fused projections"). gate/up stay two weights: measured, fusing them made XLA write their whole [T, 2I] product
+out at large token buckets (twice the temporaries), where separately it fuses up's dot into down's.
 
-The fused weight's output columns are `units` groups, each holding every part's slice in order: for q/k/v a unit is
-one KV head (its q heads, then its k, then its v), for gate/up a unit is one of `num_kv_heads` equal blocks of the
-intermediate dim (its gate block, then its up block). Split over tensor-parallel devices on the output dim, each
-device then holds whole units, so the same layout serves every tp that divides the KV heads (and no checkpoint or
+The fused weight's output columns are `units` groups, each holding every part's slice in order: a unit is one KV
+head (its query heads, then its k, then its v). Split over tensor-parallel devices on the output dim, each device
+then holds whole units, so the same layout serves every tp that divides the KV heads (and no checkpoint or
 converted directory depends on tp). A part's own columns, in the part's order, are the unit-major concatenation of
 its slices: `split` returns exactly the separate projections' outputs.
 
-Plain float weights only (`fusion_for`): quantized weights (their scales, a GGUF file's per-tensor formats) and
+Plain float weights only (`fuses_qkv`): quantized weights (their scales, a GGUF file's per-tensor formats) and
 meshes whose tp does not divide the KV heads (the KV projections are then replicated while q is split) keep the
 separate params.
 """
@@ -23,10 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-QKV, GATE_UP = "qkv_proj", "gate_up_proj"
-# fused param -> its parts, in column order within a unit; and part -> the fused param it lives in
-FUSED_PARTS = {QKV: ("q_proj", "k_proj", "v_proj"), GATE_UP: ("gate_proj", "up_proj")}
-FUSED_PARENT = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
+QKV = "qkv_proj"
+QKV_PARTS = ("q_proj", "k_proj", "v_proj")
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,8 @@ class FusedLayout:
         """The inverse of `split`: each part's [..., part_size] -> [..., size]."""
         lead = parts[0].shape[:-1]
         grouped = [p.reshape(*lead, self.units, w) for p, w in zip(parts, self.widths)]
-        return jnp.concatenate(grouped, axis=-1).reshape(*lead, self.size)
+        xp = np if all(isinstance(p, np.ndarray) for p in parts) else jnp  # host arrays stay on the host
+        return xp.concatenate(grouped, axis=-1).reshape(*lead, self.size)
 
     def columns(self, part: int) -> np.ndarray:
         """The fused columns of part `part`'s columns 0 .. part_size (int64, in the part's order)."""
@@ -75,33 +74,9 @@ class FusedLayout:
 
 def qkv_layout(spec: Any) -> FusedLayout:
     kv = spec.num_kv_heads
-    return FusedLayout(QKV, FUSED_PARTS[QKV],
-                       (spec.q_size // kv, spec.kv_size // kv, spec.kv_size // kv), kv)
+    return FusedLayout(QKV, QKV_PARTS, (spec.q_size // kv, spec.kv_size // kv, spec.kv_size // kv), kv)
 
 
-def gate_up_layout(spec: Any) -> FusedLayout:
-    kv = spec.num_kv_heads
-    return FusedLayout(GATE_UP, FUSED_PARTS[GATE_UP], (spec.intermediate_size // kv,) * 2, kv)
-
-
-@dataclass(frozen=True)
-class Fusion:
-    """Which of a model's linears are fused (static, fixed when the model is built)."""
-
-    qkv: bool = False
-    gate_up: bool = False
-
-
-NO_FUSION = Fusion()
-
-
-def fusion_for(spec: Any, quantization: Any, tp: int) -> Fusion:
-    """Fused layouts for plain float weights when `tp` divides the KV heads (gate/up also needs the KV heads to
-    divide the intermediate dim); none with any quantization."""
-    if quantization is not None or spec.num_kv_heads % tp or spec.q_size % spec.num_kv_heads:
-        return Fusion()
-    return Fusion(qkv=True, gate_up=spec.intermediate_size % spec.num_kv_heads == 0)
-
-
-def layout_of(spec: Any, name: str) -> FusedLayout:
-    return qkv_layout(spec) if name == QKV else gate_up_layout(spec)
+def fuses_qkv(spec: Any, quantization: Any, tp: int) -> bool:
+    """q/k/v fused for plain float weights when `tp` divides the KV heads; never with any quantization."""
+    return quantization is None and spec.num_kv_heads % tp == 0 and spec.q_size % spec.num_kv_heads == 0

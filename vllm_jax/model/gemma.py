@@ -19,14 +19,11 @@ from flax import nnx
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion, gate_up_layout
 from vllm_jax.model.gemma_spec import GemmaSpec
 from vllm_jax.model.layers import (
     LayerContext,
     apply_rotary,
     attention_params,
-    fused_or_separate,
-    gate_up,
     linear,
     linear_params,
     project_qkv,
@@ -50,9 +47,10 @@ def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if not cap else cap * jnp.tanh(x / cap)
 
 
-def geglu_mlp(w: dict, x: jax.Array, spec: GemmaSpec | None = None) -> jax.Array:
-    """down(gelu_tanh(gate(x)) * up(x)), transformers' gelu_pytorch_tanh; `spec` where gate/up may be fused."""
-    gate, up = gate_up(w, x, spec)
+def geglu_mlp(w: dict, x: jax.Array) -> jax.Array:
+    """down(gelu_tanh(gate(x)) * up(x)), transformers' gelu_pytorch_tanh."""
+    gate = linear(x, w["gate_proj"])
+    up = linear(x, w["up_proj"])
     return linear(jax.nn.gelu(gate, approximate=True) * up, w["down_proj"])
 
 
@@ -76,11 +74,11 @@ class GemmaLayers(nnx.Module):
     """All layers' weights stacked on axis 0: attention (q/k norms on Gemma 3), GeGLU FFN, four norms."""
 
     def __init__(self, spec: GemmaSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
-                 fusion: Fusion = NO_FUSION):
+                 fuse_qkv: bool = False):
         n, h, i = spec.num_layers, spec.hidden_size, spec.intermediate_size
-        params = {**attention_params(spec, dtype, rngs, quant, fusion.qkv),
-                  **fused_or_separate(rngs, gate_up_layout(spec) if fusion.gate_up else None,
-                                      {"gate_proj": (n, h, i), "up_proj": (n, h, i)}, dtype, quant),
+        params = {**attention_params(spec, dtype, rngs, quant, fuse_qkv),
+                  **linear_params(rngs, "gate_proj", (n, h, i), dtype, quant),
+                  **linear_params(rngs, "up_proj", (n, h, i), dtype, quant),
                   **linear_params(rngs, "down_proj", (n, i, h), dtype, quant)}
         for name in _ZERO_INIT_NORMS:
             if name in params:
@@ -119,7 +117,7 @@ def gemma_block(spec: GemmaSpec, ctx: GemmaContext, w: dict, hidden: jax.Array, 
     x = gemma_rms_norm(hidden, w["input_norm"], eps)
     attn, kv_cache = gemma_attention(spec, ctx, w, x, kv_cache, layer_index, window, cos, sin)
     hidden = hidden + gemma_rms_norm(attn, w["post_attention_norm"], eps)
-    ffn = geglu_mlp(w, gemma_rms_norm(hidden, w["pre_feedforward_norm"], eps), spec)
+    ffn = geglu_mlp(w, gemma_rms_norm(hidden, w["pre_feedforward_norm"], eps))
     return hidden + gemma_rms_norm(ffn, w["post_feedforward_norm"], eps), kv_cache
 
 

@@ -25,7 +25,6 @@ from flax import nnx
 from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion
 from vllm_jax.model.gemma import geglu_mlp, rotary_tables_of, soft_cap
 from vllm_jax.model.gemma4_moe import MATRICES as MOE_MATRICES
 from vllm_jax.model.gemma4_moe import moe_block, moe_shapes
@@ -81,8 +80,8 @@ class Gemma4Layers(nnx.Module):
     """Every layer's weights, stacked per group of same-shaped layers: `{group}_{name}` [layers of group, ...]."""
 
     def __init__(self, spec: Gemma4Spec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
-                 fusion: Fusion = NO_FUSION):
-        del quant, fusion  # quantization is refused by Gemma4LM; its per-layer shapes keep q/k/v apart
+                 fuse_qkv: bool = False):
+        del quant, fuse_qkv  # quantization is refused by Gemma4LM; its per-layer shapes keep q/k/v apart
         for group, layers in layer_groups(spec).items():
             for name, shape in group_shapes(spec, group, layers).items():
                 matrix = name.endswith(("_proj", "_gate")) or name in MOE_MATRICES

@@ -23,7 +23,6 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion
 from vllm_jax.model.gpt_oss_experts import EXPERT_NAMES, expert_ffn, expert_parallel_ffn, route_top_logits
 from vllm_jax.model.gpt_oss_spec import GptOssSpec
 from vllm_jax.model.layers import LayerContext, attention, attention_params, init_param
@@ -40,9 +39,9 @@ def gpt_oss_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 class GptOssLayers(nnx.Module):
     """Every layer's attention (with sinks), router and expert params, stacked on axis 0."""
 
-    def __init__(self, spec: GptOssSpec, dtype, rngs: nnx.Rngs, quant=None, fusion: Fusion = NO_FUSION):
+    def __init__(self, spec: GptOssSpec, dtype, rngs: nnx.Rngs, quant=None, fuse_qkv: bool = False):
         n, h, e, i = spec.num_layers, spec.hidden_size, spec.num_experts, spec.intermediate_size
-        params = attention_params(spec, dtype, rngs, fused=fusion.qkv)
+        params = attention_params(spec, dtype, rngs, fused=fuse_qkv)
         params["sinks"] = nnx.Param(jnp.zeros((n, spec.num_heads), jnp.float32))
         params["router"] = init_param(rngs, (n, h, e), dtype)
         params["router_bias"] = nnx.Param(jnp.zeros((n, e), dtype))

@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.attention import AttentionBackend
-from vllm_jax.model.fused_projections import GATE_UP, QKV, FusedLayout, gate_up_layout, qkv_layout
+from vllm_jax.model.fused_projections import QKV, FusedLayout, qkv_layout
 from vllm_jax.model.grouped_quant import grouped_shapes, min_name
 from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
 from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
@@ -312,31 +312,25 @@ def _joined_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
 
 def fused_linears(x: jax.Array, w: dict, layout: FusedLayout, biases: list) -> list[jax.Array]:
     """`linears` of the layout's parts through its one fused weight `w[layout.name]`: each part's output as the
-    separate linear gives it (its bias added in float32 before the cast), plus the part's LoRA delta when
+    separate linear gives it (the biases, joined, added in float32 before the cast to the model dtype; split
+    after the cast, so an accelerator slices the model-dtype product), plus the part's LoRA delta when
     `bundle_lora` put one under the part's name."""
+    y = matmul_f32(x, w[layout.name])
+    if any(b is not None for b in biases):
+        y = y + layout.join([jnp.zeros((layout.part_size(p),), jnp.float32) if b is None else b.astype(jnp.float32)
+                             for p, b in enumerate(biases)])
     outs = []
-    for part, y, bias in zip(layout.parts, layout.split(matmul_f32(x, w[layout.name])), biases):
-        y = (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
+    for part, out in zip(layout.parts, layout.split(y.astype(x.dtype))):
         adapter = w.get(part)
         if isinstance(adapter, LoRAWeight):
-            y = (y.astype(jnp.float32) + adapter.delta(x)).astype(x.dtype)
-        outs.append(y)
+            out = (out.astype(jnp.float32) + adapter.delta(x)).astype(x.dtype)
+        outs.append(out)
     return outs
 
 
-def gate_up(w: dict, x: jax.Array, spec: DecoderSpec | None = None) -> list[jax.Array]:
-    """gate(x) and up(x) (with biases) from `gate_proj` / `up_proj`, or the fused `gate_up_proj` (`spec` then
-    gives its layout)."""
-    biases = [w.get("gate_bias"), w.get("up_bias")]
-    if GATE_UP in w:
-        return fused_linears(x, w, gate_up_layout(spec), biases)
-    return linears(x, [w["gate_proj"], w["up_proj"]], biases)
-
-
-def gated_mlp(w: dict, x: jax.Array, spec: DecoderSpec | None = None) -> jax.Array:
-    """SiLU-gated MLP: down(silu(gate(x)) * up(x)), from one layer's `gate/up/down_proj` (and biases); `spec`
-    where gate/up may be fused."""
-    gate, up = gate_up(w, x, spec)
+def gated_mlp(w: dict, x: jax.Array) -> jax.Array:
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x)), from one layer's `gate/up/down_proj` (and biases)."""
+    gate, up = linears(x, [w["gate_proj"], w["up_proj"]], [w.get("gate_bias"), w.get("up_bias")])
     return linear(jax.nn.silu(gate) * up, w["down_proj"], w.get("down_bias"))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vllm_jax.model.fused_projections import FUSED_PARENT
+from vllm_jax.model.fused_projections import QKV, QKV_PARTS
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def bundle_lora(w: dict, lora: dict | None, mask: LoRAMask | None, layer: jax.Ar
     for name, (a, b) in lora.items():
         if name in out:  # a MoE layer's attention half, or its experts' (ExpertLoRA)
             out[name] = LoRAWeight(out[name], a, b, mask, layer)
-        elif FUSED_PARENT.get(name) in out:
+        elif name in QKV_PARTS and QKV in out:
             out[name] = LoRAWeight(None, a, b, mask, layer)
     return out
 

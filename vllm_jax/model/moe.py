@@ -47,7 +47,6 @@ from jax.sharding import PartitionSpec as P
 from vllm_jax.model import layer_loop
 from vllm_jax.model.aux_hidden import AuxHiddenStates
 from vllm_jax.model.decoder import DecoderLM
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion
 from vllm_jax.model.layers import (
     LayerContext,
     Mlp,
@@ -179,10 +178,9 @@ class MoeLayers(nnx.Module):
     """Attention params for every layer; expert/router params for the MoE layers; dense MLP params for the rest."""
 
     def __init__(self, spec: MoeSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
-                 fusion: Fusion = NO_FUSION):
-        """`fusion`: q/k/v only (the few dense layers' gate/up stay separate)."""
+                 fuse_qkv: bool = False):
         h, e, i = spec.hidden_size, spec.num_experts, spec.intermediate_size
-        params = attention_params(spec, dtype, rngs, quant, fusion.qkv)
+        params = attention_params(spec, dtype, rngs, quant, fuse_qkv)
         m = len(spec.moe_layer_ids)
         if m:
             params["router"] = init_param(rngs, (m, h, e), dtype)

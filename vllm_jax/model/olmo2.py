@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vllm_jax.model.decoder import DecoderLayers, DecoderLM
-from vllm_jax.model.fused_projections import NO_FUSION, Fusion
 from vllm_jax.model.layers import LayerContext, Mlp, attend, qkv_outputs
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architecture
@@ -65,8 +64,8 @@ class Olmo2Layers(DecoderLayers):
     """DecoderLayers without `input_norm`, with whole-projection q/k norms and `post_feedforward_norm`."""
 
     def __init__(self, spec: DecoderSpec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
-                 fusion: Fusion = NO_FUSION):
-        super().__init__(spec, dtype, rngs, quant, fusion)
+                 fuse_qkv: bool = False):
+        super().__init__(spec, dtype, rngs, quant, fuse_qkv)
         n = spec.num_layers
         del self.input_norm
         self.q_norm = nnx.Param(jnp.ones((n, spec.q_size), dtype))

@@ -2,7 +2,7 @@
 qkv_proj and gate_up_proj; Gemma 4's stacked experts.gate_up_proj, and its experts.down_proj whole, both with
 their last two dims swapped): each device reads only its slice of its part, the part's output rows shifted by
 the part's offset before the checkpoint read. And the other way round, one fused param read from several parts
-(`FusedColumnsSource`: our `qkv_proj` / `gate_up_proj`, model/fused_projections.py), whatever each part's own
+(`FusedColumnsSource`: our `qkv_proj`, model/fused_projections.py), whatever each part's own
 source is (a separate HF tensor, or a row range of Phi-3's fused one).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.model.fused_projections import FUSED_PARTS, FusedLayout, layout_of
+from vllm_jax.model.fused_projections import QKV, QKV_PARTS, FusedLayout, qkv_layout
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.param_source import ParamSource, per_layer
 
@@ -139,14 +139,10 @@ class FusedColumnsSource(ParamSource):
 
 def with_fused_params(sources: dict[tuple[str, ...], ParamSource],
                       spec: Any) -> dict[tuple[str, ...], ParamSource]:
-    """`sources` plus the fused `layers/qkv_proj` and `layers/gate_up_proj` read from their parts' sources, for the
-    models built with them (the loader reads the entries a model's param tree has)."""
-    out = dict(sources)
-    for fused, part_names in FUSED_PARTS.items():
-        parts = [sources.get(("layers", part)) for part in part_names]
-        if any(p is None for p in parts) or not getattr(spec, "num_kv_heads", None):
-            continue
-        layout = layout_of(spec, fused)
-        names = np.stack([p.names for p in parts], axis=-1)
-        out[("layers", fused)] = FusedColumnsSource(names, layout=layout, parts=tuple(parts))
-    return out
+    """`sources` plus the fused `layers/qkv_proj` read from its parts' sources, for the models built with it (the
+    loader reads the entries a model's param tree has)."""
+    parts = [sources.get(("layers", part)) for part in QKV_PARTS]
+    if any(p is None for p in parts) or not getattr(spec, "num_kv_heads", None):
+        return sources
+    names = np.stack([p.names for p in parts], axis=-1)
+    return {**sources, ("layers", QKV): FusedColumnsSource(names, layout=qkv_layout(spec), parts=tuple(parts))}

@@ -31,9 +31,9 @@ PARAM_RULES: list[tuple[str, int | None]] = [
     (r"^embed_tokens(_scale|_min)?$", -2),  # [V, H] (kept: [V, H // 32] scales): vocab-parallel
     (r"^lm_head(_scale|_min)?$", _COLUMN),  # [H, V] (kept: [H // 32, V] scales): vocab-parallel
     (r"^layers/(q_proj|gate_proj|up_proj)$", _COLUMN),
-    # fused q/k/v and gate/up (model/fused_projections.py): columns in units of one KV head, so a split of the
-    # output dim holds whole units (the model fuses only when tp divides the KV heads)
-    (r"^layers/(qkv_proj|gate_up_proj)$", _COLUMN),
+    # fused q/k/v (model/fused_projections.py): columns in units of one KV head, so a split of the output dim
+    # holds whole units (the model fuses only when tp divides the KV heads)
+    (r"^layers/qkv_proj$", _COLUMN),
     # MLA (model/mla.py): q_b / kv_b outputs are head-major, split by heads; the latent projections (q_a_proj,
     # kv_a_proj) and the latent cache are replicated; DeepSeek's shared experts split like a dense MLP
     (r"^layers/(q_b_proj|kv_b_proj|shared_gate|shared_up)$", _COLUMN),

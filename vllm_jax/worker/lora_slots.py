@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.lora.adapter import LoRAAdapter, TargetShapes
 from vllm_jax.lora.config import ATTENTION_TARGETS, SUPPORTED_TARGETS, LoRAConfig
-from vllm_jax.model.fused_projections import FUSED_PARENT
+from vllm_jax.model.fused_projections import QKV
 from vllm_jax.model.spec import DecoderSpec
 
 
@@ -46,7 +46,7 @@ def _base_axes(params: nnx.State, name: str) -> tuple:
     layer; an expert weight is [(L,) E, in, out]); a target fused into another weight (model/fused_projections.py)
     splits like it."""
     layers = params["layers"]
-    value = (layers[name] if name in layers else layers[FUSED_PARENT[name]]).get_value()
+    value = (layers[name] if name in layers else layers[QKV]).get_value()
     array = value[0] if isinstance(value, tuple) else value
     sharding = getattr(array, "sharding", None)
     spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
