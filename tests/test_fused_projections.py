@@ -36,6 +36,8 @@ def test_a_unit_is_one_kv_head_with_its_query_heads():
     for p, part in enumerate((q, k, v)):
         np.testing.assert_array_equal(np.asarray(layout.split(jnp.asarray(fused))[p]), part)
         np.testing.assert_array_equal(fused[:, layout.columns(p)], part)
+        located = layout.locate(layout.columns(p))
+        assert (located[0] == p).all() and located[1].tolist() == list(range(layout.part_size(p)))
 
 
 def test_only_plain_weights_fuse_and_only_where_tp_divides_the_kv_heads():

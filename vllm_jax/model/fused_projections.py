@@ -71,6 +71,13 @@ class FusedLayout:
         unit, within = np.divmod(np.arange(self.part_size(part)), width)
         return unit * self.unit_width + offset + within
 
+    def locate(self, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The inverse of `columns`: for fused columns, (the part each belongs to, its column in that part)."""
+        unit, within_unit = np.divmod(columns, self.unit_width)
+        offsets = np.cumsum((0,) + self.widths[:-1])
+        part = np.searchsorted(offsets, within_unit, side="right") - 1
+        return part, unit * np.asarray(self.widths)[part] + within_unit - offsets[part]
+
 
 def qkv_layout(spec: Any) -> FusedLayout:
     kv = spec.num_kv_heads

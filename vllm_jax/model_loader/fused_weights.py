@@ -116,23 +116,18 @@ class FusedColumnsSource(ParamSource):
     def read(self, checkpoint: Checkpoint, index: tuple[slice, ...], param_shape: tuple[int, ...],
              dtype) -> np.ndarray:
         index = tuple(index) + (slice(None),) * (len(param_shape) - len(index))
-        columns = np.arange(*index[-1].indices(param_shape[-1]))
-        owner = np.empty(self.layout.size, np.int64)
-        within = np.empty(self.layout.size, np.int64)
-        for p in range(len(self.parts)):
-            owner[self.layout.columns(p)] = p
-            within[self.layout.columns(p)] = np.arange(self.layout.part_size(p))
+        owner, within = self.layout.locate(np.arange(*index[-1].indices(param_shape[-1])))
         out = None
         for p in range(len(self.parts)):
-            mine = owner[columns] == p
+            mine = owner == p
             if not mine.any():
                 continue
-            wanted = within[columns[mine]]
+            wanted = within[mine]
             lo, hi = int(wanted.min()), int(wanted.max()) + 1
             block = self.part(p).read(checkpoint, index[:-1] + (slice(lo, hi),), self.part_shape(param_shape, p),
                                       dtype)
             if out is None:
-                out = np.empty(block.shape[:-1] + (len(columns),), block.dtype)
+                out = np.empty(block.shape[:-1] + (len(owner),), block.dtype)
             out[..., mine] = block[..., wanted - lo]
         return out
 
@@ -142,7 +137,7 @@ def with_fused_params(sources: dict[tuple[str, ...], ParamSource],
     """`sources` plus the fused `layers/qkv_proj` read from its parts' sources, for the models built with it (the
     loader reads the entries a model's param tree has)."""
     parts = [sources.get(("layers", part)) for part in QKV_PARTS]
-    if any(p is None for p in parts) or not getattr(spec, "num_kv_heads", None):
+    if any(p is None for p in parts):
         return sources
     names = np.stack([p.names for p in parts], axis=-1)
     return {**sources, ("layers", QKV): FusedColumnsSource(names, layout=qkv_layout(spec), parts=tuple(parts))}
