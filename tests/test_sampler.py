@@ -14,6 +14,7 @@ from vllm_jax.sample.sampler import (
     compute_logprobs,
     row_argmax,
     sample,
+    top_k_lane_wide,
 )
 from vllm_jax.sampling_params import SamplingParams
 
@@ -216,6 +217,18 @@ def test_tied_tokens_share_a_rank_wherever_they_appear_and_k_is_clamped_to_vocab
     logits = jnp.array([[0.0, 3.0, 3.0, 1.0, 3.0]], jnp.float32)
     ids, _, ranks = jax.jit(compute_logprobs, static_argnums=2)(logits, jnp.array([4]), 20)
     assert ids.tolist() == [[4, 1, 2, 4, 3, 0]] and ranks.tolist() == [[1, 1, 1, 1, 4, 5]]
+
+
+@pytest.mark.parametrize("vocab", [100, 300])
+def test_lane_wide_top_k_equals_top_k_ties_included(vocab):
+    """TPU's top-K logprobs come from a 128-wide top-k (a layout XLA:TPU compiles fast) cut to K: the same ids,
+    values and tie order as jax.lax.top_k(K), for K below, at and beyond a lane, up to the vocab."""
+    rng = np.random.default_rng(vocab)
+    logits = jnp.asarray(rng.integers(0, 6, size=(3, vocab)).astype(np.float32))  # many ties
+    for k in sorted({1, 20, min(128, vocab), min(129, vocab), vocab}):
+        values, ids = jax.jit(top_k_lane_wide, static_argnums=1)(logits, k)
+        want_values, want_ids = jax.lax.top_k(logits, k)
+        assert np.array_equal(ids, want_ids) and np.array_equal(values, want_values), k
 
 
 def test_logprobs_zero_gives_sampled_token_only_and_none_gives_nothing():

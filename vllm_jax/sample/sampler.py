@@ -28,7 +28,8 @@ import jax.numpy as jnp
 
 GREEDY_TEMPERATURE = 1e-5  # rows below this are greedy (matches SamplingParams.is_greedy)
 TOP_CANDIDATES = 256  # top-k/top-p seek their cutoff among this many largest logits before bisecting the row
-ARGMAX_CHUNK = 128  # row_argmax's chunk width (a lane multiple on TPU)
+LANES = 128  # a TPU vector register's lane count
+ARGMAX_CHUNK = LANES  # row_argmax's chunk width (a lane multiple on TPU)
 
 
 
@@ -233,7 +234,7 @@ def compute_logprobs(logits: jax.Array, token_ids: jax.Array, num_logprobs: int)
     token_rank = 1 + jnp.sum(logits > token_logit, axis=-1, dtype=jnp.int32)[:, None]
     if num_logprobs == 0:
         return token_ids, token_lp, token_rank
-    top_logits, top_ids = jax.lax.top_k(logits, num_logprobs)  # sorted descending
+    top_logits, top_ids = _top_k(logits, num_logprobs)  # sorted descending
     top_ids = top_ids.astype(jnp.int32)
     top_lp = jnp.take_along_axis(logprobs, top_ids, axis=-1)
     # Every token with a larger logit than a top-K entry is itself in the top-K, so K x K comparisons suffice.
@@ -241,6 +242,24 @@ def compute_logprobs(logits: jax.Array, token_ids: jax.Array, num_logprobs: int)
     return (jnp.concatenate([token_ids, top_ids], axis=-1),
             jnp.concatenate([token_lp, top_lp], axis=-1),
             jnp.concatenate([token_rank, top_rank], axis=-1))
+
+
+def _top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k(x, k)`, taken through `top_k_lane_wide` on TPU (docs/architecture/08-sampling.md,
+    "Sampling"; measured in docs/accelerators.md, "Ahead-of-time compile checks"). Elsewhere the wider top-k only
+    costs (10% more logprobs time on XLA:CPU), so other platforms keep this one."""
+    return jax.lax.platform_dependent(x, tpu=lambda x: top_k_lane_wide(x, k),
+                                      default=lambda x: tuple(jax.lax.top_k(x, k)))
+
+
+def top_k_lane_wide(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k(x, k)` computed `LANES` wide and then cut to k: the same values and ids (ties list lower ids
+    first either way). Why: a top-k narrower than a vector lane gets a transposed layout from XLA:TPU, whose TopK
+    then compiles in ~5 s instead of ~1 (the sampling program at tensor parallelism 4 in 5 s instead of 8); the
+    barrier keeps the cut's narrow layout from reaching the TopK."""
+    width = min(-(-k // LANES) * LANES, x.shape[-1])
+    values, ids = jax.lax.optimization_barrier(jax.lax.top_k(x, width))
+    return values[:, :k], ids[:, :k]
 
 
 def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
