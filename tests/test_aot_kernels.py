@@ -212,3 +212,19 @@ def test_the_compile_enforces_the_chips_limits():
                                                         layer_index=layer, chip=roomy)
     report = compile_for_target(whole_pages, attention_args(8192, 256, 128, jnp.float32, platform="gpu"), g)
     assert not report.ok and "Shared memory size limit exceeded" in report.error
+
+
+@pytest.mark.parametrize("target", ["v6e:1x1", "cpu"])
+def test_tpu_takes_the_logprobs_top_k_lane_wide_and_other_platforms_the_plain_one(target):
+    """The sampler's top-K logprobs: a 128-wide TopK cut to K on TPU (a narrower one gets a transposed layout
+    that compiles 4x slower, docs/accelerators.md), jax.lax.top_k(K) elsewhere; the platform decides at lowering,
+    so a compile-only TPU program must hold the wide one."""
+    from vllm_jax.aot.compile import compile_jitted, place
+    from vllm_jax.sample.sampler import compute_logprobs
+
+    chip = _target(target) if target != "cpu" else targets.get_target("cpu")
+    args = place((jax.ShapeDtypeStruct((16, 4096), jnp.float32), i32((16,))), chip)
+    report, compiled = compile_jitted(jax.jit(lambda x, t: compute_logprobs(x, t, 20)), args, chip)
+    assert report.ok, report.error
+    wide = "f32[16,128]" in compiled.as_text()  # the TopK's (or, at this small vocab, the sort's cut) values
+    assert wide == (target != "cpu")
