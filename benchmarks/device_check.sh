@@ -8,6 +8,7 @@
 #      (ms/step, tok/s, share of the measured HBM bandwidth);
 #   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and benchmarks/serving.py for a
 #      short run (32 requests, concurrency 8, 128 in / 64 out);
+#   3b. start-up: the engine built and warmed up cold for the compile-check's CI configuration (issue #38 item 6);
 #   4. kernel tests: tests/test_pallas_kernels.py run on the device (the numpy-oracle tests);
 #   5. attention timings: benchmarks/attention_kernels.py, microseconds and GB/s of the xla backend and the
 #      platform's kernel on Llama-3-8B heads, decode batches 1-256 at 1k-8k context, a mixed batch, the KV write.
@@ -134,6 +135,39 @@ serving_stage() {
 echo "device_check: stage serving"
 serving_stage || { failed_stages+=(serving); echo "device_check: stage serving FAILED" >&2; }
 
+# 3b. start-up: item 6 of issue #38 on a chip ----------------------------------------------------------------
+cat >"$work/startup.py" <<'PY'
+"""The engine's cold start-up on the device for the compile-check's CI configuration (a two-layer model with
+Llama-3-8B's shapes, random weights, max_model_len 131072, max_num_seqs 256, no compilation cache): the chip's
+figures beside docs/accelerators.md's compile-only ones (whose H100 samplers are an upper bound)."""
+import json, sys, tempfile, time
+import jax
+from vllm_jax import EngineArgs
+from vllm_jax.aot.model_configs import write_config
+from vllm_jax.worker.model_runner import ModelRunner
+
+shape, path = sys.argv[1:]
+with tempfile.TemporaryDirectory() as model_dir:
+    if shape == "tiny":  # the CPU smoke path
+        write_config(model_dir, num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, vocab_size=512)
+        flags = dict(max_model_len=512, max_num_seqs=8)
+    else:
+        write_config(model_dir, num_hidden_layers=2)
+        flags = dict(max_model_len=131072, max_num_seqs=256)
+    start = time.perf_counter()
+    runner = ModelRunner(EngineArgs(model=model_dir, compilation_cache=False, **flags).create_config(),
+                         random_weights=True)
+    built = time.perf_counter() - start  # the weights, the KV probe's compiles, the cache
+    warmup = runner.warmup(show_progress=False)
+result = dict(device=jax.devices()[0].device_kind, flags=flags, build_s=built, warmup_s=warmup,
+              startup_s=built + warmup, programs=len(runner.warmup_plan()),
+              num_blocks=runner.num_blocks, compilations=runner.num_compilations)
+print(f"startup: {result}")
+json.dump(result, open(path, "w"), indent=1)
+PY
+run_stage startup python "$work/startup.py" "$shape" "$work/startup.json"
+
 # 4. the kernel tests on the device (last: the longest, and the first stage compared the kernels already) ------
 tests=(tests/test_pallas_kernels.py)
 [[ $shape == tiny ]] && tests=(tests/test_pallas_kernels.py -k "hand_computed or xla_backend")
@@ -154,6 +188,7 @@ kernels = read("kernels.json")
 result = dict(device=kernels["device"] if kernels else None, seconds=seconds, failed_stages=failed, kernels=kernels,
               kernel_tests=dict(summary=log[-1] if log else None), decode=read("decode.json"),
               serving=read("serving.json"), serving_startup_seconds=read("serve_startup_seconds"),
+              startup=read("startup.json"),
               attention_timings=read("attention.json"))
 result["ok"] = not failed and all(c["ok"] for c in kernels["cases"])
 for name in ("serve.log", "pytest.log"):  # the server's log (its warm-up) travels in the JSON, a failed stage's too
