@@ -17,8 +17,8 @@ from transformers import LlamaConfig
 
 from vllm_jax.aot import targets
 from vllm_jax.model.decoder import DecoderLM, forward
-from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.models.registry import resolve_architecture
 from vllm_jax.pallas_kernels.kv_layout import row_lanes
 from vllm_jax.sharding import kv_cache_partition_spec, param_partition_spec
 

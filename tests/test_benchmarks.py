@@ -132,8 +132,8 @@ def test_the_serving_checkpoint_has_the_default_models_shapes_and_tokenizer(tmp_
     from transformers import AutoConfig, AutoTokenizer
 
     from vllm_jax import EngineArgs
-    from vllm_jax.model.spec import spec_from_hf_config
     from vllm_jax.model_loader.tokenizer import load_tokenizer
+    from vllm_jax.models.llama.spec import spec_from_hf_config
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "serving_checkpoint.py"
     module_spec = importlib.util.spec_from_file_location("serving_checkpoint", path)

@@ -86,7 +86,7 @@ def _routing_case(arch: str, **overrides):
     import torch
 
     from tests.helpers.tiny_models import MLA_ARCHS
-    from vllm_jax.model.mla_spec import mla_spec_from_hf_config
+    from vllm_jax.models.deepseek.spec import mla_spec_from_hf_config
 
     config_cls, model_cls, extra = MLA_ARCHS[arch]
     config = config_cls(**{**extra, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 320,
@@ -111,7 +111,7 @@ def test_routing_matches_transformers_routers(arch, overrides):
     import jax.numpy as jnp
     import torch
 
-    from vllm_jax.model.deepseek_routing import deepseek_route
+    from vllm_jax.models.deepseek.routing import deepseek_route
 
     spec, router, x = _routing_case(arch, **overrides)
     with torch.no_grad():
@@ -131,7 +131,7 @@ def test_bad_configs_and_options_are_refused_by_name(v3):
     from transformers import AutoConfig
 
     from vllm_jax import LLM
-    from vllm_jax.model.mla_spec import mla_spec_from_hf_config
+    from vllm_jax.models.deepseek.spec import mla_spec_from_hf_config
 
     path, _ = v3
     config = AutoConfig.from_pretrained(path)
@@ -148,7 +148,7 @@ def test_bad_configs_and_options_are_refused_by_name(v3):
 def test_softmax_scale_takes_yarn_mscale_as_transformers_does():
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
 
-    from vllm_jax.model.mla_spec import yarn_softmax_scale
+    from vllm_jax.models.deepseek.spec import yarn_softmax_scale
 
     for rope in ({"rope_type": "default"}, {"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0},
                  {"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 0.707}, {"rope_type": "yarn", "factor": 4.0}):
@@ -168,9 +168,9 @@ def test_pallas_backends_run_their_mla_kernel_with_the_xla_backends_logits(v3, b
 
     from tests.helpers.parity import BLOCK_SIZE, MAX_BLOCKS
     from vllm_jax.model.decoder import forward
-    from vllm_jax.model.registry import resolve_architecture
     from vllm_jax.model_loader.loader import build_model
     from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+    from vllm_jax.models.registry import resolve_architecture
     from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
     source = resolve_model_source(str(v3[0]))

@@ -12,7 +12,7 @@ from tests.helpers.family_models import FAMILIES as FAMILY_CONFIGS
 from tests.helpers.family_models import make_family_checkpoint
 from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
-from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.models.registry import resolve_architecture
 
 FAMILIES = ["granite", "olmo2", "phi3"]
 

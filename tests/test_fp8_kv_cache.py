@@ -12,7 +12,7 @@ import torch
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import LLM, SamplingParams
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.registry import resolve_architecture
+from vllm_jax.models.registry import resolve_architecture
 from vllm_jax.worker.kv_cache import size_kv_cache
 
 MAX_TOKENS = 12

@@ -15,9 +15,9 @@ from transformers import AutoConfig
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.fused_projections import fuses_qkv, qkv_layout
-from vllm_jax.model.spec import spec_from_hf_config
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
-from vllm_jax.model_loader.weight_maps import param_sources
+from vllm_jax.models.registry import param_sources
+from vllm_jax.models.llama.spec import spec_from_hf_config
 
 
 @dataclasses.dataclass(frozen=True)

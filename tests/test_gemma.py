@@ -11,7 +11,7 @@ from tests.helpers.family_checks import engine_greedy
 from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
-from vllm_jax.model.gemma_spec import gemma_spec_from_hf_config
+from vllm_jax.models.gemma.spec import gemma_spec_from_hf_config
 
 MAX_TOKENS = 32
 
@@ -109,7 +109,7 @@ def test_unsupported_gemma_options_are_refused():
 def test_multimodal_gemma_is_refused_with_a_reason():
     from types import SimpleNamespace
 
-    from vllm_jax.model.registry import resolve_architecture
+    from vllm_jax.models.registry import resolve_architecture
 
     for arch in ("Gemma4ForConditionalGeneration", "Gemma3ForConditionalGeneration"):
         with pytest.raises(ValueError, match="text-only"):

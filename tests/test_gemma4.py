@@ -12,7 +12,7 @@ from tests.helpers.gemma4_models import LAYER_TYPES, gemma4_config, make_tiny_ge
 from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
-from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
+from vllm_jax.models.gemma4.spec import gemma4_spec_from_hf_config
 from vllm_jax.worker.kv_cache import spec_bytes_per_block
 
 

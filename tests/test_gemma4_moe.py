@@ -1,4 +1,4 @@
-"""Gemma 4's MoE block (`enable_moe_block`, model/gemma4_moe.py) against transformers on tiny random checkpoints
+"""Gemma 4's MoE block (`enable_moe_block`, models/gemma4/moe_block.py) against transformers on tiny random checkpoints
 (tests/helpers/gemma4_models.py with MOE: 4 experts of 32, top 2, beside every layer's MLP; both layer types, KV
 sharing and PLE kept; router scales and the block's norms randomized): logits on ragged chunked batches, 32-token
 greedy continuations through an engine with prefix caching and preemption, TP 2 and expert parallelism on fake
@@ -16,7 +16,8 @@ from tests.helpers.gemma4_models import LAYER_TYPES, MOE, gemma4_config, make_ti
 from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
-from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
+from vllm_jax.models.gemma4 import FAMILY as GEMMA4
+from vllm_jax.models.gemma4.spec import gemma4_spec_from_hf_config
 from vllm_jax.sharding.rules import param_partition_spec
 
 
@@ -39,11 +40,15 @@ def test_partition_rules_split_experts_on_width_or_on_experts():
     stays replicated either way."""
     spec = gemma4_spec_from_hf_config(gemma4_config(**MOE))
     gate, down, router = (4, 4, 64, 32), (4, 4, 32, 64), (4, 64, 4)
-    assert param_partition_spec(("layers", "sliding_experts_gate"), gate, spec, 2) == P(None, None, None, "model")
-    assert param_partition_spec(("layers", "full_shared_experts_down"), down, spec, 2) == P(None, None, "model", None)
-    assert param_partition_spec(("layers", "sliding_experts_up"), gate, spec, 2, True) == P(None, "model", None, None)
-    assert param_partition_spec(("layers", "full_experts_down"), down, spec, 2, True) == P(None, "model", None, None)
-    assert param_partition_spec(("layers", "sliding_router"), router, spec, 2, True) == P()
+
+    def rule(name, shape, ep=False):
+        return param_partition_spec(("layers", name), shape, spec, 2, ep, GEMMA4.sharding_rules)
+
+    assert rule("sliding_experts_gate", gate) == P(None, None, None, "model")
+    assert rule("full_shared_experts_down", down) == P(None, None, "model", None)
+    assert rule("sliding_experts_up", gate, True) == P(None, "model", None, None)
+    assert rule("full_experts_down", down, True) == P(None, "model", None, None)
+    assert rule("sliding_router", router, True) == P()
 
 
 def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):

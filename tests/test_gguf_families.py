@@ -1,4 +1,4 @@
-"""GGUF files of Gemma 2, Gemma 3, Phi-3, Granite and OLMo 2 (model_loader/gguf_file/families.py): a tiny random
+"""GGUF files of Gemma 2, Gemma 3, Phi-3, Granite and OLMo 2 (models/gemma/gguf.py): a tiny random
 HF checkpoint is written out as llama.cpp's converter would (its names, Gemma's norms + 1, Granite's q/k rows
 permuted, Phi-3's fused projections and long-rope factor tensors, each family's metadata keys), then run through
 the engine. A float32 GGUF must give the HF checkpoint's logits through the same engine within 1e-5; a Q8_0 GGUF

@@ -1,4 +1,4 @@
-"""GGUF files of Gemma 4 (model_loader/gguf_file/gemma4.py): a tiny random Gemma 4 text checkpoint
+"""GGUF files of Gemma 4 (models/gemma4/gguf.py): a tiny random Gemma 4 text checkpoint
 (tests/helpers/gemma4_models.py) is written out as llama.cpp's converter (`Gemma4Model`) would (its tensor names,
 norms as they are, layer_scalar as `layer_output_scale`, per-layer KV heads and MLP widths, the sliding flags,
 per-type head widths and rope bases, the proportional rope's `rope_freqs` mask, no `attn_v` on k_eq_v layers),
@@ -20,9 +20,9 @@ from transformers import AutoConfig
 from tests.helpers.gemma4_models import make_tiny_gemma4
 from tests.helpers.gguf_writing import add_tensor, finish_gguf
 from tests.helpers.quantized_models import PROMPTS, prompt_logits, quant_runner, relative_error
-from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.models.gemma4.spec import gemma4_spec_from_hf_config
 
 GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
           "model.embed_tokens_per_layer": "per_layer_token_embd",

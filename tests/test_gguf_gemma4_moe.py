@@ -1,4 +1,4 @@
-"""GGUF files of Gemma 4 with the MoE block (gemma-4-26B-A4B; model_loader/gguf_file/gemma4_moe.py): the tiny MoE
+"""GGUF files of Gemma 4 with the MoE block (gemma-4-26B-A4B; models/gemma4/gguf_moe.py): the tiny MoE
 checkpoint (tests/helpers/gemma4_models.py MOE: 4 experts of 32, top 2, router scales and the block's norms
 randomized) written as llama.cpp's converter would (router as `ffn_gate_inp` with its `.scale`, per_expert_scale as
 `ffn_down_exps.scale`, the fused `ffn_gate_up_exps` and `ffn_down_exps` stacks as HF has them, the block's norms
@@ -18,9 +18,9 @@ from transformers import AutoConfig
 from tests.helpers.gemma4_models import MOE, make_tiny_gemma4
 from tests.helpers.quantized_models import prompt_logits, quant_runner, relative_error
 from tests.test_gguf_gemma4 import _hf_logits, write_gemma4_gguf
-from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, read_gguf_config
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.models.gemma4.spec import gemma4_spec_from_hf_config
 
 
 @pytest.fixture(scope="module")

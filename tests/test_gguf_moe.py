@@ -1,4 +1,4 @@
-"""GGUF files of gpt-oss and DeepSeek-V2 / V3 (model_loader/gguf_file/moe_families.py): a tiny random HF checkpoint
+"""GGUF files of gpt-oss and DeepSeek-V2 / V3 (models/deepseek/gguf.py): a tiny random HF checkpoint
 is written out as llama.cpp's converter would (its names and metadata keys; gpt-oss's gate / up de-interleaved and
 transposed, its experts optionally MXFP4; DeepSeek's experts stacked and kv_b split into k_b / v_b, or one kv_b as
 older converters wrote), then read back: the config on the fields the model uses, every HF tensor exactly, and the
@@ -304,7 +304,7 @@ def test_published_shapes_give_the_same_spec(tmp_path, model):
     """The published gpt-oss-20b and DeepSeek-V3 configs (aot/model_configs.py) through GGUF metadata written as the
     converter would give the spec their config.json gives (sizes, layer kinds, routing, rope tables, scales)."""
     from vllm_jax.aot.model_configs import MODELS, write_config
-    from vllm_jax.model.registry import resolve_architecture
+    from vllm_jax.models.registry import resolve_architecture
 
     config = AutoConfig.from_pretrained(write_config(tmp_path / "hf", MODELS[model]))
     path = tmp_path / "meta.gguf"

@@ -22,12 +22,12 @@ from tests.test_gguf import tiny_checkpoint, write_gguf
 from vllm_jax import EngineArgs
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.quantization import scale_name
-from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model_loader.decoder_weights import LAYER_TENSORS
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import kept_formats
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+from vllm_jax.models.llama.weights import LAYER_TENSORS
+from vllm_jax.models.registry import resolve_architecture
 
 LOGIT_BOUND = 1e-5
 TYPES = ("Q8_0", "Q4_0", "Q4_1")

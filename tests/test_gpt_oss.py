@@ -96,8 +96,8 @@ def test_chat_applies_a_harmony_like_template_with_gpt_oss_kwargs(llm):
 
 def test_other_quantization_methods_and_int8_are_refused_naming_them(checkpoint, tmp_path):
     """MXFP4 experts load (tests/test_gpt_oss_mxfp4.py); any other quant_method and --quantization int8 do not."""
-    from vllm_jax.model.registry import resolve_architecture
     from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+    from vllm_jax.models.registry import resolve_architecture
 
     path, _ = checkpoint
     config = json.loads((path / "config.json").read_text())

@@ -50,7 +50,7 @@ def test_per_layer_type_rope_parameters_are_refused_where_a_family_does_not_read
     dict: a ValueError naming them, not a silent fall back to rope_theta 10000."""
     from transformers import Gemma3TextConfig
 
-    from vllm_jax.model.spec import spec_from_hf_config
+    from vllm_jax.models.llama.spec import spec_from_hf_config
 
     config = Gemma3TextConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_activation="silu")

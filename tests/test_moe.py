@@ -129,7 +129,7 @@ def test_routing_matches_transformers_routers():
 def test_spec_reads_sparse_step_and_mlp_only_layers():
     from transformers import Qwen3MoeConfig
 
-    from vllm_jax.model.moe_spec import moe_spec_from_hf_config
+    from vllm_jax.models.moe.spec import moe_spec_from_hf_config
 
     base = dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
                 num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,

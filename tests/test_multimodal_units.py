@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from vllm_jax.model.vision_layout import MAX_ENCODER_PATCHES, image_pixel_limits, vision_inputs
+from vllm_jax.models.qwen2_5_vl.vision_layout import MAX_ENCODER_PATCHES, image_pixel_limits, vision_inputs
 from vllm_jax.multimodal.capabilities import max_images_per_prompt, supports_images
 from vllm_jax.multimodal.config import MultiModalConfig
 from vllm_jax.worker.multimodal_step import EncoderCache, encoder_cache_tokens, patch_buckets
@@ -70,7 +70,7 @@ def test_interleaved_mrope_streams_and_position_taps_match_transformers():
     from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
     from vllm_jax.model.mrope import mrope_streams
-    from vllm_jax.model.qwen3_vision_layout import qwen3_vision_inputs
+    from vllm_jax.models.qwen3_vl.vision_layout import qwen3_vision_inputs
 
     sections = (24, 20, 20)  # the released checkpoints': each frequency tagged with its stream, recomposed by HF
     freq = torch.arange(3.0)[:, None, None, None].expand(3, 1, 1, sum(sections)).clone()

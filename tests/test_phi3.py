@@ -18,10 +18,10 @@ from transformers import AutoConfig
 from tests.helpers.family_models import PHI3_ORIGINAL_CONTEXT, make_family_checkpoint
 from tests.helpers.tiny_models import VOCAB_SIZE
 from vllm_jax.model.decoder import forward
-from vllm_jax.model.phi3 import phi3_spec_from_hf_config
-from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+from vllm_jax.models.phi3.spec import phi3_spec_from_hf_config
+from vllm_jax.models.registry import resolve_architecture
 from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
 BLOCK = 8

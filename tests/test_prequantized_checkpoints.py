@@ -211,9 +211,9 @@ def test_int8_w8a8_logits_within_bound_and_a_wrong_scale_is_caught(workdir, floa
 
 def test_a_float_model_of_a_prequantized_checkpoint_is_dequantized(workdir):
     """A model built without quantization (as a draft model is) reads every quantized tensor dequantized."""
-    from vllm_jax.model.registry import resolve_architecture
     from vllm_jax.model_loader.loader import build_model
     from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+    from vllm_jax.models.registry import resolve_architecture
 
     source = resolve_model_source(str(workdir / "fp8_block"))
     entry, spec = resolve_architecture(load_hf_config(source))

@@ -24,11 +24,11 @@ from tests.helpers.vl_models import (
 )
 from vllm_jax.model.decoder import forward
 from vllm_jax.model.mrope import mrope_positions
-from vllm_jax.model.qwen2_5_vl import encode_images
-from vllm_jax.model.registry import resolve_architecture
-from vllm_jax.model.vision_layout import vision_inputs
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+from vllm_jax.models.qwen2_5_vl.model import encode_images
+from vllm_jax.models.qwen2_5_vl.vision_layout import vision_inputs
+from vllm_jax.models.registry import resolve_architecture
 from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
 BLOCK, TOKENS, ROWS = 4, 128, 8

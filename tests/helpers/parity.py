@@ -13,9 +13,9 @@ from flax import nnx
 from tests.helpers.tiny_models import VOCAB_SIZE
 from vllm_jax.model.decoder import forward
 from vllm_jax.model.layers import unstack_layers
-from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
+from vllm_jax.models.registry import resolve_architecture
 from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
 BLOCK_SIZE = 4

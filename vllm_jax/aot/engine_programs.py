@@ -26,7 +26,7 @@ import jax
 from vllm_jax.aot.compile import CompileReport, compile_jitted
 from vllm_jax.aot.targets import Target, get_target
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.mla_spec import MlaSpec
+from vllm_jax.models.deepseek.spec import MlaSpec
 from vllm_jax.worker.compilation import WarmupPlan
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.engine_builder import DeviceStepFactory, EngineParts, build_engine

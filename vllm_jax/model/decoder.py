@@ -92,7 +92,7 @@ class DecoderLM(EmbeddingHead, nnx.Module):
     # splitting the module (aux_hidden.eagle3_default_layers gives vLLM's default).
     aux_hidden_layers: tuple[int, ...] = ()
     # one layer's computation (layers.decoder_block's signature): families with another residual / norm layout
-    # (model/granite.py, model/olmo2.py) name theirs
+    # (models/granite/model.py, models/olmo2/model.py) name theirs
     block = staticmethod(decoder_block)
     # whether `layers_class` takes fused q/k/v (model/fused_projections.py) when the weights and the mesh allow
     fuses_projections = True
@@ -163,7 +163,7 @@ class DecoderLM(EmbeddingHead, nnx.Module):
         return hidden
 
     def _rotary_tables(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """cos, sin [T, head_dim] for the step's positions (M-RoPE's three streams: model/qwen2_5_vl.py)."""
+        """cos, sin [T, head_dim] for the step's positions (M-RoPE's three streams: models/qwen2_5_vl/model.py)."""
         return rotary_tables(self.spec, inputs.positions)
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
@@ -178,6 +178,6 @@ class DecoderLM(EmbeddingHead, nnx.Module):
     def _block(self, ctx: LayerContext, w: dict, hidden: jax.Array, kv_cache: jax.Array,
                layer_index: jax.Array | int, window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
         """One layer from its weights `w`: `block` (the pre-norm block, or a family's residual / norm layout) with
-        the SiLU-gated MLP. A family with another MLP too (Gemma: model/gemma.py) overrides this and keeps the scan /
-        switch / LoRA machinery of layer_loop.run_layers."""
+        the SiLU-gated MLP. A family with another MLP too (Gemma: models/gemma/model.py) overrides this and keeps the
+        scan / switch / LoRA machinery of layer_loop.run_layers."""
         return self.block(self.spec, ctx, w, partial(gated_mlp, w), hidden, kv_cache, layer_index, window)

@@ -424,7 +424,7 @@ def attend(spec: DecoderSpec, ctx: LayerContext, w: dict, q: jax.Array, k: jax.A
            kv_cache: jax.Array, layer_index: jax.Array | int,
            window: jax.Array | int) -> tuple[jax.Array, jax.Array]:
     """`attention` after the projections (q [T, heads, head_dim], k / v [T, kv_heads, head_dim]): rotary, the KV
-    write, the paged attention and o_proj; families that project differently (model/olmo2.py) call it too."""
+    write, the paged attention and o_proj; families that project differently (models/olmo2/model.py) call it too."""
     t, inputs = q.shape[0], ctx.inputs
     q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)

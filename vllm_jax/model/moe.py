@@ -116,7 +116,7 @@ def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, 
 @dataclass(frozen=True)
 class ExpertGroups:
     """The T*k (token, expert) assignments sorted by the expert held here (`of`), and the way back (`combine`);
-    shared by every grouped expert FFN (this module's, model/gpt_oss_experts.py's)."""
+    shared by every grouped expert FFN (this module's, models/gpt_oss/experts.py's)."""
 
     order: jax.Array  # [T*k] assignment index of each sorted row
     sizes: jax.Array  # [E_here] int32 rows per local expert (ragged_dot's group_sizes)

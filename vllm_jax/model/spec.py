@@ -1,8 +1,6 @@
-"""DecoderSpec: the architecture facts the decoder needs, read once from a transformers config.
-
-Llama, Mistral, Qwen2 and Qwen3 are one decoder with switches (qkv bias, q/k norm, sliding windows, rope
-scaling); `spec_from_hf_config` sets the switches from the HF `architectures` name and the config.
-"""
+"""DecoderSpec: the architecture facts the decoder needs, read once from a transformers config, and the fields every
+family reads the same way (`common_spec_fields`). Each family's own reader is in its place under models/
+(the dense decoders': models/llama/spec.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_jax.model.layers import rope_inv_freq
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -39,9 +35,9 @@ class DecoderSpec:
     # softmax scale of q.k; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5, Granite:
     # attention_multiplier)
     attention_scale: float | None = field(default=None, kw_only=True)
-    # Granite: each residual branch (attention, MLP output) times this before it is added (model/granite.py)
+    # Granite: each residual branch (attention, MLP output) times this before it is added (models/granite/model.py)
     residual_multiplier: float = field(default=1.0, kw_only=True)
-    # Granite: the logits divided by this (model/granite.py)
+    # Granite: the logits divided by this (models/granite/model.py)
     logits_scaling: float = field(default=1.0, kw_only=True)
     # LongRoPE (Phi-3): the long-context inverse frequencies, () when none; model/rope_longrope.py picks them
     long_inv_freq: tuple[float, ...] = field(default=(), kw_only=True)
@@ -74,17 +70,6 @@ class DecoderSpec:
     @property
     def sm_scale(self) -> float:
         return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
-
-
-def spec_from_hf_config(config: Any) -> DecoderSpec:
-    arch = pick_architecture(config, SUPPORTED_ARCHITECTURES)
-    common = common_spec_fields(config, arch)
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    is_qwen2 = arch == "Qwen2ForCausalLM"
-    return DecoderSpec(
-        **common, intermediate_size=config.intermediate_size,
-        qkv_bias=is_qwen2 or attention_bias, o_bias=attention_bias and not is_qwen2,
-        mlp_bias=bool(getattr(config, "mlp_bias", False)), qk_norm=arch == "Qwen3ForCausalLM")
 
 
 def pick_architecture(config: Any, supported: tuple[str, ...]) -> str:

@@ -9,10 +9,10 @@ from pathlib import Path
 from flax import nnx
 
 from vllm_jax.config import EngineArgs
-from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.orbax_io import save_converted
 from vllm_jax.model_loader.tokenizer import load_tokenizer
+from vllm_jax.models.registry import resolve_architecture
 
 
 def convert(model: str | None, out_dir: str, dtype: str = "auto") -> tuple[Path, float]:

@@ -20,7 +20,7 @@ the other); both are read.
 
 from __future__ import annotations
 
-from vllm_jax.model_loader.param_source import ParamSource, single
+from vllm_jax.models.param_source import ParamSource, single
 
 LAYER_PREFIXES = ("midlayer.", "layers.0.")
 

@@ -1,4 +1,4 @@
-"""`build_model`: a registry entry, its spec and a `ModelSource` -> the model with every param on its sharding.
+"""`build_model`: a model family's entry, its spec and a `ModelSource` -> the model with every param on its sharding.
 
 The module is built abstractly (`nnx.eval_shape`), so no param is allocated twice; the source's loader
 (weight_loader.WeightLoader) then produces each param directly on its device(s).
@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vllm_jax.model.quantization import GGUF, KeptFormats, OnlineQuantization, scheme_name
-from vllm_jax.model.registry import ModelEntry
 from vllm_jax.model_loader.abstract_weights import AbstractWeights
 from vllm_jax.model_loader.checkpoint import Checkpoint
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
@@ -35,9 +34,10 @@ from vllm_jax.model_loader.weight_loader import (
     flatten_params,
     unflatten_params,
 )
+from vllm_jax.models.family import ModelFamily
 
 
-def build_model(entry: ModelEntry, spec: Any, dtype: str, source: ModelSource | None, *,
+def build_model(entry: ModelFamily, spec: Any, dtype: str, source: ModelSource | None, *,
                 attention_backend: str = "auto", platform: str | None = None, mesh: jax.sharding.Mesh | None = None,
                 seed: int = 0, sharding_for: ShardingFor | None = None,
                 model_kwargs: dict | None = None,

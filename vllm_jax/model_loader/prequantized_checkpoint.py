@@ -21,11 +21,11 @@ import math
 import numpy as np
 
 from vllm_jax.model.quantization import SCHEMES
-from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.prequantized import PrequantizedConfig
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.weight_loader import ParamPath
+from vllm_jax.models.param_source import ParamSource
 
 _STORED_DTYPE = {"int8": "I8", "fp8": "F8_E4M3"}  # safetensors' names of our schemes' storage dtypes
 _WEIGHT = ".weight"

@@ -28,11 +28,11 @@ import numpy as np
 
 from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, SCHEMES, quantize, quantize_table
 from vllm_jax.model_loader.checkpoint import Checkpoint
-from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint, StoredQuantizedReads
 from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath
-from vllm_jax.model_loader.weight_maps import param_sources
+from vllm_jax.models.param_source import ParamSource
+from vllm_jax.models.registry import param_sources
 
 # A tied model's checkpoint may still carry lm_head.weight; old ones carry rotary tables. Neither is read. A
 # classifier's score.weight is the pooling runner's head, read apart (worker/pooling_step.py).

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_jax.model.qwen2_5_vl_spec import QWEN2_5_VL_ARCHITECTURES
-from vllm_jax.model.qwen3_vl_spec import QWEN3_VL_ARCHITECTURES
+from vllm_jax.models.qwen2_5_vl.spec import QWEN2_5_VL_ARCHITECTURES
+from vllm_jax.models.qwen3_vl.spec import QWEN3_VL_ARCHITECTURES
 
-# architectures whose vision tower is built here (model/registry.py)
+# architectures whose vision tower is built here (models/registry.py)
 VISION_ARCHITECTURES = frozenset(QWEN2_5_VL_ARCHITECTURES + QWEN3_VL_ARCHITECTURES)
 # The most images one prompt may hold, per architecture; None: no limit of the model's own (the context length and
 # --limit-mm-per-prompt still apply). Qwen2.5-VL and Qwen3-VL have none, as in vLLM.

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from vllm_jax.model.mrope import mrope_positions
-from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
-from vllm_jax.model.vision_layout import image_pixel_limits
+from vllm_jax.models.qwen2_5_vl.spec import Qwen2_5_VLSpec
+from vllm_jax.models.qwen2_5_vl.vision_layout import image_pixel_limits
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def image_hash(image: Any) -> str:
 def load_image_processor(model_path: str, spec: Qwen2_5_VLSpec) -> Any:
     """The checkpoint's image processor on the PIL backend (the default torchvision one would make torchvision a
     dependency), resizing into its min_pixels / max_pixels with max_pixels capped where the encoder's buckets
-    end (model/vision_layout.py image_pixel_limits)."""
+    end (models/qwen2_5_vl/vision_layout.py image_pixel_limits)."""
     from transformers import AutoImageProcessor
 
     low, high = image_pixel_limits(model_path, spec.vision.patch_size)

@@ -5,7 +5,10 @@ split), o_proj and down row-parallel (input dim split), embedding and LM head vo
 all-reduces. The KV cache is split on its (interleaved K/V) head axis like k/v. When tp does not divide the
 number of KV heads, k/v projections and the KV cache are replicated instead: every device computes and stores
 all KV heads (correct, memory-costlier). A dim that tp does not divide stays replicated rather than erroring.
-Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims.
+Stacked layer params keep their leading [num_layers] (and [num_experts]) axes; rules name the trailing dims. The
+rules here are the shared ones (the dense decoder's, the MoE block's, the quantized scales'); a family's own
+params (DeepSeek's MLA, gpt-oss's sinks, Gemma 4's per-group layers) are split by the rules its entry declares
+(models/family.py `sharding_rules`), which the caller passes in and which are tried first.
 A quantized weight's scales (`{name}_scale`, one per output channel: model/quantization.py) are split like its
 output dim: with a column-parallel weight, replicated with a row-parallel one. Grouped scales ([L, in // g, out],
 a block-fp8 checkpoint's; a kept GGUF's, whose Q4_1 also has `{name}_min` of the same shape: model/grouped_quant.py)
@@ -19,6 +22,7 @@ while the values split: GSPMD still computes the same product, at the cost of re
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from jax.sharding import PartitionSpec as P
@@ -27,36 +31,22 @@ from vllm_jax.sharding.mesh import MODEL_AXIS
 
 # (regex on "a/b" param path, index of the dim to shard counted from the END, or None = replicate)
 _COLUMN, _ROW = -1, -2
-PARAM_RULES: list[tuple[str, int | None]] = [
+Rule = tuple[str, int | None]
+PARAM_RULES: list[Rule] = [
     (r"^embed_tokens(_scale|_min)?$", -2),  # [V, H] (kept: [V, H // 32] scales): vocab-parallel
     (r"^lm_head(_scale|_min)?$", _COLUMN),  # [H, V] (kept: [H // 32, V] scales): vocab-parallel
     (r"^layers/(q_proj|gate_proj|up_proj)$", _COLUMN),
     # fused q/k/v (model/fused_projections.py): columns in units of one KV head, so a split of the output dim
     # holds whole units (the model fuses only when tp divides the KV heads)
     (r"^layers/qkv_proj$", _COLUMN),
-    # MLA (model/mla.py): q_b / kv_b outputs are head-major, split by heads; the latent projections (q_a_proj,
-    # kv_a_proj) and the latent cache are replicated; DeepSeek's shared experts split like a dense MLP
-    (r"^layers/(q_b_proj|kv_b_proj|shared_gate|shared_up)$", _COLUMN),
-    (r"^layers/shared_down$", _ROW),
     (r"^layers/(k_proj|v_proj)$", _COLUMN),  # replicated when tp does not divide num_kv_heads (below)
     (r"^layers/(q_bias|gate_bias|up_bias)$", -1),
     (r"^layers/(k_bias|v_bias)$", -1),
     (r"^layers/(o_proj|down_proj)$", _ROW),
     (r"^layers/experts_(gate|up)$", _COLUMN),  # MoE [L, E, H, I] without EP: split I
     (r"^layers/experts_down$", _ROW),  # [L, E, I, H]
-    (r"^layers/experts_gate_up(_bias)?$", -1),  # gpt-oss [L, E, H, 2I] / [L, E, 2I]: interleaved pairs stay whole
-    (r"^layers/sinks$", -1),  # gpt-oss [L, num_heads]: split with the query heads
     (r"^layers/(q_proj|gate_proj|up_proj|k_proj|v_proj|experts_gate|experts_up)_(scale|min)$", -1),  # [.., out]
     (r"^layers/(o_proj|down_proj)_min$", _ROW),  # kept GGUF blocks: [L, in // 32, out], split the groups
-    # Gemma 4 (model/gemma4.py): layers stacked per group, `layers/{sliding|full}[_shared]_{name}`; its K/V
-    # projections stay replicated (per-layer KV head counts, tp rarely divides E4B's 2); the per-layer-input
-    # embedding table [V, L * ple] is vocab-parallel like embed_tokens
-    (r"^layers/(sliding|full)(_shared)?_(q_proj|gate_proj|up_proj|per_layer_input_gate)$", _COLUMN),
-    (r"^layers/(sliding|full)(_shared)?_(o_proj|down_proj|per_layer_projection)$", _ROW),
-    (r"^embed_tokens_per_layer$", -2),
-    # its MoE block (model/gemma4_moe.py) without EP: experts split on I like Mixtral's; router and scales replicated
-    (r"^layers/(sliding|full)(_shared)?_experts_(gate|up)$", _COLUMN),
-    (r"^layers/(sliding|full)(_shared)?_experts_down$", _ROW),
     (r".*", None),  # norms, o/down biases, router, q/k norms, row-parallel scales: replicated
 ]
 _ROW_SCALES = re.compile(r"^layers/(o_proj|down_proj)_scale$")
@@ -98,7 +88,8 @@ def kv_heads_sharded(spec: Any, tp: int) -> bool:
 
 
 def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: Any, tp: int,
-                         expert_parallel: bool = False) -> P:
+                         expert_parallel: bool = False, family_rules: Sequence[Rule] = ()) -> P:
+    """The param's spec: `family_rules` (its family's entry) first, then the shared PARAM_RULES."""
     if tp == 1:
         return P()
     name = "/".join(path)
@@ -108,7 +99,7 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
         return P()
     if _ROW_SCALES.match(name) and len(shape) == 3:  # grouped [L, in // g, out]: the groups follow the input dim
         return _spec_at(3, 1, shape, tp)
-    for pattern, dim in PARAM_RULES:
+    for pattern, dim in (*family_rules, *PARAM_RULES):
         if re.match(pattern, name):
             return P() if dim is None else _spec_at(len(shape), len(shape) + dim, shape, tp)
     return P()

@@ -27,10 +27,10 @@ from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import KeptFormats
-from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
+from vllm_jax.models.registry import family_of, resolve_architecture
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.sharding.mesh import MODEL_AXIS
 from vllm_jax.worker import kv_cache as kv_cache_module
@@ -362,9 +362,10 @@ class ModelLoader:
 
     def _sharding_for(self, spec: DecoderSpec) -> Callable[[tuple[str, ...], tuple[int, ...]], NamedSharding]:
         pc = self.config.parallel_config
+        rules = family_of(spec.architecture).sharding_rules
 
         def sharding_for(path: tuple[str, ...], shape: tuple[int, ...]) -> NamedSharding:
-            rule = param_partition_spec(path, shape, spec, pc.tensor_parallel_size, pc.enable_expert_parallel)
+            rule = param_partition_spec(path, shape, spec, pc.tensor_parallel_size, pc.enable_expert_parallel, rules)
             return NamedSharding(self.mesh, rule)
 
         return sharding_for

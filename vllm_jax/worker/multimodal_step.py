@@ -12,10 +12,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from vllm_jax.model.qwen2_5_vl import encode_images
-from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model.vision_layout import image_pixel_limits
+from vllm_jax.models.qwen2_5_vl.model import encode_images
+from vllm_jax.models.qwen2_5_vl.spec import Qwen2_5_VLSpec
+from vllm_jax.models.qwen2_5_vl.vision_layout import image_pixel_limits
 from vllm_jax.worker.device_step import input_signature
 
 MIN_PATCH_BUCKET = 64

@@ -25,8 +25,8 @@ from vllm_jax.config_pooling import PoolerConfig
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.layers import rms_norm
 from vllm_jax.model.pooler import PoolInputs, pool
-from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.models.registry import resolve_architecture
 from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.worker.compilation import CompilationManager, WarmupPlan
 from vllm_jax.worker.device_step import DeviceStep, input_signature

@@ -1,6 +1,6 @@
 """Weight updates in place: HF-named tensors (or a checkpoint directory) -> the runner's params, nothing recompiled.
 
-An update is read through the loader's own rules: the architecture's weight map (`weight_maps.param_sources`)
+An update is read through the loader's own rules: the architecture's weight map (`models/registry.py param_sources`)
 says which param and which layer each HF tensor feeds, and `TensorLoader.read_params` does the transposes, fused
 splits, dtype casts and `--quantization` (int8 / fp8 scales recomputed from the float update) exactly as loading
 does. Every new array is placed on the sharding of the array it replaces, so the compiled programs keep running
@@ -36,17 +36,17 @@ from jax.sharding import NamedSharding, PartitionSpec
 from vllm_jax.model.grouped_quant import min_name, packed
 from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, KeptFormats, scheme_name
 from vllm_jax.model_loader.checkpoint import Checkpoint
-from vllm_jax.model_loader.fused_weights import FusedColumnsSource
 from vllm_jax.model_loader.gguf_file import GGUFCheckpoint
 from vllm_jax.model_loader.gguf_file.kept import stored_format, stored_parts
 from vllm_jax.model_loader.gguf_file.requantize import QUANTIZABLE, quantized_parts
 from vllm_jax.model_loader.loader import checkpoint_for, model_quantization
-from vllm_jax.model_loader.param_source import ParamSource
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint
 from vllm_jax.model_loader.source import resolve_model_source
 from vllm_jax.model_loader.tensor_loader import TensorLoader, ignored_tensor
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath
-from vllm_jax.model_loader.weight_maps import param_sources
+from vllm_jax.models.fused_weights import FusedColumnsSource
+from vllm_jax.models.param_source import ParamSource
+from vllm_jax.models.registry import param_sources
 
 Weights = Iterable[tuple[str, Any]] | str | Path
 

@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.model_loader.gguf_file.families import family_config
-from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, moe_config_class, moe_family_config
-from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, float32_decimal, open_gguf
+from vllm_jax.model_loader.gguf_file.reader import architecture, open_gguf, reports_source_errors
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.models.gguf_family import GgufArch, field, float32_decimal
 
 _REQUIRED_KEYS = {  # "{arch}.<key>" -> HF config field
     "context_length": "max_position_embeddings",
@@ -23,21 +22,24 @@ _REQUIRED_KEYS = {  # "{arch}.<key>" -> HF config field
 _DEFAULT_ROPE_THETA = 10000.0  # llama.cpp's when `{arch}.rope.freq_base` is absent (Gemma 2's converter omits it)
 
 
+@reports_source_errors
 def read_gguf_config(path: str) -> Any:
-    """The HF config class of the file's architecture (reader.ARCHITECTURES) with `architectures` set, as HF
+    """The HF config class of the file's architecture (its family's GgufArch) with `architectures` set, as HF
     would have it."""
     import transformers
 
     reader = open_gguf(path)
-    arch = architecture(reader)
-    class_name, hf_arch = moe_config_class(reader, arch) or ARCHITECTURES[arch][:2]
+    entry = architecture(reader)
+    arch = entry.name
+    class_name, hf_arch = (entry.config_class_of(reader) if entry.config_class_of
+                           else (entry.config_class, entry.hf_architecture))
     kwargs = _shape_fields(reader, arch, path)
-    kwargs["rope_parameters"] = _rope_parameters(reader, arch, kwargs.pop("rope_theta"), kwargs["head_dim"])
+    kwargs["rope_parameters"] = _rope_parameters(reader, entry, kwargs.pop("rope_theta"), kwargs["head_dim"])
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
         kwargs[f"{name}_token_id"] = field(reader, f"tokenizer.ggml.{key}")
     kwargs.update(_layer_switches(reader, arch))
-    kwargs.update(family_config(reader, arch, kwargs) if arch not in MOE_ARCHITECTURES
-                  else moe_family_config(reader, arch, kwargs))
+    if entry.config is not None:
+        kwargs.update(entry.config(reader, kwargs))
     config_class = getattr(transformers, class_name)
     try:
         return config_class(architectures=[hf_arch], **kwargs)
@@ -67,22 +69,19 @@ def _shape_fields(reader: Any, arch: str, path: str) -> dict[str, Any]:
 
 
 def _layer_switches(reader: Any, arch: str) -> dict[str, Any]:
-    """Tied embeddings, sliding window and biases, which GGUF states by the tensors present or one key."""
+    """Tied embeddings, sliding window and attention biases, which GGUF states by the tensors present or one key
+    (a family's config hook adds or drops its own)."""
     tensor_names = {t.name for t in reader.tensors}
     switches: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in tensor_names}
-    window = field(reader, f"{arch}.attention.sliding_window")
-    switches["sliding_window"] = window  # None matters for Mistral, whose config class defaults to 4096
-    if window is not None and arch in ("qwen2", "qwen3"):
-        switches.update(use_sliding_window=True, max_window_layers=0)  # one window for every layer, as llama.cpp
-    if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in the config
-        switches["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
-    if arch in ("llama", "granite"):
-        switches["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
+    switches["sliding_window"] = field(reader, f"{arch}.attention.sliding_window")  # None matters for Mistral,
+    # whose config class defaults to 4096
+    switches["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     return switches
 
 
-def _rope_parameters(reader: Any, arch: str, theta: float, head_dim: int) -> dict[str, Any]:
+def _rope_parameters(reader: Any, entry: GgufArch, theta: float, head_dim: int) -> dict[str, Any]:
     """transformers 5 keeps rope_theta and scaling together in `rope_parameters`."""
+    arch = entry.name
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
     legacy_linear = field(reader, f"{arch}.rope.scale_linear")  # old files state only this
     kind = field(reader, f"{arch}.rope.scaling.type", "linear" if legacy_linear else "none")
@@ -101,7 +100,7 @@ def _rope_parameters(reader: Any, arch: str, theta: float, head_dim: int) -> dic
         raise ModelSourceError(f"{reader.data.filename}: rope scaling type {kind!r} is not supported "
                                "(supported: none, linear, yarn)")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if freqs is not None and arch != "gemma4":  # Gemma 4's is its proportional-rope mask (gguf_file/gemma4.py)
+    if freqs is not None and entry.llama3_rope_freqs:  # else the family's own (Gemma 4's proportional-rope mask)
         import gguf
 
         divisors = np.asarray(gguf.quants.dequantize(freqs.data, freqs.tensor_type), np.float64).reshape(-1)

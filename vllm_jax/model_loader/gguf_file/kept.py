@@ -18,13 +18,13 @@ import numpy as np
 
 from vllm_jax.model.grouped_quant import FORMATS, GROUP, min_name
 from vllm_jax.model.quantization import KeptFormats, scale_name
-from vllm_jax.model_loader.decoder_weights import LAYER_TENSORS
-from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES
-from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
-from vllm_jax.model_loader.gguf_file.tensors import GGUFCheckpoint, _hf_name, _unpermute
+from vllm_jax.model_loader.gguf_file.reader import architecture, open_gguf, reports_source_errors
+from vllm_jax.model_loader.gguf_file.tensors import GGUFCheckpoint, unpermute
 from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.tensor_loader import TensorLoader
 from vllm_jax.model_loader.weight_loader import LoadRequest, ParamPath
+from vllm_jax.models.gguf_family import field
+from vllm_jax.models.llama.weights import LAYER_TENSORS
 
 _KEPT_LAYER_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _GLOBAL_TENSORS = {"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
@@ -33,15 +33,17 @@ _BLOCKS = {"q8_0": (GROUP, 2 + GROUP), "q4_0": (GROUP, 2 + GROUP // 2), "q4_1": 
            "q4_k": (256, 144), "q6_k": (256, 210)}
 
 
+@reports_source_errors
 def kept_formats(path: str) -> KeptFormats:
     """The params this file's quantized blocks can be kept for, and their formats."""
     reader = open_gguf(path)
-    arch = architecture(reader)
-    if arch in MOE_ARCHITECTURES:
+    entry = architecture(reader)
+    arch = entry.name
+    if not entry.keeps_blocks:
         raise ModelSourceError(f"{path}: --quantization gguf (blocks kept on the device) is not supported for GGUF "
                                f"architecture {arch} (its model takes no quantized weights yet); drop "
                                "--quantization to load the file dequantized")
-    types = {_hf_name(t.name, arch): t.tensor_type.name.lower() for t in reader.tensors}
+    types = {entry.tensor_name(t.name): t.tensor_type.name.lower() for t in reader.tensors}
     num_layers = field(reader, f"{arch}.block_count") or 0
     formats = []
     for name in _KEPT_LAYER_WEIGHTS:
@@ -65,10 +67,11 @@ class KeptGGUFLoader:
     def __init__(self, path: str, formats: KeptFormats):
         self.path, self.formats = path, dict(formats.formats)
 
+    @reports_source_errors
     def load(self, request: LoadRequest) -> dict[ParamPath, jax.Array]:
         reader = open_gguf(self.path)
-        arch = architecture(reader)
-        tensors = {_hf_name(t.name, arch): t for t in reader.tensors}
+        entry = architecture(reader)
+        tensors = {entry.tensor_name(t.name): t for t in reader.tensors}
         kept = {self._param_path(name): name for name in self.formats
                 if self._param_path(name) in request.shapes}
         family = {p for path in kept for p in (path, _sibling(path, scale_name), _sibling(path, min_name))}
@@ -104,6 +107,7 @@ class KeptGGUFLoader:
         return [_layer_tensor(name, i) for i in range(num_layers)]
 
 
+@reports_source_errors
 def stored_parts(path: str, hf_name: str, fmt: str, transpose: bool) -> dict[str, np.ndarray] | None:
     """The GGUF file's own blocks of tensor `hf_name` in our layout when it stores them in `fmt` (a weight
     update from a GGUF path then takes them as loading does, not requantized); None when it stores another type."""
@@ -114,6 +118,7 @@ def stored_parts(path: str, hf_name: str, fmt: str, transpose: bool) -> dict[str
     return _repack(path, tensor, fmt, _unpermute_heads(reader).get(hf_name.split(".")[-2]), transpose)
 
 
+@reports_source_errors
 def stored_format(path: str, hf_name: str) -> str | None:
     """The lower-case GGML type the GGUF file stores tensor `hf_name` in (None: no such tensor)."""
     tensor = _tensor(open_gguf(path), hf_name)
@@ -121,8 +126,8 @@ def stored_format(path: str, hf_name: str) -> str | None:
 
 
 def _tensor(reader: Any, hf_name: str) -> Any:
-    arch = architecture(reader)
-    return next((t for t in reader.tensors if _hf_name(t.name, arch) == hf_name), None)
+    entry = architecture(reader)
+    return next((t for t in reader.tensors if entry.tensor_name(t.name) == hf_name), None)
 
 
 def _sibling(path: ParamPath, rename) -> ParamPath:
@@ -131,9 +136,10 @@ def _sibling(path: ParamPath, rename) -> ParamPath:
 
 def _unpermute_heads(reader: Any) -> dict[str, int]:
     """HF projection name -> the head count llama.cpp permuted its rows by (llama-family q/k only)."""
-    arch = architecture(reader)
-    if not ARCHITECTURES[arch][2]:
+    entry = architecture(reader)
+    if not entry.permuted_qk:
         return {}
+    arch = entry.name
     heads = field(reader, f"{arch}.attention.head_count")
     return {"q_proj": heads, "k_proj": field(reader, f"{arch}.attention.head_count_kv", heads)}
 
@@ -161,7 +167,7 @@ def block_parts(blocks: np.ndarray, fmt: str, heads: int | None, transpose: bool
     parts = _K_QUANTS[fmt](blocks) if fmt in _K_QUANTS else _simple_block_parts(blocks, fmt)
     parts = {k: v.reshape(rows, -1) for k, v in parts.items()}
     if heads:
-        parts = {k: _unpermute(v, heads) for k, v in parts.items()}
+        parts = {k: unpermute(v, heads) for k, v in parts.items()}
     return {k: np.ascontiguousarray(v.T) if transpose else v for k, v in parts.items()}
 
 

@@ -1,30 +1,19 @@
-"""Opening a GGUF file once for its config, tokenizer and tensors, and reading its metadata fields."""
+"""Opening a GGUF file once for its config, tokenizer and tensors, and finding its family's entry."""
 
 from __future__ import annotations
 
 import os
-from functools import lru_cache
-from typing import Any
-
-import numpy as np
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import lru_cache, wraps
+from typing import Any, ParamSpec, TypeVar
 
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.models.gguf_family import GgufArch, GgufError, field
+from vllm_jax.models.registry import GGUF_ARCHS
 
-# general.architecture -> (config class name, HF architectures entry, q/k rows permuted by llama.cpp)
-ARCHITECTURES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", True),
-    "mistral": ("MistralConfig", "MistralForCausalLM", True),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", False),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", False),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", False),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", False),
-    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", False),  # text decoder only (gguf_file/gemma4.py)
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", False),
-    "granite": ("GraniteConfig", "GraniteForCausalLM", True),  # llama.cpp converts it as a LlamaModel
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", False),
-    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", False),
-    "deepseek2": ("DeepseekV3Config", "DeepseekV3ForCausalLM", False),  # V2 by its gating (moe_families)
-}
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def open_gguf(path: str) -> Any:
@@ -48,26 +37,30 @@ def _open_reader(path: str, _mtime_ns: int, _size: int) -> Any:
                                f"({type(exc).__name__}: {exc})") from exc
 
 
-def field(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value (`default` when absent); a field that cannot be decoded is a ModelSourceError."""
-    entry = reader.fields.get(key)
-    if entry is None:
-        return default
+def architecture(reader: Any) -> GgufArch:
+    """The registered family entry of the file's `general.architecture` (models/registry.py)."""
+    name = field(reader, "general.architecture")
+    if name not in GGUF_ARCHS:
+        raise ModelSourceError(f"{reader.data.filename}: GGUF architecture {name!r} is not supported "
+                               f"(supported: {', '.join(GGUF_ARCHS)})")
+    return GGUF_ARCHS[name]
+
+
+@contextmanager
+def source_errors() -> Iterator[None]:
+    """A family hook's GgufError (models/gguf_family.py) as this package's ModelSourceError."""
     try:
-        return entry.contents()
-    except Exception as exc:
-        raise ModelSourceError(f"{reader.data.filename}: metadata {key} is corrupt ({exc})") from exc
+        yield
+    except GgufError as exc:
+        raise ModelSourceError(str(exc)) from exc
 
 
-def architecture(reader: Any) -> str:
-    """`general.architecture`, checked against the supported ones."""
-    arch = field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ModelSourceError(f"{reader.data.filename}: GGUF architecture {arch!r} is not supported "
-                               f"(supported: {', '.join(ARCHITECTURES)})")
-    return arch
+def reports_source_errors(function: Callable[P, R]) -> Callable[P, R]:
+    """`function` with a family hook's GgufError raised as a ModelSourceError."""
 
+    @wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with source_errors():
+            return function(*args, **kwargs)
 
-def float32_decimal(value: float) -> float:
-    """GGUF stores float32: 1e-5 comes back as 9.99999974e-06 unless read as the shortest float32 decimal."""
-    return float(str(np.float32(value)))
+    return wrapper

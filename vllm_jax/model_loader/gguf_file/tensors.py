@@ -2,26 +2,24 @@
 
 Supported storage types: those gguf-py dequantizes (_SUPPORTED_TYPES); casting to the model dtype is the loader's
 job. llama.cpp permutes the q/k projection rows of llama-family models for its rotary layout and adds 1 to Gemma's
-norm weights; both are undone here (families.py), as are gpt-oss's and DeepSeek's stacked / split expert and MLA
-tensors (moe_families.py), so the arrays equal the HF weights.
+norm weights; both are undone here as the file's family entry says (models/gguf_family.py `GgufArch`), as are
+gpt-oss's and DeepSeek's stacked / split expert and MLA tensors (their `tensors` converter), so the arrays equal
+the HF weights.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from vllm_jax.model_loader.gguf_file.families import NOT_PARAMETERS, norm_shift
-from vllm_jax.model_loader.gguf_file.gemma4 import gemma4_hf_name
-from vllm_jax.model_loader.gguf_file.moe_families import MOE_ARCHITECTURES, MoeTensors
-from vllm_jax.model_loader.gguf_file.names import BLOCK_NAMES, BLOCK_OVERRIDES, GLOBAL_NAMES
-from vllm_jax.model_loader.gguf_file.reader import ARCHITECTURES, architecture, field, open_gguf
+from vllm_jax.model_loader.gguf_file.reader import architecture, open_gguf, source_errors
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.models.gguf_family import field
 
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# llama.cpp's precomputed rope factors; the config folds them in
+NOT_PARAMETERS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 # every type gguf-py can dequantize (Q8_1, Q8_K and the integer types it cannot)
 _SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                     "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
@@ -51,21 +49,29 @@ class GGUFCheckpoint:
 
 def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, np.ndarray]]:
     """(HF parameter name, float32 array in HF layout) for every tensor but `skip`'s, dequantized one at a time."""
+    with source_errors():
+        yield from _hf_tensors(path, skip)
+
+
+def _hf_tensors(path: str, skip: frozenset[str]) -> Iterator[tuple[str, np.ndarray]]:
     import gguf
 
     reader = open_gguf(path)
-    arch = architecture(reader)
-    permuted = ARCHITECTURES[arch][2]
+    entry = architecture(reader)
+    arch = entry.name
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     supported = {getattr(gguf.GGMLQuantizationType, t) for t in _SUPPORTED_TYPES}
-    moe = None  # gpt-oss / deepseek2: stacked and split tensors (moe_families)
-    if arch in MOE_ARCHITECTURES:
-        moe = MoeTensors(arch, path, field(reader, f"{arch}.block_count") or 0)
+    stacked = None  # a family whose tensors llama.cpp stacked or split (gpt-oss, DeepSeek)
+    if entry.tensors is not None:
+        stacked = entry.tensors(path, field(reader, f"{arch}.block_count") or 0)
     for tensor in reader.tensors:
-        if tensor.name in NOT_PARAMETERS or (moe is not None and moe.skipped(tensor.name)):
+        if tensor.name in NOT_PARAMETERS or (stacked is not None and stacked.skipped(tensor.name)):
             continue
-        name = _hf_name(tensor.name, arch) if moe is None else tensor.name if moe.claims(tensor.name) else None
+        if stacked is None:
+            name = entry.tensor_name(tensor.name)
+        else:
+            name = tensor.name if stacked.claims(tensor.name) else None
         if name is None:
             raise ModelSourceError(f"{path}: tensor {tensor.name} has no HF counterpart for architecture {arch}")
         if name in skip:
@@ -74,18 +80,18 @@ def iter_gguf_tensors(path: str, skip: frozenset[str] = frozenset()) -> Iterator
             raise ModelSourceError(f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, which "
                                    f"this engine cannot dequantize (supported: {', '.join(_SUPPORTED_TYPES)})")
         array = _dequantize(path, tensor)
-        if moe is not None:
-            yield from moe.convert(tensor.name, array)
+        if stacked is not None:
+            yield from stacked.convert(tensor.name, array)
             continue
-        if shift := norm_shift(arch, tensor.name):
-            array -= np.float32(shift)
-        if permuted and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-            array = _unpermute(array, heads)
-        elif permuted and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-            array = _unpermute(array, kv_heads)
+        if entry.norm_shift and tensor.name.endswith("norm.weight"):
+            array -= np.float32(entry.norm_shift)  # what llama.cpp added at conversion (Gemma's 1)
+        if entry.permuted_qk and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+            array = unpermute(array, heads)
+        elif entry.permuted_qk and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+            array = unpermute(array, kv_heads)
         yield name, array
-    if moe is not None:
-        moe.finish()
+    if stacked is not None:
+        stacked.finish()
 
 
 def _dequantize(path: str, tensor: Any) -> np.ndarray:
@@ -102,21 +108,7 @@ def _dequantize(path: str, tensor: Any) -> np.ndarray:
     return array if array.flags.writeable else array.copy()
 
 
-def _hf_name(gguf_name: str, arch: str) -> str | None:
-    """The HF tensor name of a GGUF tensor of architecture `arch` (names.BLOCK_OVERRIDES first)."""
-    if arch == "gemma4":
-        return gemma4_hf_name(gguf_name)
-    stem, _, kind = gguf_name.rpartition(".")
-    if stem in GLOBAL_NAMES and kind in ("weight", "bias"):
-        return f"{GLOBAL_NAMES[stem]}.{kind}"
-    match = _BLOCK_RE.fullmatch(gguf_name)
-    names = BLOCK_OVERRIDES.get(arch, {})
-    if match and (hf := names.get(match.group(2)) or BLOCK_NAMES.get(match.group(2))):
-        return f"model.layers.{match.group(1)}.{hf}.{match.group(3)}"
-    return None
-
-
-def _unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of llama.cpp's `LlamaModel.permute`: per head, its rows went from (2, d/2) to (d/2, 2) order."""
     shape = rows.shape
     return rows.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_jax.model_loader.gguf_file.reader import field, open_gguf
+from vllm_jax.model_loader.gguf_file.reader import open_gguf, reports_source_errors
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.models.gguf_family import field
 
 
+@reports_source_errors
 def load_gguf_tokenizer(path: str) -> Any:
     """The tokenizer llama.cpp would use for this file, built with transformers' own GGUF conversion."""
     from transformers import PreTrainedTokenizerFast

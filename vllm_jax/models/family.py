@@ -1,0 +1,35 @@
+"""`ModelFamily`: everything the engine knows about one family of architectures, declared in one place
+(docs/architecture/16-family-unit.md). The engine, the loaders, the partition rules, the GGUF reader and the
+compile check read a family's entry through models/registry.py; none of them names an architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.models.gguf_family import GgufArch
+from vllm_jax.models.param_source import ParamSource
+from vllm_jax.sharding.rules import Rule
+
+WeightMap = Callable[[DecoderSpec], dict[tuple[str, ...], ParamSource]]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    architectures: tuple[str, ...]  # the HF `architectures` names it builds
+    model_class: type  # the Flax module (a DecoderLM)
+    spec_from_config: Callable[[Any], DecoderSpec]  # transformers config -> the spec the model is built from
+    weight_map: WeightMap  # our param path -> the HF tensors it is read from
+    # its own params' partition rules, tried before the shared ones (sharding/rules.py)
+    sharding_rules: tuple[Rule, ...] = ()
+    gguf: tuple[GgufArch, ...] = ()  # the llama.cpp architectures whose GGUF files it reads
+    # compile-check configs at real sizes (the public model cards' config.json fields): name -> HF config dict
+    real_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # (real config, layers) -> the fields a config cut to fewer layers must change besides num_hidden_layers
+    cut_config: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = None
+    # the HF config fields of a tiny random checkpoint per architecture, for the family tests
+    tiny_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    not_built: Mapping[str, str] = field(default_factory=dict)  # an architecture it refuses -> why

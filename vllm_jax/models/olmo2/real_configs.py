@@ -1,0 +1,12 @@
+"""The family's compile-check configs at real sizes (aot/model_configs.py writes them): the fields the engine reads
+from each public model card's config.json; nothing is downloaded."""
+
+from __future__ import annotations
+
+# allenai/OLMo-2-1124-7B's config.json: post-norms, whole-projection q/k norms, no GQA.
+OLMO2_7B = {
+    "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 100352,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "hidden_act": "silu",
+    "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
