@@ -12,17 +12,26 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
 
 
-@pytest.mark.parametrize("arch, overrides", [("deepseek_v3", {}), ("deepseek_v2", {}),
-                                             ("deepseek_v3", {"rope_interleave": False, "rope_scaling": YARN})])
-def test_logits_match_transformers_on_ragged_chunked_batches(arch, overrides, tmp_path):
-    """V3 (q LoRA, sigmoid + bias routing), V2 (plain q_proj, group-limited greedy) and V3 with the rotate-half
-    rope layout and YaRN (frequencies, and mscale in the softmax scale): every computed position's logits within 1e-4 of
-    transformers' over two chunked steps."""
-    hf = make_tiny_checkpoint(arch, tmp_path, **overrides)
-    spec = load_forward(tmp_path)[0]
-    assert spec.architecture == hf.config.architectures[0]
-    assert spec.rope_interleave == (overrides.get("rope_interleave", True))
+@pytest.mark.parametrize("arch", ["deepseek_v3", "deepseek_v2"])
+def test_spec_of_the_tiny_checkpoints(arch):
+    """V3 (q LoRA, sigmoid + bias routing) and V2 (plain q_proj, group-limited greedy), whose logits
+    tests/engine/test_family_units.py compares with transformers': a latent cache row, a dense first layer."""
+    from tests.helpers.tiny_models import tiny_config
+    from vllm_jax.models.registry import resolve_architecture
+
+    spec = resolve_architecture(tiny_config(arch))[1]
+    assert spec.architecture == tiny_config(arch).architectures[0] and spec.rope_interleave
     assert spec.kv_cache_heads == 1 and spec.kv_cache_width == 128  # 32 + 8, padded to 128 lanes
+    assert spec.moe_layers[0] is False and all(spec.moe_layers[1:])
+
+
+def test_logits_match_transformers_with_rotate_half_rope_and_yarn(tmp_path):
+    """V3 with the rotate-half rope layout and YaRN (frequencies, and mscale in the softmax scale): every computed
+    position's logits within 1e-4 of transformers' over two chunked steps."""
+    hf = make_tiny_checkpoint("deepseek_v3", tmp_path, rope_interleave=False, rope_scaling=YARN)
+    spec = load_forward(tmp_path)[0]
+    assert spec.architecture == hf.config.architectures[0] and not spec.rope_interleave
+    assert spec.kv_cache_heads == 1 and spec.kv_cache_width == 128
     assert spec.moe_layers[0] is False and all(spec.moe_layers[1:])
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
 
@@ -84,14 +93,13 @@ def test_tp2_with_expert_parallel_equals_tp1_with_replicated_latent_cache(tmp_pa
 def _routing_case(arch: str, **overrides):
     """(our spec, transformers' router module with random weights and bias, hidden states [40, 64])."""
     import torch
+    import transformers
 
-    from tests.helpers.tiny_models import MLA_ARCHS
+    from tests.helpers.tiny_models import tiny_config
     from vllm_jax.models.deepseek.spec import mla_spec_from_hf_config
 
-    config_cls, model_cls, extra = MLA_ARCHS[arch]
-    config = config_cls(**{**extra, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 320,
-                           "intermediate_size": 128, **overrides})
-    config.architectures = [model_cls.__name__]
+    config = tiny_config(arch, **overrides)
+    model_cls = getattr(transformers, config.architectures[0])
     module = __import__(model_cls.__module__, fromlist=["x"])
     router_cls = getattr(module, model_cls.__name__.replace("ForCausalLM", "TopkRouter"))
     torch.manual_seed(0)

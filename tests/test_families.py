@@ -1,6 +1,7 @@
-"""Granite, OLMo 2 and Phi-3 against transformers (PyTorch CPU, float32) on tiny random checkpoints: ragged
-chunked logits within 1e-4, 32-token greedy continuations through the engine (prefix caching on / off,
-preemption), TP 2 logits = TP 1 on fake CPU devices. Phi-3 past its original context: tests/test_phi3.py."""
+"""Granite, OLMo 2 and Phi-3 against transformers (PyTorch CPU, float32) on tiny random checkpoints (their ragged
+chunked logits: tests/engine/test_family_units.py): 32-token greedy continuations through the engine (prefix
+caching on / off, preemption), TP 2 logits = TP 1 on fake CPU devices. Phi-3 past its original context:
+tests/test_phi3.py."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.family_checks import assert_engine_greedy_matches
-from tests.helpers.family_models import FAMILIES as FAMILY_CONFIGS
 from tests.helpers.family_models import make_family_checkpoint
 from tests.helpers.multidevice_checks import run_check
-from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from tests.helpers.tiny_models import tiny_config
 from vllm_jax.models.registry import resolve_architecture
 
 FAMILIES = ["granite", "olmo2", "phi3"]
@@ -21,11 +21,6 @@ FAMILIES = ["granite", "olmo2", "phi3"]
 def family(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     return request.param, path, make_family_checkpoint(request.param, path, seed=3)
-
-
-def test_logits_match_transformers_on_ragged_chunked_batches(family):
-    _, path, hf = family
-    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences())
 
 
 def test_greedy_tokens_equal_transformers_with_prefix_caching_and_preemption(family):
@@ -52,9 +47,7 @@ def test_tp2_logits_equal_tp1(name, tmp_path):
      "rope_type 'linear' is not supported"),
 ])
 def test_unsupported_config_options_are_named(name, change, message):
-    config_cls, _, extra = FAMILY_CONFIGS[name]
-    config = config_cls(**{**extra, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-                           "architectures": [config_cls.__name__.replace("Config", "ForCausalLM")]})
+    config = tiny_config(name)
     for key, value in change.items():
         setattr(config, key, value)
     with pytest.raises(ValueError, match=message):

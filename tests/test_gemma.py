@@ -37,11 +37,10 @@ def test_spec_reads_the_gemma_switches(checkpoint):
         assert spec.inv_freq[1] == pytest.approx(1e6 ** (-2 / 32) / 4.0)
 
 
-def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
-    """Gemma 2 through the stacked scan, Gemma 3 through the switched per-layer scan (the CPU default)."""
-    arch, path, hf = checkpoint
-    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences(),
-                                               layers="stacked" if arch == "gemma2" else "switched")
+def test_logits_match_transformers_on_ragged_chunked_batches_through_per_layer_arrays(checkpoint):
+    """Through the switched per-layer scan (the CPU default; the stacked scan: tests/engine/test_family_units.py)."""
+    _, path, hf = checkpoint
+    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences(), layers="switched")
 
 
 def test_attention_soft_cap_reaches_the_pallas_kernels(tmp_path):

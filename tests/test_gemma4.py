@@ -40,11 +40,6 @@ def test_spec_reads_per_layer_shapes_kv_sharing_and_rope():
     assert spec_bytes_per_block(spec, 8, "float32") == 3 * 8 * 4 * 32 * 4
 
 
-def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
-    path, hf = checkpoint
-    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences())
-
-
 def test_logits_match_with_separate_values_and_more_global_kv_heads(tmp_path):
     """attention_k_eq_v off (a v_proj on every layer), full layers with the sliding layers' 2 KV heads (no
     repeats), no KV sharing, 3 layers (sliding, full, sliding: the last

@@ -51,11 +51,6 @@ def test_partition_rules_split_experts_on_width_or_on_experts():
     assert rule("sliding_router", router, True) == P()
 
 
-def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
-    path, hf = checkpoint
-    assert_logits_match_over_two_chunked_steps(hf, path, ragged_sequences())
-
-
 def test_logits_match_without_kv_sharing_on_per_layer_arrays(tmp_path):
     """Values from their own v_proj, no KV sharing, 3 layers (sliding, full, sliding forced to full), top 3 of 4
     experts; per-layer arrays (--no-scan-layers)."""

@@ -1,4 +1,5 @@
-"""Our decoder against transformers (PyTorch CPU, float32) on the same tiny random weights."""
+"""Our decoder against transformers (PyTorch CPU, float32) on the same tiny random weights: the layer forms and
+greedy continuations (each tiny config's logits: tests/engine/test_family_units.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,8 @@ from tests.helpers.parity import (
     load_forward,
     ragged_sequences,
 )
-from tests.helpers.tiny_models import ARCHS, make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.worker.batch import pack_step_inputs
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_logits_match_transformers_on_ragged_chunked_batches(arch, tmp_path):
-    """Four sequences of different lengths, each split into two chunks over two steps (the second step reads
-    the first step's KV from the pages), mixed with a decode-sized row: every computed position's logits
-    match transformers within 1e-4."""
-    hf = make_tiny_checkpoint(arch, tmp_path)
-    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
 
 
 @pytest.mark.parametrize("layers", ["switched", "unrolled"])

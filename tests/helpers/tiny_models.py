@@ -6,93 +6,29 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from tokenizers import Tokenizer, decoders, models
-from transformers import (
-    DeepseekV2Config,
-    DeepseekV2ForCausalLM,
-    DeepseekV3Config,
-    DeepseekV3ForCausalLM,
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    GptOssConfig,
-    GptOssForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
+from transformers import PreTrainedTokenizerFast
 
-VOCAB_SIZE = 320
-EOS_ID = 2
+from vllm_jax.models.family import TINY_DECODER
+from vllm_jax.models.registry import tiny_configs
 
-ARCHS = {
-    "llama": (LlamaConfig, LlamaForCausalLM, {}),
-    "llama3_rope": (LlamaConfig, LlamaForCausalLM, dict(
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 64}, rope_theta=500000.0, tie_word_embeddings=True)),
-    "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=7)),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(use_sliding_window=True, sliding_window=6, max_window_layers=1,
-                                                   tie_word_embeddings=True)),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),
-}
-
-# MoE models (tests/test_moe.py): 4 experts, top-2; make_tiny_checkpoint takes these names too.
-MOE_ARCHS = {
-    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(num_local_experts=4, num_experts_per_tok=2,
-                                                        intermediate_size=96, sliding_window=7)),
-    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(num_experts=4, num_experts_per_tok=2,
-                                                            moe_intermediate_size=48, head_dim=32)),
-    # a dense MLP layer between MoE layers, renormalized top-k, sliding window on every layer
-    "qwen3_moe_mixed": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, head_dim=32, num_hidden_layers=3,
-        mlp_only_layers=[1], norm_topk_prob=True, use_sliding_window=True, sliding_window=6)),
-    # gpt-oss: sliding window on layers 0 and 2, full on 1; YaRN rope; a SwiGLU limit low enough to clamp often
-    # (the sinks and zero-initialized biases get random values in make_tiny_checkpoint, so each one matters)
-    "gpt_oss": (GptOssConfig, GptOssForCausalLM, dict(
-        num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, head_dim=16, num_hidden_layers=3,
-        sliding_window=5, swiglu_limit=0.5, rope_parameters={
-            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-            "truncate": False, "original_max_position_embeddings": 64})),
-}
-
-# Gemma (tests/test_gemma.py): a sliding layer then a global one, query_pre_attn_scalar != head_dim, caps small
-# enough to bend these logits; Gemma 3 with its own local rope base and linear scaling on the global layers. Their
-# norms (zero-initialized by transformers: Gemma scales by 1 + weight) are randomized before saving.
-GEMMA_ARCHS = {
-    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(
-        head_dim=16, query_pre_attn_scalar=24, sliding_window=6, attn_logit_softcapping=1.5,
-        final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh", pad_token_id=0)),
-    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
-        head_dim=32, query_pre_attn_scalar=24, sliding_window=6, final_logit_softcapping=3.0, pad_token_id=0,
-        layer_types=["sliding_attention", "full_attention"],
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
-}
+VOCAB_SIZE = TINY_DECODER["vocab_size"]
+EOS_ID = TINY_DECODER["eos_token_id"]
+# every family's tiny configs by name (models/<family>/configs.py): make_tiny_checkpoint takes these names
+TINY_CONFIGS = tiny_configs()
+# the MoE checkpoints whose routing tests/test_moe.py checks
+MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen3_moe_mixed", "gpt_oss")
+# params transformers starts at one, randomized around it by `randomize_norms`: norms (Gemma 4's MoE block's
+# `..._layernorm_1/2` too), layer_scalar and the router's scales
+_START_AT_ONE = ("norm.weight", "layernorm_1.weight", "layernorm_2.weight", "layer_scalar", "router.scale",
+                 "per_expert_scale")
 
 
-# DeepSeek MLA models (tests/test_deepseek.py): 8 experts in 4 groups, top-2 of the best 2 groups, a dense first
-# layer, shared experts. V3: q LoRA, sigmoid + correction bias (randomized below); V2: plain q_proj, softmax.
-_MLA = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32,
-            n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4, topk_group=2,
-            num_key_value_heads=4)  # transformers repeats its expanded K/V by heads / kv_heads: keep them equal
-MLA_ARCHS = {
-    "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM, dict(
-        _MLA, q_lora_rank=48, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-        num_hidden_layers=3)),
-    "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM, dict(
-        _MLA, q_lora_rank=None, n_shared_experts=2, routed_scaling_factor=1.5, topk_method="group_limited_greedy")),
-}
+def tiny_config(name: str, **overrides):
+    """The transformers config of tiny checkpoint `name` with `overrides`."""
+    fields = {**TINY_CONFIGS[name], **overrides}
+    return getattr(transformers, fields["architectures"][0]).config_class(**fields)
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -107,27 +43,24 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides):
-    """Save a random tiny model of `arch` (safetensors + tokenizer) to `path`; returns the torch model."""
-    config_cls, model_cls, extra = {**ARCHS, **MOE_ARCHS, **GEMMA_ARCHS, **MLA_ARCHS}[arch]
-    kwargs = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
-                  eos_token_id=EOS_ID, initializer_range=0.1, rms_norm_eps=1e-6)
-    kwargs.update(extra)
-    kwargs.update(overrides)
+def make_tiny_checkpoint(name: str, path: Path, seed: int = 0, randomize_norms: bool = False, **overrides):
+    """Save a random tiny model `name` (TINY_CONFIGS; safetensors + tokenizer) to `path`; returns the torch model.
+    What transformers starts at zero and a family's forward reads is randomized (Gemma's norms, which scale by
+    1 + weight; gpt-oss's expert biases and sinks; DeepSeek-V3's routing bias); `randomize_norms`: the params it
+    starts at one too (_START_AT_ONE), so that a wrong norm placement shows in the logits."""
+    config = tiny_config(name, **overrides)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**kwargs)).eval()
-    if arch in GEMMA_ARCHS:
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.normal_(0.0, 0.3)
-    if arch == "gpt_oss":
+    model = getattr(transformers, config.architectures[0])(config).eval()
+    with torch.no_grad():
+        for param_name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if param_name.endswith("norm.weight") and not tensor.any():
+                tensor.normal_(0.0, 0.3)
+            elif randomize_norms and param_name.endswith(_START_AT_ONE):
+                tensor.copy_(1.0 + torch.randn(tensor.shape) * 0.3)
+            elif param_name.endswith("e_score_correction_bias"):
+                tensor.copy_(torch.randn(tensor.shape) * 0.05)
+    if hasattr(model.model.layers[0].self_attn, "sinks"):
         _randomize_gpt_oss_extras(model)
-    with torch.no_grad():  # DeepSeek-V3's routing bias starts at zero: make it matter
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn(buffer.shape) * 0.05)
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
     return model

@@ -2,7 +2,7 @@
 sizes: `python -m vllm_jax.aot.model_configs OUT_DIR [--model NAME] [--layers N]` writes one of `MODELS` (default
 Llama-3.1-8B), optionally with fewer layers (a two-layer model has every per-layer shape of the full one and
 compiles in a fraction of the time). Each family declares its configs in its entry (models/<family>/
-real_configs.py): the fields the engine reads from the public model card's config.json.
+configs.py): the fields the engine reads from the public model card's config.json.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm_jax.models.registry import family_of, real_configs
 
-MODELS = real_configs()  # name -> HF config dict, every family's (models/<family>/real_configs.py)
+MODELS = real_configs()  # name -> HF config dict, every family's (models/<family>/configs.py)
 DEFAULT_MODEL = "llama-3.1-8b"
 
 

@@ -33,3 +33,16 @@ class ModelFamily:
     # the HF config fields of a tiny random checkpoint per architecture, for the family tests
     tiny_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     not_built: Mapping[str, str] = field(default_factory=dict)  # an architecture it refuses -> why
+
+
+# the fields every tiny random checkpoint shares (tests/helpers/tiny_models.py builds them): two layers of width
+# 64, the byte tokenizer's 320 ids (eos 2)
+TINY_DECODER: Mapping[str, Any] = dict(
+    vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, initializer_range=0.1,
+    rms_norm_eps=1e-6)
+
+
+def tiny(architecture: str, **fields: Any) -> dict[str, Any]:
+    """A tiny config of `architecture`: TINY_DECODER with the family's own `fields`."""
+    return {**TINY_DECODER, **fields, "architectures": [architecture]}

@@ -65,3 +65,8 @@ def param_sources(spec: DecoderSpec) -> dict[tuple[str, ...], ParamSource]:
 def real_configs() -> dict[str, Mapping[str, Any]]:
     """Every family's compile-check configs at real sizes, by name."""
     return {name: config for family in FAMILIES for name, config in family.real_configs.items()}
+
+
+def tiny_configs() -> dict[str, Mapping[str, Any]]:
+    """Every family's tiny random-checkpoint configs, by name (the family tests build them)."""
+    return {name: config for family in FAMILIES for name, config in family.tiny_configs.items()}

@@ -2,9 +2,9 @@
 (docs/architecture/12-families.md)."""
 
 from vllm_jax.models.family import ModelFamily
+from vllm_jax.models.gemma4.configs import GEMMA4_26B_A4B, GEMMA4_E4B, TINY, cut_gemma4_config
 from vllm_jax.models.gemma4.gguf import GGUF_ARCHS
 from vllm_jax.models.gemma4.model import Gemma4LM
-from vllm_jax.models.gemma4.real_configs import GEMMA4_26B_A4B, GEMMA4_E4B, cut_gemma4_config
 from vllm_jax.models.gemma4.spec import GEMMA4_ARCHITECTURES, gemma4_spec_from_hf_config
 from vllm_jax.models.gemma4.weights import gemma4_param_sources
 
@@ -24,4 +24,5 @@ FAMILY = ModelFamily(
     name="gemma4", architectures=GEMMA4_ARCHITECTURES, model_class=Gemma4LM,
     spec_from_config=gemma4_spec_from_hf_config, weight_map=gemma4_param_sources, sharding_rules=SHARDING_RULES,
     gguf=GGUF_ARCHS, real_configs={"gemma-4-e4b": GEMMA4_E4B, "gemma-4-26b-a4b": GEMMA4_26B_A4B},
-    cut_config=cut_gemma4_config)
+    cut_config=cut_gemma4_config,
+    tiny_configs=TINY)

@@ -1,10 +1,13 @@
-"""The family's compile-check configs at real sizes (aot/model_configs.py writes them): the fields the engine reads
-from each public model card's config.json; nothing is downloaded."""
+"""The family's configs: at real sizes for the compile check (aot/model_configs.py writes them; the fields the engine
+reads from each public model card's config.json, nothing downloaded), and tiny ones for its random test
+checkpoints (tests/helpers/tiny_models.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from vllm_jax.models.family import tiny
 
 # google/gemma-2-9b's config.json: sliding (4096) and global layers alternate, both logit soft caps.
 GEMMA2_9B = {
@@ -43,3 +46,15 @@ def sliding_layer_types(config: Mapping[str, Any], layers: int, period: int, sha
 
 def cut_gemma_config(config: Mapping[str, Any], layers: int) -> dict[str, Any]:
     return {"layer_types": sliding_layer_types(config, layers, _SLIDING_PERIOD[config["architectures"][0]])}
+
+# tiny random checkpoints: a sliding layer then a global one, query_pre_attn_scalar != head_dim, caps small enough
+# to bend these logits; Gemma 3 with its own local rope base and linear scaling on the global layers
+TINY = {
+    "gemma2": tiny("Gemma2ForCausalLM", head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+                   attn_logit_softcapping=1.5, final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh",
+                   pad_token_id=0),
+    "gemma3": tiny("Gemma3ForCausalLM", head_dim=32, query_pre_attn_scalar=24, sliding_window=6,
+                   final_logit_softcapping=3.0, pad_token_id=0, layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}),
+}

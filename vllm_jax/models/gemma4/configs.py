@@ -1,12 +1,14 @@
-"""The family's compile-check configs at real sizes (aot/model_configs.py writes them): the fields the engine reads
-from each public model card's config.json; nothing is downloaded."""
+"""The family's configs: at real sizes for the compile check (aot/model_configs.py writes them; the fields the engine
+reads from each public model card's config.json, nothing downloaded), and tiny ones for its random test
+checkpoints (tests/helpers/tiny_models.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_jax.models.gemma.real_configs import sliding_layer_types
+from vllm_jax.models.family import tiny
+from vllm_jax.models.gemma.configs import sliding_layer_types
 
 # google/gemma-4-E4B's text_config as a Gemma4ForCausalLM (the fields as published for the E4B checkpoint: 42 layers,
 # five sliding (512, head_dim 256) per full one (global_head_dim 512, proportional rope over a quarter of it), the
@@ -55,3 +57,14 @@ def cut_gemma4_config(config: Mapping[str, Any], layers: int) -> dict[str, Any]:
         return {"layer_types": sliding_layer_types(config, layers, 6, _SHARED_KEPT),
                 "num_kv_shared_layers": _SHARED_KEPT}
     return {"layer_types": sliding_layer_types(config, layers, 6)}
+
+# a tiny random checkpoint: 5 layers (sliding, sliding, full, sliding, full), the last two KV-shared (layer 3 reads
+# layer 1's cache, layer 4 layer 2's) with the double-wide MLP, head_dim 16 and global_head_dim 32, per-layer inputs
+# on, a final logit cap small enough to bend these logits; and the same with the MoE block (4 experts of 32, top 2)
+TINY_LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+TINY_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+_TINY = tiny("Gemma4ForCausalLM", intermediate_size=96, num_hidden_layers=5, head_dim=16, global_head_dim=32,
+             num_global_key_value_heads=1, layer_types=TINY_LAYER_TYPES, sliding_window=6, final_logit_softcapping=3.0,
+             vocab_size_per_layer_input=320, hidden_size_per_layer_input=8, attention_k_eq_v=True,
+             num_kv_shared_layers=2, use_double_wide_mlp=True, pad_token_id=0)
+TINY = {"gemma4": _TINY, "gemma4_moe": {**_TINY, **TINY_MOE}}

@@ -1,0 +1,57 @@
+"""What every registered family gets from its entry alone (models/registry.py; docs/architecture/16-family-unit.md,
+"Testing a family"): the registry's keys are unique; each compile-check config at real size builds a spec and
+abstract params that its weight map reads in full; each tiny config's random checkpoint gives transformers' logits
+(PyTorch CPU, float32) on ragged, chunked batches. A new family is checked by registering it."""
+
+from __future__ import annotations
+
+import pytest
+from flax import nnx
+from transformers import AutoConfig
+
+from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from tests.helpers.tiny_models import make_tiny_checkpoint
+from vllm_jax.aot.model_configs import cut_fields, write_config
+from vllm_jax.model_loader.loader import build_model
+from vllm_jax.model_loader.weight_loader import flatten_params
+from vllm_jax.models.registry import FAMILIES, param_sources, real_configs, resolve_architecture, tiny_configs
+
+REAL = real_configs()
+TINY = tiny_configs()
+
+
+def test_each_architecture_config_and_gguf_name_belongs_to_one_family():
+    for key in (lambda f: f.architectures, lambda f: [arch.name for arch in f.gguf], lambda f: list(f.real_configs),
+                lambda f: list(f.tiny_configs)):
+        names = [name for family in FAMILIES for name in key(family)]
+        assert len(names) == len(set(names)), sorted(names)
+    for family in FAMILIES:
+        for config in (*family.real_configs.values(), *family.tiny_configs.values()):
+            assert config["architectures"][0] in family.architectures, family.name
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_size_config_builds_a_spec_and_abstract_params_all_read_by_its_weight_map(name, tmp_path):
+    """The compile check's configs (cut to four layers, as `--layers` cuts them: Gemma 4 keeps two KV-shared ones)
+    through the registry: spec, the model's abstract params, and a checkpoint tensor for each of them (the full
+    compile runs in .ci/aot_check)."""
+    config = REAL[name]
+    hf_config = AutoConfig.from_pretrained(write_config(tmp_path, config, num_hidden_layers=4,
+                                                        **cut_fields(config, 4)))
+    family, spec = resolve_architecture(hf_config, 4096)
+    assert spec.num_layers == 4 and spec.hidden_size == config["hidden_size"]
+    model = build_model(family, spec, "bfloat16", None, abstract=True)
+    shapes = {path: leaf.shape for path, leaf in flatten_params(nnx.to_pure_dict(nnx.state(model))).items()}
+    sources = param_sources(spec)
+    assert set(shapes) <= set(sources), sorted(set(shapes) - set(sources))
+    for path, shape in shapes.items():
+        assert sources[path].needed(shape), path
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_checkpoint_logits_match_transformers_on_ragged_chunked_batches(name, tmp_path):
+    """Four sequences of different lengths, each split into two chunks over two steps (the second step reads the
+    first's KV from the pages), mixed with a decode-sized row: every computed position's logits match
+    transformers within 1e-4. Norms are randomized, so a wrong norm placement shows."""
+    hf = make_tiny_checkpoint(name, tmp_path, randomize_norms=True)
+    assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
