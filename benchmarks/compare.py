@@ -192,7 +192,7 @@ def main() -> None:
         print("EasyDeL eSurge: skipped (installed, but this harness has no eSurge runner yet)")
 
     from vllm_jax import EngineArgs
-    from vllm_jax.model.registry import resolve_architecture
+    from vllm_jax.models.registry import resolve_architecture
 
     spec = resolve_architecture(EngineArgs().create_config().model_config.hf_config)[1]
     params = spec.vocab_size * spec.hidden_size + spec.num_layers * (

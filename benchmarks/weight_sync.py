@@ -141,9 +141,8 @@ def _llama_model(scale: int, dtype: str, abstract: bool):
     """(params, spec, model config stand-in, HF name -> shape) of a Llama-3-8B shape, widths / `scale`."""
     import transformers
 
-    from vllm_jax.model.registry import resolve_architecture
     from vllm_jax.model_loader.loader import build_model
-    from vllm_jax.model_loader.weight_maps import param_sources
+    from vllm_jax.models.registry import param_sources, resolve_architecture
 
     fields = dict(LLAMA3_8B)
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):

@@ -1,2 +1,3 @@
 """Checkpoint -> sharded params at start-up: model source resolution (`source`), one `WeightLoader` per format
-(`weight_loader`), HF-name weight maps (`weight_maps`), GGUF reading (`gguf_file`) and tokenizer loading."""
+(`weight_loader`), GGUF reading (`gguf_file`; each family's weight map and GGUF names are its entry's,
+vllm_jax/models/) and tokenizer loading."""

@@ -19,6 +19,10 @@ def _qwen_window(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {} if kwargs.get("sliding_window") is None else {"use_sliding_window": True, "max_window_layers": 0}
 
 
+def _qwen3(reader: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return _qwen_window(kwargs)
+
+
 def _qwen2(reader: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs.pop("attention_bias", None)  # Qwen2 always has q/k/v biases; its config has no switch
     return _qwen_window(kwargs)
@@ -28,5 +32,5 @@ GGUF_ARCHS = (
     GgufArch("llama", "LlamaConfig", "LlamaForCausalLM", permuted_qk=True, config=mlp_bias),
     GgufArch("mistral", "MistralConfig", "MistralForCausalLM", permuted_qk=True),
     GgufArch("qwen2", "Qwen2Config", "Qwen2ForCausalLM", config=_qwen2),
-    GgufArch("qwen3", "Qwen3Config", "Qwen3ForCausalLM", config=lambda reader, kwargs: _qwen_window(kwargs)),
+    GgufArch("qwen3", "Qwen3Config", "Qwen3ForCausalLM", config=_qwen3),
 )
