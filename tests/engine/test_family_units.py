@@ -1,23 +1,38 @@
 """What every registered family gets from its entry alone (models/registry.py; docs/architecture/16-family-unit.md,
 "Testing a family"): the registry's keys are unique; each compile-check config at real size builds a spec and
-abstract params that its weight map reads in full; each tiny config's random checkpoint gives transformers' logits
-(PyTorch CPU, float32) on ragged, chunked batches. A new family is checked by registering it."""
+abstract params that its weight map reads in full; its GGUF names reach every tensor of its checkpoints; each tiny
+config's random checkpoint gives transformers' logits (PyTorch CPU, float32) on ragged, chunked batches. A new family
+is checked by registering it."""
 
 from __future__ import annotations
 
 import pytest
+import transformers
 from flax import nnx
 from transformers import AutoConfig
 
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
-from tests.helpers.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint, tiny_config
 from vllm_jax.aot.model_configs import cut_fields, write_config
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.weight_loader import flatten_params
-from vllm_jax.models.registry import FAMILIES, param_sources, real_configs, resolve_architecture, tiny_configs
+from vllm_jax.models.gguf_family import BLOCK_NAMES, GLOBAL_NAMES
+from vllm_jax.models.registry import (
+    FAMILIES,
+    GGUF_ARCHS,
+    param_sources,
+    real_configs,
+    resolve_architecture,
+    tiny_configs,
+)
 
 REAL = real_configs()
 TINY = tiny_configs()
+# (GGUF architecture, a tiny config of its HF architecture) for the families whose GGUF names are tables (a family
+# with its own namer or a stacked-tensor converter has its own GGUF tests: tests/test_gguf_gemma4.py, test_gguf_moe.py)
+GGUF_TABLES = sorted((arch.name, next(name for name, config in TINY.items()
+                                      if config["architectures"][0] == arch.hf_architecture))
+                     for arch in GGUF_ARCHS.values() if arch.hf_name is None and arch.tensors is None)
 
 
 def test_each_architecture_config_and_gguf_name_belongs_to_one_family():
@@ -46,6 +61,21 @@ def test_real_size_config_builds_a_spec_and_abstract_params_all_read_by_its_weig
     assert set(shapes) <= set(sources), sorted(set(shapes) - set(sources))
     for path, shape in shapes.items():
         assert sources[path].needed(shape), path
+
+
+@pytest.mark.parametrize("gguf_arch, name", GGUF_TABLES)
+def test_gguf_names_reach_every_tensor_of_the_tiny_checkpoint(gguf_arch, name):
+    """Each tensor an HF checkpoint of the family holds has a GGUF name its entry maps to it (llama's tables under
+    the family's overrides), as llama.cpp's converter names them."""
+    config = tiny_config(name)
+    hf_names = set(getattr(transformers, config.architectures[0])(config).state_dict())
+    if config.tie_word_embeddings:
+        hf_names.discard("lm_head.weight")
+    entry = GGUF_ARCHS[gguf_arch]
+    stems = [*GLOBAL_NAMES, *(f"blk.{i}.{stem}" for i in range(config.num_hidden_layers)
+                              for stem in {*BLOCK_NAMES, *entry.block_names})]
+    reached = {entry.tensor_name(f"{stem}.{kind}") for stem in stems for kind in ("weight", "bias")}
+    assert hf_names <= reached, sorted(hf_names - reached)
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
