@@ -6,9 +6,12 @@ is checked by registering it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import transformers
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 from transformers import AutoConfig
 
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
@@ -25,6 +28,7 @@ from vllm_jax.models.registry import (
     resolve_architecture,
     tiny_configs,
 )
+from vllm_jax.sharding.rules import param_partition_spec
 
 REAL = real_configs()
 TINY = tiny_configs()
@@ -46,10 +50,11 @@ def test_each_architecture_config_and_gguf_name_belongs_to_one_family():
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
-def test_real_size_config_builds_a_spec_and_abstract_params_all_read_by_its_weight_map(name, tmp_path):
+def test_real_size_config_builds_params_its_weight_map_reads_and_its_rules_split(name, tmp_path):
     """The compile check's configs (cut to four layers, as `--layers` cuts them: Gemma 4 keeps two KV-shared ones)
-    through the registry: spec, the model's abstract params, and a checkpoint tensor for each of them (the full
-    compile runs in .ci/aot_check)."""
+    through the registry: spec, the model's abstract params, a checkpoint tensor for each of them, and partition
+    rules (the family's, then the shared ones) that split nearly all of the weights at TP 2 (Granite's odd
+    vocabulary keeps its embedding whole: 60%). The full compile runs in .ci/aot_check."""
     config = REAL[name]
     hf_config = AutoConfig.from_pretrained(write_config(tmp_path, config, num_hidden_layers=4,
                                                         **cut_fields(config, 4)))
@@ -61,6 +66,11 @@ def test_real_size_config_builds_a_spec_and_abstract_params_all_read_by_its_weig
     assert set(shapes) <= set(sources), sorted(set(shapes) - set(sources))
     for path, shape in shapes.items():
         assert sources[path].needed(shape), path
+    split = [param_partition_spec(path, shape, spec, 2, False, family.sharding_rules) != P() for path, shape in
+             shapes.items()]
+    sizes = [math.prod(shape) for shape in shapes.values()]
+    per_device = sum(size / 2 if halved else size for size, halved in zip(sizes, split))
+    assert per_device <= 0.62 * sum(sizes), per_device / sum(sizes)
 
 
 @pytest.mark.parametrize("gguf_arch, name", GGUF_TABLES)
