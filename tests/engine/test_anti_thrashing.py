@@ -1,6 +1,6 @@
 """KV exhaustion through the real engine (LLM.generate on a tiny random Llama with a 19-block cache): requests are
 preempted and recomputed, no request is preempted again before it samples a new token, greedy outputs still equal
-transformers', and every block is free afterwards. The scheduler-level proofs are in tests/test_scheduler.py.
+transformers', and every block is free afterwards. The scheduler-level proofs are in tests/unit/test_scheduler.py.
 """
 
 from __future__ import annotations

@@ -14,9 +14,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -124,23 +121,6 @@ def test_the_checks_catch_a_copy_a_fallback_and_a_missing_alias(program, complai
     result = checks.check(TargetResult("x", attention_backend="pallas_tpu", budget=budget, programs=[program]))
     assert result.ok == (complaint is None)
     assert complaint is None or complaint in result.failures[0]
-
-
-def test_tensor_parallel_programs_alias_each_devices_shard(tiny_dir, tmp_path):
-    """cpu:2 with -tp 2 (fake CPU devices, a subprocess): every forward aliases the cache's per-device half."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",  # the session's flags (tests/conftest.py) and two devices
-           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
-    out = tmp_path / "tp.json"
-    proc = subprocess.run([sys.executable, "-m", "vllm_jax.cli", "compile-check", str(tiny_dir), "--target",
-                           "cpu:2", "-tp", "2", "--json", str(out), "--max-num-batched-tokens", "8",
-                           "--max-num-seqs", "8", "--max-model-len", "256"],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [result] = json.loads(out.read_text())
-    budget = result["budget"]
-    assert budget["bytes_per_block"] * 2 == 2 * 16 * 2 * 2 * 16 * 4  # layers x block x K/V x heads x dim x f32
-    assert all(p["report"]["memory"]["alias_size_in_bytes"] == budget["kv_bytes"]
-               for p in result["programs"] if p["kind"] == "forward")
 
 
 # ---- real targets (libtpu / the CUDA plugin) ----

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vllm_jax.attention import BACKENDS, attention_backend_for
 
-PACKAGE = Path(__file__).resolve().parent.parent / "vllm_jax"
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_jax"
 RESOLVER = PACKAGE / "attention" / "selector.py"
 
 

@@ -1,7 +1,7 @@
 """`--kv-cache-dtype fp8` end to end on a tiny random Llama (CPU, float32 model): a float8_e4m3fn cache holds 4x
 the blocks of a float32 one in the same memory, generates greedy tokens close to the float32 model's, compiles
 nothing after warm-up and frees every block. The kernels' fp8 reads and writes are tested in
-tests/test_pallas_kernels.py."""
+tests/engine/test_pallas_kernels.py."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_the_same_kv_memory_holds_4x_the_blocks_of_float32_and_2x_those_of_bfloa
 
 def test_an_fp8_cache_generates_like_the_float32_model_and_leaks_nothing(checkpoint):
     """The measure: each fp8 continuation equals transformers' float32 greedy one (which the float32 cache
-    reproduces exactly: tests/test_engine_e2e.py) up to its first different token, if any, and that token is the
+    reproduces exactly: tests/engine/test_engine_e2e.py) up to its first different token, if any, and that token is the
     runner-up where the float32 model's top two were within NEAR_TIE nats: a random tiny model's logits are
     nearly flat, and such ties flip under e4m3's 2^-4 relative rounding. At least half of all tokens agree."""
     path, hf = checkpoint

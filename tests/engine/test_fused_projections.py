@@ -1,7 +1,7 @@
 """Fused q/k/v (model/fused_projections.py): the layout's columns, which models fuse, the loader's reads of the
 fused param from its parts' HF tensors, and seeded random weights that are the same numbers in either layout. The
-fused forward's logits against transformers are tests/test_model_parity.py's (every family there fuses at tp 1);
-tensor-parallel splits tests/test_sharding.py's; updates part by part tests/test_weight_sync.py's."""
+fused forward's logits against transformers are tests/engine/test_model_parity.py's (every family there fuses at tp 1);
+tensor-parallel splits tests/multidevice/test_sharding.py's; updates part by part tests/engine/test_weight_sync.py's."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from tests.helpers.family_checks import engine_greedy
-from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, load_forward, ragged_sequences
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax.model.gemma_spec import gemma_spec_from_hf_config
@@ -47,7 +46,7 @@ def test_logits_match_transformers_on_ragged_chunked_batches(checkpoint):
 def test_attention_soft_cap_reaches_the_pallas_kernels(tmp_path):
     """Gemma 2's logits through a Pallas kernel (pallas_gpu, interpret mode) match transformers too: the cap is
     applied inside the kernel (without it these logits are ~0.3 off). The model hands `soft_cap` to the one
-    dispatch for every backend; the kernels' own capped scores are checked in tests/test_pallas_kernels.py (both
+    dispatch for every backend; the kernels' own capped scores are checked in tests/engine/test_pallas_kernels.py (both
     TPU and GPU kernels: the `softcap` cases). pallas_tpu's interpret mode passed too (72 s here, so not kept)."""
     hf = make_tiny_checkpoint("gemma2", tmp_path, seed=5)
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences(), attention_backend="pallas_gpu")
@@ -79,19 +78,6 @@ def test_greedy_matches_transformers_with_prefix_caching_and_under_preemption(ch
     uncached = engine(enable_prefix_caching=False)
     assert engine_greedy(uncached, prompts, MAX_TOKENS) == reference
     assert cached.scheduler.num_preemptions_total > 0 and uncached.scheduler.num_preemptions_total > 0
-
-
-def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(tmp_path):
-    """TP 2 on fake CPU devices: 10 greedy tokens of three prompts equal transformers' (which TP 1 equals, above);
-    q_proj split on its output dim, the feed-forward norms replicated."""
-    from tests.helpers.parallel_workload import prompts
-
-    hf = {arch: make_tiny_checkpoint(arch, tmp_path / arch, seed=4) for arch in ("gemma2", "gemma3")}
-    result = run_check("gemma_tensor_parallel", tmp_path)
-    for arch, model in hf.items():
-        assert result[f"{arch}_tp2"] == [hf_greedy(model, p, 10) for p in prompts()]
-        assert result[f"{arch}_specs"]["q_proj"] == [None, None, "model"]
-        assert result[f"{arch}_specs"]["pre_feedforward_norm"] == []
 
 
 def test_unsupported_gemma_options_are_refused():

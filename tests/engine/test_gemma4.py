@@ -1,7 +1,7 @@
 """Gemma 4 (text) against transformers on tiny random checkpoints (tests/helpers/gemma4_models.py): logits on
 ragged chunked batches with attention_k_eq_v both ways, 32-token greedy continuations through an engine with
 prefix caching and preemption, the KV cache holding only the producing layers, and the options refused (the MoE
-block: tests/test_gemma4_moe.py)."""
+block: tests/engine/test_gemma4_moe.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_greedy, engine_prompts
 from tests.helpers.gemma4_models import LAYER_TYPES, gemma4_config, make_tiny_gemma4
-from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
@@ -67,23 +66,6 @@ def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(c
     assert engine.runner.kv_cache.shape == (3, ENGINE["num_gpu_blocks_override"], 8, 4, 32)
     assert engine_greedy(engine, prompts) == [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     assert engine.scheduler.num_preemptions_total > 0 and engine.kv_cache_manager.prefix_cache_hits > 0
-
-
-@pytest.mark.slow
-def test_tp2_greedy_tokens_equal_transformers_on_fake_devices(checkpoint, tmp_path):
-    """TP 2 on fake CPU devices (xla backend, GSPMD): 10 greedy tokens of three prompts equal transformers'."""
-    import shutil
-
-    from tests.helpers.parallel_workload import prompts
-
-    path, hf = checkpoint
-    shutil.copytree(path, tmp_path / "gemma4")
-    result = run_check("gemma4_tensor_parallel", tmp_path)
-    assert result["tp2"] == [hf_greedy(hf, p, 10) for p in prompts()]
-    assert result["cache_spec"] == [None, None, None, "model"]
-    assert result["specs"] == {"sliding_q_proj": [None, None, "model"], "full_down_proj": [None, "model"],
-                               "sliding_per_layer_input_gate": [None, None, "model"], "full_k_proj": [],
-                               "embed_tokens_per_layer": ["model"]}
 
 
 def test_refused_options_name_what_is_wrong():

@@ -6,14 +6,11 @@ CPU devices, and the sizes the spec reads / refuses."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.helpers.family_checks import ENGINE, MAX_TOKENS, engine_greedy, engine_prompts
 from tests.helpers.gemma4_models import LAYER_TYPES, MOE, gemma4_config, make_tiny_gemma4
-from tests.helpers.multidevice_checks import run_check
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import hf_greedy
 from vllm_jax.model.gemma4_spec import gemma4_spec_from_hf_config
@@ -71,20 +68,3 @@ def test_engine_greedy_matches_transformers_with_prefix_caching_and_preemption(c
                        warmup=False)
     assert engine_greedy(engine, prompts) == [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     assert engine.scheduler.num_preemptions_total > 0 and engine.kv_cache_manager.prefix_cache_hits > 0
-
-
-@pytest.mark.slow
-def test_tp2_and_expert_parallel_greedy_tokens_equal_transformers_on_fake_devices(checkpoint, tmp_path):
-    """TP 2 (experts split on their width) and TP 2 with expert parallelism (two experts per device, a psum) on
-    fake CPU devices: 10 greedy tokens of three prompts equal transformers' (= TP 1's)."""
-    from tests.helpers.parallel_workload import prompts
-
-    path, hf = checkpoint
-    shutil.copytree(path, tmp_path / "gemma4_moe")
-    result = run_check("gemma4_moe_parallel", tmp_path)
-    expected = [hf_greedy(hf, p, 10) for p in prompts()]
-    assert result["tp2"] == expected and result["tp2_ep"] == expected
-    assert result["tp2_specs"] == {"sliding_experts_gate": [None, None, None, "model"],
-                                   "full_shared_experts_down": [None, None, "model"], "sliding_router": []}
-    assert result["ep_specs"] == {"sliding_experts_gate": [None, "model"], "full_shared_experts_down": [None, "model"],
-                                  "sliding_router": []}

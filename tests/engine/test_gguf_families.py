@@ -14,11 +14,11 @@ import pytest
 from safetensors.numpy import load_file
 from transformers import AutoConfig
 
+from tests.engine.test_gguf import llama_cpp_permute
 from tests.helpers.family_models import make_family_checkpoint
 from tests.helpers.gguf_writing import add_tensor, finish_gguf
 from tests.helpers.quantized_models import prompt_logits, quant_runner, relative_error
 from tests.helpers.tiny_models import make_tiny_checkpoint
-from tests.test_gguf import llama_cpp_permute
 from vllm_jax.model_loader.gguf_file import read_gguf_config
 
 GLOBAL = {"model.embed_tokens": "token_embd", "lm_head": "output", "model.norm": "output_norm"}

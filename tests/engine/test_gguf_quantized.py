@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.helpers.multidevice_checks import run_check
+from tests.engine.test_gguf import tiny_checkpoint, write_gguf
 from tests.helpers.quantized_models import RUNNER_ARGS, prompt_logits, quant_runner, relative_error
-from tests.test_gguf import tiny_checkpoint, write_gguf
 from vllm_jax import EngineArgs
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
 from vllm_jax.model.quantization import scale_name
@@ -142,19 +141,6 @@ def test_cpu_program_reads_the_kept_blocks_natively(files, monkeypatch):
     assert relative_error(prompt_logits(quant_runner(files["Q4_0"], "gguf")), reference) < LOGIT_BOUND
     # one call a layer for q / k / v, one for gate / up, one each for o and down
     assert sorted(set(calls)) == ([1, 2, 3] if gguf_matvec.available() else [])
-
-
-def test_tp2_equals_tp1_kept_q4_1(files, tp1_logits):
-    if "Q4_1" not in tp1_logits:
-        tp1_logits["Q4_1"] = prompt_logits(quant_runner(files["Q4_1"], "gguf"))
-    result = run_check("gguf_kept_tensor_parallel", files["Q4_1"].parent)
-    np.testing.assert_allclose(np.array(result["tp2"]), tp1_logits["Q4_1"], rtol=1e-4, atol=1e-4)
-    specs = result["specs"]
-    # column-parallel: values, scales and mins split on out; row-parallel: values on their packed input rows,
-    # scales and mins on the group axis; the embedding and its scales on vocab
-    assert specs["q_proj"] == specs["q_proj_scale"] == specs["q_proj_min"] == [None, None, "model"]
-    assert specs["o_proj"] == specs["o_proj_scale"] == specs["down_proj_min"] == [None, "model"]
-    assert specs["embed_tokens"] == specs["embed_tokens_scale"] == ["model"]
 
 
 # ---- the default model (SmolLM2-135M Q4_1, Q8_0 tied embedding) ----------------------------------------------

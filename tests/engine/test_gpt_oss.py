@@ -1,6 +1,7 @@
 """gpt-oss (GptOssForCausalLM) against transformers on one tiny random checkpoint (3 layers: sliding window 5 on
 layers 0 and 2, full on 1; 4 experts top-2; YaRN rope; random sinks and expert / router biases; a SwiGLU limit of
-0.5 that clamps often), plus what gpt-oss refuses and its chat-template kwargs. TP / EP: tests/test_sharding.py."""
+0.5 that clamps often), plus what gpt-oss refuses and its chat-template kwargs. TP / EP:
+tests/multidevice/test_sharding.py."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def test_chat_applies_a_harmony_like_template_with_gpt_oss_kwargs(llm):
 
 
 def test_other_quantization_methods_and_int8_are_refused_naming_them(checkpoint, tmp_path):
-    """MXFP4 experts load (tests/test_gpt_oss_mxfp4.py); any other quant_method and --quantization int8 do not."""
+    """MXFP4 experts load (tests/engine/test_gpt_oss_mxfp4.py); any other quant_method and --quantization int8 do
+    not."""
     from vllm_jax.model.registry import resolve_architecture
     from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
 

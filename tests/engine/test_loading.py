@@ -11,11 +11,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from tests.helpers.tiny_models import make_tiny_checkpoint
-from tests.test_gguf import (
+from tests.engine.test_gguf import (
     llama,  # noqa: F401  (module fixture: a tiny llama and its F32 GGUF twin)
     write_gguf,
 )
+from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import ModelSourceError, load_hf_config, resolve_model_source

@@ -2,7 +2,7 @@
 verification pass runs each request's adapter; n-gram proposals need nothing, the draft model and the EAGLE-3
 head propose without adapters (as vLLM's). A batch mixing two adapters and base requests gives every request the
 greedy tokens it gets with speculation off; seeded sampling is reproducible and independent of the batch, and
-in distribution the target's (rejection sampling is unchanged: tests/test_spec_decode.py).
+in distribution the target's (rejection sampling is unchanged: tests/engine/test_spec_decode.py).
 
 Also sleep mode over what such an engine holds besides the target (docs/architecture/05-worker.md, "Sleep and
 weight updates"): the draft's weights and KV cache and the LoRA slots; sleep, wake, same tokens, nothing compiled.
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.engine.test_lora import make_adapter
 from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint, make_tiny_eagle3_head
-from tests.test_lora import make_adapter
 from vllm_jax import LLM, EngineArgs, LoRARequest, SamplingParams
 from vllm_jax.engine.llm_engine import LLMEngine
 from vllm_jax.worker.sleep import DeviceSleep
@@ -159,7 +159,7 @@ def test_sampled_adapter_output_keeps_the_targets_distribution(setup):
     """#37 item 1, bounded: an adapter request restricted to 4 tokens (allowed_token_ids: the full sampler variant
     verifies) continuing a prompt of those tokens, so n-gram proposals are often accepted: each output position's
     empirical distribution with speculation matches the one without (two-sample chi-square, as
-    tests/test_spec_decode.py's test for the base model; 160 samples a side, ~7 s with the module's engines
+    tests/engine/test_spec_decode.py's test for the base model; 160 samples a side, ~7 s with the module's engines
     compiled, catch a gross bias, not a subtle one)."""
     from scipy import stats as scipy_stats  # jax depends on scipy
 

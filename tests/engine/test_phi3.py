@@ -1,6 +1,6 @@
 """Phi-3's LongRoPE against transformers past the original context, its spec's checks, and Phi-3's
 head_dim-not-a-power-of-two (96 in Phi-3-mini; 24 here) through the pallas_gpu kernels. (Within the original
-context, Phi-3 runs the family parity and engine tests in tests/test_families.py.)"""
+context, Phi-3 runs the family parity and engine tests in tests/engine/test_families.py.)"""
 
 from __future__ import annotations
 

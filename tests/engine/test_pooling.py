@@ -77,14 +77,6 @@ def test_score_is_the_cosine_and_generation_names_the_runner(st_model):
         llm.embed({"prompt_token_ids": [5] * 200}, use_tqdm=False)
 
 
-def test_tp2_embeddings_equal_tp1(st_model):
-    """Tensor parallelism over two of the session's fake CPU devices: the sharded forward, the replicated pooler."""
-    path, llm = st_model
-    tp2 = LLM(str(path), tensor_parallel_size=2, **SMALL)
-    for a, b in zip(tp2.embed(TEXTS, use_tqdm=False), llm.embed(TEXTS, use_tqdm=False)):
-        np.testing.assert_allclose(a.outputs.embedding, b.outputs.embedding, atol=1e-5)
-
-
 def test_llama_converted_to_embed_with_mean_pooling(tmp_path):
     torch_model = make_tiny_checkpoint("llama", tmp_path / "llama")
     llm = LLM(str(tmp_path / "llama"), runner="pooling", convert="embed", pooler_config={"pooling_type": "MEAN"},

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.helpers.multidevice_checks import run_check
 from tests.helpers.quantized_models import (
     QUANT_MODEL,
     dequantized_logits,
@@ -289,18 +288,3 @@ def test_int8_engine_compiles_nothing_after_warm_up(model_dir):
     outs = llm.generate([[5, 17, 200, 33, 41], [99, 3]], params, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
     assert llm.llm_engine.runner.num_compilations == before
-
-
-def test_tp2_equals_tp1_for_int8(model_dir, tp1_logits):
-    if "int8" not in tp1_logits:
-        tp1_logits["int8"] = prompt_logits(quant_runner(model_dir, "int8"))
-    result = run_check("quantized_tensor_parallel", model_dir.parent)
-    np.testing.assert_allclose(np.array(result["tp2"]), tp1_logits["int8"], rtol=1e-4, atol=1e-4)
-    assert result["dtypes"] == {"q_proj": "int8", "q_proj_scale": "float32"}
-    specs = result["specs"]
-    # column-parallel weights and their scales split on the output dim; row-parallel scales replicated
-    assert specs["q_proj"] == [None, None, "model"] and specs["q_proj_scale"] == [None, "model"]
-    assert specs["k_proj_scale"] == [None, "model"] and specs["gate_proj_scale"] == [None, "model"]
-    assert specs["o_proj"] == [None, "model"] and specs["o_proj_scale"] == [] and specs["down_proj_scale"] == []
-    # the quantized embedding and its row scales split on vocab alike
-    assert specs["embed_tokens"] == ["model"] and specs["embed_tokens_scale"] == ["model"]

@@ -12,7 +12,7 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import LLM, SamplingParams
 from vllm_jax.worker.model_runner import ModelRunner
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "rl_grpo.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rl_grpo.py"
 
 
 def load_example(monkeypatch):
@@ -26,7 +26,7 @@ def load_example(monkeypatch):
 def test_three_grpo_iterations_change_the_engine_and_compile_nothing_new(tmp_path, monkeypatch):
     make_tiny_checkpoint("llama", tmp_path / "llama", seed=4)
     monkeypatch.setattr(ModelRunner, "warmup", lambda self, show_progress=True: 0.0)
-    # the shapes of tests/test_weight_sync.py's engine: its programs come from the session's compilation cache
+    # the shapes of tests/engine/test_weight_sync.py's engine: its programs come from the session's compilation cache
     llm = LLM(str(tmp_path / "llama"), max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=2,
               max_num_batched_tokens=8, enable_sleep_mode=True)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]

@@ -2,7 +2,7 @@
 auxiliary hidden states, greedy output identical to no speculation over batching, chunked prefill and
 preemption; proposals accepted where the head is right; its KV cache shares the target's blocks (all free
 afterwards); no compilation after warm-up; a head that does not fit the target refused at start-up naming the
-key. (The head's arithmetic against a dense reference: tests/test_eagle3_head.py.)"""
+key. (The head's arithmetic against a dense reference: tests/engine/test_eagle3_head.py.)"""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_proposals_are_the_heads_own_greedy_chain(setup):
     from safetensors.numpy import load_file
     from transformers import LlamaForCausalLM
 
-    from tests.test_eagle3_head import _reference
+    from tests.engine.test_eagle3_head import _reference
 
     head_dir = setup["heads"]["random"]
     llm = LLM(setup["target"], speculative_config=_spec(head_dir), **dict(ARGS, max_num_batched_tokens=8,
@@ -160,26 +160,3 @@ def _greedy_with_proposals(setup, tp: int):
     while engine.has_unfinished_requests():
         tokens.update((out.request_id, out.outputs[0].token_ids) for out in engine.step() if out.finished)
     return [tokens[str(i)] for i in range(4)], proposals, engine
-
-
-def test_tp2_proposes_and_generates_as_tp1(setup):
-    """EAGLE-3 at TP 2 on the session's fake CPU devices: the head split like the target's layers (fc on its
-    input, lm_head on the draft vocabulary) and its cache on its KV heads; every step's proposals and the greedy
-    tokens are TP 1's, and the tokens no speculation's."""
-    from flax import nnx
-
-    one, one_proposals, _ = _greedy_with_proposals(setup, 1)
-    two, two_proposals, engine = _greedy_with_proposals(setup, 2)
-    assert one == two == setup["expected"][:4]
-    assert two_proposals == one_proposals and sum(len(p) for p in one_proposals) >= 20
-    eagle = engine.runner.eagle
-    specs = {name: list(value.sharding.spec) for name, value in nnx.to_pure_dict(eagle.params)["midlayer"].items()}
-    assert specs["q_proj"] == specs["k_proj"] == specs["gate_proj"] == [None, "model"]
-    assert specs["o_proj"] == specs["down_proj"] == ["model", None]
-    assert specs["input_norm"] == []
-    state = nnx.to_pure_dict(eagle.params)
-    assert list(state["fc"].sharding.spec) == ["model", None]
-    assert list(state["lm_head"].sharding.spec) == [None, "model"]
-    assert list(state["d2t"].sharding.spec) == []
-    assert tuple(eagle.kv_cache.sharding.spec)[:4] == (None, None, None, "model")  # [1, blocks, size, 2 * kv, dim]
-    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_usable_blocks

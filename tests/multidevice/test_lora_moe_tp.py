@@ -1,7 +1,7 @@
 """LoRA on a MoE model under tensor and expert parallelism (docs/architecture/11-lora.md, "Mixture-of-experts
 models"), on 2 of the session's fake CPU devices: TP 2 and TP 2 with EP give, for a batch mixing the base model, an
 attention adapter and expert adapters (per-expert and fused layouts), the reference's greedy tokens (what TP 1
-gives: tests/test_lora_moe.py), with the expert slots split like the experts."""
+gives: tests/engine/test_lora_moe.py), with the expert slots split like the experts."""
 
 from __future__ import annotations
 

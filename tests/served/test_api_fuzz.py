@@ -8,7 +8,8 @@ refuses dropped) so that they get past validation and drive the engine, not only
 derandomized (the same examples on every run) and bounded: EXAMPLES per operation and mode, short generations
 (max_model_len 64). Afterwards the engine must be idle with every KV block free, and still serve.
 
-A deeper run, with other examples: `VLLM_JAX_FUZZ_EXAMPLES=2000 VLLM_JAX_FUZZ_SEED=7 pytest tests/test_api_fuzz.py`.
+A deeper run, with other examples:
+`VLLM_JAX_FUZZ_EXAMPLES=2000 VLLM_JAX_FUZZ_SEED=7 pytest tests/served/test_api_fuzz.py`.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def test_the_attention_timings_read_kernel_time_from_the_device_plane():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parent.parent / "benchmarks" / "attention_kernels.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_kernels.py"
     module_spec = importlib.util.spec_from_file_location("attention_kernels", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -135,7 +135,7 @@ def test_the_serving_checkpoint_has_the_default_models_shapes_and_tokenizer(tmp_
     from vllm_jax.model.spec import spec_from_hf_config
     from vllm_jax.model_loader.tokenizer import load_tokenizer
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "serving_checkpoint.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_checkpoint.py"
     module_spec = importlib.util.spec_from_file_location("serving_checkpoint", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -155,7 +155,7 @@ def test_no_benchmark_script_hides_an_installed_package():
     import importlib.util
     from pathlib import Path
 
-    scripts = Path(__file__).resolve().parents[1] / "benchmarks"
+    scripts = Path(__file__).resolve().parents[2] / "benchmarks"
     hidden = [p.name for p in sorted(scripts.glob("*.py"))
               if (found := importlib.util.find_spec(p.stem)) is not None
               and Path(found.origin or "").resolve().parent != scripts]

@@ -30,7 +30,7 @@ def served(tmp_path_factory):
     make_tiny_checkpoint("llama", root / "b", seed=2)
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_SERVER_DEV_MODE", "1")
-    # the shapes of tests/test_weight_sync.py's engine: its programs come from the session's compilation cache
+    # the shapes of tests/engine/test_weight_sync.py's engine: its programs come from the session's compilation cache
     args = tiny_engine_args(root / "a", enable_sleep_mode=True, max_num_seqs=2, max_num_batched_tokens=8,
                             num_gpu_blocks_override=32)
     server = serve(AsyncLLM(args.create_config(), engine_factory=no_warmup))

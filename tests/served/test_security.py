@@ -1,7 +1,7 @@
 """Security: where the server listens, what the API key guards and how it is compared, that loading a model never
 runs code from it, and that prompts stay out of the logs unless asked for.
 
-Pickled weights are refused by the loader: tests/test_loading.py::test_pickle_checkpoints_are_refused (a
+Pickled weights are refused by the loader: tests/engine/test_loading.py::test_pickle_checkpoints_are_refused (a
 directory with only `pytorch_model.bin` fails and names pickle as the reason).
 """
 

@@ -329,7 +329,8 @@ def test_missing_or_wrong_api_key_is_401_but_probes_stay_open(served: Served) ->
 
 
 def test_tokenizer_info_is_served_only_when_enabled(http: httpx.Client) -> None:
-    """vLLM registers /tokenizer_info only with --enable-tokenizer-info-endpoint (tests/test_scoring.py has it)."""
+    """vLLM registers /tokenizer_info only with --enable-tokenizer-info-endpoint (tests/engine/test_scoring.py has
+    it)."""
     assert _error(http.get("/tokenizer_info"), 404)
 
 

@@ -105,7 +105,7 @@ def _accepts(compiler: GrammarCompiler, grammar: str, value: object) -> bool:
 
 def test_the_required_tool_call_grammar_refuses_extra_keys_in_a_call_object(compiler):
     """Issue #37: tool_choice "required" compiles call objects that hold exactly `name` and `parameters`."""
-    from tests.test_tool_choice import REQUIRED_EXTRA_KEYS, REQUIRED_GOOD, required_schema
+    from tests.unit.test_tool_choice import REQUIRED_EXTRA_KEYS, REQUIRED_GOOD, required_schema
 
     grammar = compiler.compile(StructuredOutputsParams(json=required_schema()))
     assert _accepts(compiler, grammar, REQUIRED_GOOD) and not _accepts(compiler, grammar, REQUIRED_EXTRA_KEYS)
@@ -123,7 +123,7 @@ def test_the_backend_reads_listed_properties_as_vllms_backend_of_that_name(confi
     properties gets no others; "guidance" as vLLM's guidance backend: others allowed unless
     disable_additional_properties. Either way a bare object (json_object) stays any object, and the required
     tool-call list still takes its calls (closing its bare `items` object made it unsatisfiable)."""
-    from tests.test_tool_choice import REQUIRED_GOOD, required_schema
+    from tests.unit.test_tool_choice import REQUIRED_GOOD, required_schema
 
     so = StructuredOutputsConfig.parse(config)
     compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID],

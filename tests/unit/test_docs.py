@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # a page of docs/ and a section name; the quotes may be escaped (a citation inside a string literal)
 CITATION = re.compile(r'(docs/[\w./-]+\.md)(?:[,:]\s*|\s+)\\?"([^"\\]+)\\?"')
 OLD_DOCUMENT = "docs/" + "architecture.md"  # split into docs/architecture/*.md; spelled so this file does not cite it

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "vllm_jax"
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_jax"
 # importable from anywhere
 LEAVES = {"config", "config_pooling", "sampling_params", "pooling_params", "outputs", "logger", "utils"}
 # part of the package -> the other parts it may import (besides LEAVES and itself)

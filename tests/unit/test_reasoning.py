@@ -14,7 +14,7 @@ from vllm_jax.config import EngineArgs
 from vllm_jax.reasoning import REASONING_PARSERS, get_reasoning_parser
 
 THINK_TAG_PARSERS = sorted(name for name, parser in REASONING_PARSERS.items() if parser.start_token == "<think>")
-# (output, reasoning, content) for the think-tag parsers with thinking on (harmony's: tests/test_harmony.py)
+# (output, reasoning, content) for the think-tag parsers with thinking on (harmony's: tests/unit/test_harmony.py)
 SPLITS = [
     ("<think>The user greets.</think>Hello!", "The user greets.", "Hello!"),
     ("\n<think>\nplan\n</think>\n\nanswer", "\nplan\n", "\n\nanswer"),  # a leading start tag, after whitespace

@@ -1,29 +1,30 @@
-"""The test tiers (tests/helpers/tiers.py): every module and test the table names exists (a renamed test would
-silently fall back to its module's tier), and the session has the fake devices the multi-device tier runs on."""
+"""The test tiers: a test's tier is its module's folder (tests/conftest.py marks it), so every test module lives
+in one of them, every tier has modules and is a registered marker; and the session has the fake devices the
+multi-device tier runs on."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+import tomllib
 
 import jax
 
-from tests.conftest import FAKE_CPU_DEVICES
-from tests.helpers import tiers
+from tests.conftest import FAKE_CPU_DEVICES, TESTS, TIERS, tier_of
 
-TESTS = Path(__file__).resolve().parent
-
-
-def _functions(module: str) -> set[str]:
-    tree = ast.parse((TESTS / f"{module}.py").read_text())
-    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+REPO = TESTS.parent
 
 
-def test_every_module_and_test_the_table_names_exists():
-    modules = tiers.UNIT_MODULES | tiers.MULTIDEVICE_MODULES | tiers.SERVED_MODULES
-    assert not [m for m in modules if not (TESTS / f"{m}.py").is_file()]
-    assert not [(m, f) for m, f in tiers.MULTIDEVICE_TESTS if f not in _functions(m)]
-    assert not (tiers.UNIT_MODULES & tiers.SERVED_MODULES) and not (tiers.UNIT_MODULES & tiers.MULTIDEVICE_MODULES)
+def test_every_test_module_lives_in_a_tier_folder_and_every_tier_has_modules():
+    modules = sorted(TESTS.rglob("test_*.py"))
+    assert not [str(m.relative_to(REPO)) for m in modules if tier_of(m) is None]
+    assert {tier: sum(tier_of(m) == tier for m in modules) > 0 for tier in TIERS} == dict.fromkeys(TIERS, True)
+    assert all((TESTS / tier / "__init__.py").is_file() for tier in TIERS)
+    assert tier_of(TESTS / "test_stray.py") is None and tier_of(TESTS / "helpers" / "test_stray.py") is None
+    assert tier_of(TESTS / "engine" / "families" / "test_one.py") == "engine"
+
+
+def test_each_tier_is_a_registered_marker():
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert set(TIERS) <= {marker.split(":")[0] for marker in markers}
 
 
 def test_the_session_has_fake_cpu_devices_and_one_device_work_stays_on_the_first():

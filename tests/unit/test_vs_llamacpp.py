@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "vs_llamacpp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llamacpp.py"
 _spec = importlib.util.spec_from_file_location("vs_llamacpp", SCRIPT)
 vs_llamacpp = importlib.util.module_from_spec(_spec)
 sys.modules["vs_llamacpp"] = vs_llamacpp  # dataclasses look their module up there
