@@ -2,11 +2,11 @@
 
 Always (CPU): the command's plumbing on this host's CPU target with a tiny Llama: the plan compiled is the
 runner's own (labels, param shapes, block-table width), every forward aliases exactly the KV cache's bytes, the
-JSON and exit codes, refusals that name the flag, the checks catching a copy, a fallback and a missing alias, and
-tensor parallelism over fake CPU devices. With libtpu and the CUDA plugin (else skipped): the full bucket set of a
-two-layer model with Llama-3-8B's heads and widths at max_model_len 131072 and max_num_seqs 256, compiled for
-v5e, v6e and H100 (each target takes minutes) and v6e:2x2 with tensor parallelism 4, kernels present and the
-cache aliased.
+JSON and exit codes, refusals that name the flag, the checks catching a copy, a fallback and a missing alias
+(tensor parallelism over fake CPU devices: tests/multidevice/test_aot_engine_tp.py). With libtpu and the CUDA
+plugin (else skipped): the full bucket set of a two-layer model with Llama-3-8B's heads and widths at
+max_model_len 131072 and max_num_seqs 256, compiled for v5e, v6e and H100 (each target takes minutes) and v6e:2x2
+with tensor parallelism 4, kernels present and the cache aliased.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Granite, OLMo 2 and Phi-3 against transformers (PyTorch CPU, float32) on tiny random checkpoints: ragged
 chunked logits within 1e-4, 32-token greedy continuations through the engine (prefix caching on / off,
-preemption), TP 2 logits = TP 1 on fake CPU devices. Phi-3 past its original context: tests/engine/test_phi3.py."""
+preemption); TP 2 = TP 1: tests/multidevice/test_families_tp.py. Phi-3 past its original context:
+tests/engine/test_phi3.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Gemma 2 and Gemma 3 (text) against transformers on tiny random checkpoints: logits on ragged chunked batches,
-32-token greedy continuations, prefix caching and preemption invariance, TP 2 = TP 1 on fake CPU devices, and the
-config options refused."""
+32-token greedy continuations, prefix caching and preemption invariance, and the config options
+refused (TP 2: tests/multidevice/test_gemma_tp.py)."""
 
 from __future__ import annotations
 

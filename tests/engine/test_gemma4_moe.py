@@ -1,8 +1,8 @@
 """Gemma 4's MoE block (`enable_moe_block`, model/gemma4_moe.py) against transformers on tiny random checkpoints
 (tests/helpers/gemma4_models.py with MOE: 4 experts of 32, top 2, beside every layer's MLP; both layer types, KV
 sharing and PLE kept; router scales and the block's norms randomized): logits on ragged chunked batches, 32-token
-greedy continuations through an engine with prefix caching and preemption, TP 2 and expert parallelism on fake
-CPU devices, and the sizes the spec reads / refuses."""
+greedy continuations through an engine with prefix caching and preemption (TP 2 and expert parallelism:
+tests/multidevice/test_gemma4_moe_tp.py), and the sizes the spec reads / refuses."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Qwen2.5-VL through LLM.generate and the engine on a tiny random checkpoint: greedy tokens equal transformers'
 generate with one and two images while prefills split inside images (a 16-token budget) and requests are preempted
-(a small KV cache), prefix caching keyed by the image, the encoder cache, bad input refused, and TP 2 = TP 1 on
-the fake CPU devices."""
+(a small KV cache), prefix caching keyed by the image, the encoder cache, bad input refused (TP 2 = TP 1:
+tests/multidevice/test_qwen2_5_vl_engine_tp.py)."""
 
 from __future__ import annotations
 

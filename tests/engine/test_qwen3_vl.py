@@ -2,7 +2,7 @@
 positions within 1e-4 for one image and two images of different sizes (the vision tower with its learned
 position table resampled to each grid, DeepStack, interleaved M-RoPE, q/k norms); then through the engine
 (one LLM for the module): greedy tokens equal transformers' generate while prefills split inside images, the
-prefix cache keyed by the image, an image_pil chat part, and TP 2 = TP 1 on the fake CPU devices."""
+prefix cache keyed by the image, an image_pil chat part (TP 2 = TP 1: tests/multidevice/test_qwen3_vl_tp.py)."""
 
 from __future__ import annotations
 
