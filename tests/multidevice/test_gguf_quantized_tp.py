@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.engine.test_gguf_quantized import (
-    files,  # noqa: F401  (a fixture)
-    tp1_logits,  # noqa: F401  (a fixture)
-)
+from tests.engine.test_gguf_quantized import files  # noqa: F401  (a fixture)
 from tests.helpers.multidevice_checks import run_check
 from tests.helpers.quantized_models import prompt_logits, quant_runner
 
 
-def test_tp2_equals_tp1_kept_q4_1(files, tp1_logits):  # noqa: F811
-    if "Q4_1" not in tp1_logits:
-        tp1_logits["Q4_1"] = prompt_logits(quant_runner(files["Q4_1"], "gguf"))
+def test_tp2_equals_tp1_kept_q4_1(files):  # noqa: F811
+    tp1 = prompt_logits(quant_runner(files["Q4_1"], "gguf"))
     result = run_check("gguf_kept_tensor_parallel", files["Q4_1"].parent)
-    np.testing.assert_allclose(np.array(result["tp2"]), tp1_logits["Q4_1"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(result["tp2"]), tp1, rtol=1e-4, atol=1e-4)
     specs = result["specs"]
     # column-parallel: values, scales and mins split on out; row-parallel: values on their packed input rows,
     # scales and mins on the group axis; the embedding and its scales on vocab

@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.engine.test_quantization import (
-    model_dir,  # noqa: F401  (a fixture)
-    tp1_logits,  # noqa: F401  (a fixture)
-)
+from tests.engine.test_quantization import model_dir  # noqa: F401  (a fixture)
 from tests.helpers.multidevice_checks import run_check
-from tests.helpers.quantized_models import (
-    prompt_logits,
-    quant_runner,
-)
+from tests.helpers.quantized_models import prompt_logits, quant_runner
 
 
-def test_tp2_equals_tp1_for_int8(model_dir, tp1_logits):  # noqa: F811
-    if "int8" not in tp1_logits:
-        tp1_logits["int8"] = prompt_logits(quant_runner(model_dir, "int8"))
+def test_tp2_equals_tp1_for_int8(model_dir):  # noqa: F811
+    tp1 = prompt_logits(quant_runner(model_dir, "int8"))
     result = run_check("quantized_tensor_parallel", model_dir.parent)
-    np.testing.assert_allclose(np.array(result["tp2"]), tp1_logits["int8"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(result["tp2"]), tp1, rtol=1e-4, atol=1e-4)
     assert result["dtypes"] == {"q_proj": "int8", "q_proj_scale": "float32"}
     specs = result["specs"]
     # column-parallel weights and their scales split on the output dim; row-parallel scales replicated
