@@ -10,34 +10,39 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "vllm_jax"
 # importable from anywhere
-LEAVES = {"config", "config_pooling", "sampling_params", "pooling_params", "outputs", "logger", "utils"}
+LEAVES = {"config_pooling", "sampling_params", "pooling_params", "outputs", "logger", "utils", "cache_root"}
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
-    "server": {"engine", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
-    "engine": {"scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
+    "server": {"engine", "config", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
+    "engine": {"config", "scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
                "reasoning", "lora", "multimodal"},
     "multimodal": {"model"},
-    "scheduler": {"paged_kv", "structured_output", "lora"},
+    "scheduler": {"config", "paged_kv", "structured_output", "lora"},
     "lora": set(),
     "structured_output": set(),
     "paged_kv": set(),
-    "worker": {"model", "model_loader", "sample", "attention", "pallas_kernels", "sharding", "scheduler",
+    "worker": {"config", "model", "model_loader", "sample", "attention", "pallas_kernels", "sharding", "scheduler",
                "spec_decode", "lora", "native"},
     "model": {"attention", "pallas_kernels", "sharding", "native"},
-    "model_loader": {"model"},
+    # config: model_loader/tokenizer.py reads ModelConfig and model_loader/convert.py (a command) builds EngineArgs;
+    # config/model_resolution.py imports model_loader.source, so these two must stay off that module's imports
+    "model_loader": {"model", "config"},
     "sample": set(),
     "attention": {"pallas_kernels", "sharding", "native"},
     "pallas_kernels": set(),
     "native": set(),
     "sharding": {"pallas_kernels"},
     "metrics": set(),
-    "aot": {"attention", "pallas_kernels", "sharding", "model", "worker"},
+    "aot": {"config", "attention", "pallas_kernels", "sharding", "model", "worker"},
+    # config sits above the loader: it finds the model through model_loader.source (config/model_resolution.py);
+    # model/, attention/, native/ and the other parts it names never import it
     "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal"},
     "reasoning": set(),
     "spec_decode": set(),
     "sampling_params": set(),
     "pooling_params": set(),
     "config_pooling": set(),
+    "cache_root": set(),
     "outputs": set(),
     "logger": set(),
     "utils": set(),
