@@ -19,8 +19,9 @@ import pytest
 
 from vllm_jax.aot import checks, targets
 from vllm_jax.aot.compile import CompileReport
-from vllm_jax.aot.engine_programs import ProgramResult, TargetResult, check_target
+from vllm_jax.aot.engine_programs import check_target
 from vllm_jax.aot.model_configs import write_config
+from vllm_jax.aot.results import ProgramResult, TargetResult
 from vllm_jax.cli import main
 from vllm_jax.config import EngineArgs
 from vllm_jax.worker.kv_budget import KVBudget, kv_budget

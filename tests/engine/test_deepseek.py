@@ -184,7 +184,7 @@ def test_compile_checks_want_the_mla_kernel_in_an_mla_models_forward():
     is written by XLA), fails without it; a copy of the cache still fails."""
     from vllm_jax.aot import checks
     from vllm_jax.aot.compile import CompileReport
-    from vllm_jax.aot.engine_programs import ProgramResult, TargetResult
+    from vllm_jax.aot.results import ProgramResult, TargetResult
     from vllm_jax.worker.kv_budget import KVBudget
 
     budget = KVBudget(device_bytes=1 << 30, usable_bytes=1 << 29, weight_bytes=1 << 20, temp_bytes=1 << 10,

@@ -75,7 +75,8 @@ def test_the_platform_picks_the_kernel_and_cpu_stays_as_it_was(checkpoint):
 
 
 def test_the_layer_loop_defaults_to_unrolled_on_gpu_only_and_the_flag_wins(checkpoint):
-    """XLA:GPU copies a scanned layer's weights out of the stack before each dot (config.SCAN_LAYERS_DEFAULT)."""
+    """XLA:GPU copies a scanned layer's weights out of the stack before each dot
+    (config/platform_defaults.py: SCAN_LAYERS_DEFAULT)."""
     loops = {platform: EngineArgs(model=checkpoint, max_model_len=64).create_config(platform=platform).scan_layers
              for platform in ("cpu", "tpu", "gpu")}
     assert loops == {"cpu": True, "tpu": True, "gpu": False}
