@@ -16,8 +16,9 @@ import pytest
 import vllm_jax.model.weight_forms as weight_forms_package
 from vllm_jax.model.grouped_quant import FORMATS, dequantize_grouped, grouped_shapes
 from vllm_jax.model.layers import linear, linears
-from vllm_jax.model.quantization import dequantize, quantize
+from vllm_jax.model.quantization import KeptFormats, Quantization, dequantize, quantize
 from vllm_jax.model.weight_forms.base import WeightForm
+from vllm_jax.model.weight_forms.bundle import bundle_quantized, switched_forms
 from vllm_jax.model.weight_forms.channel_scaled import ChannelScaledWeight
 from vllm_jax.model.weight_forms.dense import DenseWeight
 from vllm_jax.model.weight_forms.gguf_blocks import GGUFBlocksWeight
@@ -157,3 +158,40 @@ def test_every_form_in_the_package_is_covered():
 
 def _subclasses(cls: type) -> set[type]:
     return {sub for direct in cls.__subclasses__() for sub in {direct} | _subclasses(direct)}
+
+
+@pytest.mark.parametrize(("quant", "form_class", "scale_shape"), [
+    (Quantization.for_platform("int8", "cpu"), ChannelScaledWeight, (OUT,)),
+    (Quantization.for_platform("int8", "tpu"), ChannelScaledWeight, (OUT,)),
+    (Quantization.for_platform("fp8", "cpu", group_size=GROUP), GroupScaledWeight, (IN // GROUP, OUT)),
+    (Quantization.for_platform(KeptFormats((("q_proj", "q8_0"),)), "cpu"), GGUFBlocksWeight, (IN // 32, OUT)),
+], ids=["w8a8", "int8_weight_only", "fp8_block_groups", "gguf_q8_0"])
+def test_bundle_picks_the_form_of_the_models_quantization(quant, form_class, scale_shape):
+    """`bundle_quantized` joins a linear with its scale into the form its Quantization names; the MoE experts'
+    stacks stay values and scales (the grouped expert FFN's operands), and nothing changes without quantization."""
+    values, scale = jnp.zeros((IN, OUT), jnp.int8), jnp.ones(scale_shape, jnp.float32)
+    experts, expert_scale = jnp.zeros((2, IN, OUT), jnp.int8), jnp.ones((2, OUT), jnp.float32)
+    w = {"q_proj": values, "q_proj_scale": scale, "experts_gate": experts, "experts_gate_scale": expert_scale,
+         "input_norm": jnp.ones((IN,))}
+    out = bundle_quantized(w, quant)
+    assert type(out["q_proj"]) is form_class and "q_proj_scale" not in out
+    assert out["experts_gate"] is experts and out["experts_gate_scale"] is expert_scale
+    assert out["input_norm"] is w["input_norm"]
+    if form_class is ChannelScaledWeight:
+        assert out["q_proj"].quantize_activations == quant.quantize_activations
+    assert bundle_quantized(w, None) is w
+
+
+def test_the_switched_scan_switches_kept_blocks_with_their_scales():
+    """Kept blocks' values, scales and mins switch together (their siblings consumed); other matrices switch as
+    DenseWeights."""
+    rng = np.random.default_rng(5)
+    blocks = [_gguf(rng, "q4_1")[0] for _ in range(LAYERS)]
+    per_layer = {"q_proj": tuple(b.values for b in blocks), "q_proj_scale": tuple(b.scale for b in blocks),
+                 "q_proj_min": tuple(b.minimum for b in blocks),
+                 "o_proj": tuple(jnp.asarray(_float(rng)) for _ in range(LAYERS))}
+    quant = Quantization.for_platform(KeptFormats((("q_proj", "q4_1"),)), "cpu")
+    out = switched_forms(per_layer, jnp.int32(0), quant)
+    assert set(out) == {"q_proj", "o_proj"}
+    assert all(type(f) is GGUFBlocksWeight and f.fmt == "q4_1" for f in out["q_proj"].forms)
+    assert all(type(f) is DenseWeight for f in out["o_proj"].forms)
