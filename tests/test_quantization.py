@@ -90,14 +90,16 @@ def test_w8a8_and_weight_only_linear_stay_within_their_worst_case_bounds():
     w = _weight(rng, (96, 40))
     exact = x @ w
     values, scale = quantize(w, "int8")
-    w8a8 = np.asarray(linear(jnp.asarray(x), ChannelScaledWeight(DenseWeight(jnp.asarray(values)), jnp.asarray(scale),
-                                                             True)))
+
+    def channel_scaled(quantize_activations: bool) -> ChannelScaledWeight:
+        return ChannelScaledWeight(DenseWeight(jnp.asarray(values)), jnp.asarray(scale), quantize_activations)
+
+    w8a8 = np.asarray(linear(jnp.asarray(x), channel_scaled(True)))
     sx = np.abs(x).max(axis=-1, keepdims=True) / 127
     bound = (sx / 2 * np.abs(w).sum(0) + scale / 2 * np.abs(x).sum(-1, keepdims=True)
              + x.shape[1] * sx * scale / 4)
     assert np.all(np.abs(w8a8 - exact) <= bound * (1 + 1e-4) + 1e-5)
-    weight_only = np.asarray(linear(jnp.asarray(x), ChannelScaledWeight(DenseWeight(jnp.asarray(values)),
-                                                                    jnp.asarray(scale), False)))
+    weight_only = np.asarray(linear(jnp.asarray(x), channel_scaled(False)))
     assert np.all(np.abs(weight_only - exact) <= scale / 2 * np.abs(x).sum(-1, keepdims=True) * (1 + 1e-4) + 1e-5)
     assert np.max(np.abs(w8a8 - exact)) > np.max(np.abs(weight_only - exact))  # the activations' rounding shows
 
