@@ -112,7 +112,7 @@ def test_logits_within_bound_of_the_dequantizing_loader_and_a_wrong_scale_is_cau
 @pytest.mark.parametrize("layout", ["unrolled", "stacked"])
 def test_other_layer_layouts_equal_the_dequantizing_loader(files, monkeypatch, layout):
     """The CPU default (a scan over per-layer arrays through LayerSwitch) is tested above; here --no-scan-layers
-    (a loop over per-layer QuantizedWeights) and the stacked scan TPU / GPU run (sliced per layer)."""
+    (a loop over per-layer GGUFBlocksWeights) and the stacked scan TPU / GPU run (sliced per layer)."""
     from vllm_jax.model.decoder import DecoderLM
 
     reference = prompt_logits(quant_runner(files["Q4_1"], None))

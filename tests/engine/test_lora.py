@@ -29,7 +29,8 @@ from vllm_jax.lora.adapter import TargetShapes, load_peft_adapter
 from vllm_jax.lora.config import LoRAConfig, parse_lora_modules
 from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.model.layers import linear
-from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
+from vllm_jax.model.weight_forms.dense import DenseWeight
+from vllm_jax.model.weight_forms.lora import LoRAAdapter, LoRAMask, LoRAWeight
 from vllm_jax.paged_kv.block_hash import extend_block_hashes
 from vllm_jax.worker.input_batch import InputBatch
 
@@ -226,7 +227,8 @@ def test_lora_delta_equals_per_token_adapter_product():
     a[0], b[0] = 0, 0
     slots = rng.integers(0, n, t).astype(np.int32)
     def run(slots):
-        weight = LoRAWeight(jnp.asarray(w), jnp.asarray(a), jnp.asarray(b), LoRAMask.of(jnp.asarray(slots), n))
+        weight = LoRAWeight(DenseWeight(jnp.asarray(w)),
+                            LoRAAdapter(jnp.asarray(a), jnp.asarray(b), LoRAMask.of(jnp.asarray(slots), n)))
         return np.asarray(jax.jit(lambda x: linear(x, weight))(jnp.asarray(x)))
 
     np.testing.assert_allclose(run(slots), x @ w + np.einsum("ti,tir,tro->to", x, a[slots], b[slots]),

@@ -34,9 +34,11 @@ from tests.helpers.quantized_models import (
 )
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from vllm_jax import EngineArgs
-from vllm_jax.model.layers import QuantizedWeight, linear
+from vllm_jax.model.layers import linear
 from vllm_jax.model.quantization import dequantize, quantize, quantize_table
 from vllm_jax.model.quantized_dots import dot_rows, quantized_dot_rows
+from vllm_jax.model.weight_forms.channel_scaled import ChannelScaledWeight
+from vllm_jax.model.weight_forms.dense import DenseWeight
 
 LOGIT_BOUNDS = {"int8": 0.15, "fp8": 0.25}  # relative L2 error of the logits vs float32 (measured 0.069, 0.134)
 
@@ -87,12 +89,16 @@ def test_w8a8_and_weight_only_linear_stay_within_their_worst_case_bounds():
     w = _weight(rng, (96, 40))
     exact = x @ w
     values, scale = quantize(w, "int8")
-    w8a8 = np.asarray(linear(jnp.asarray(x), QuantizedWeight(jnp.asarray(values), jnp.asarray(scale), True)))
+
+    def channel_scaled(quantize_activations: bool) -> ChannelScaledWeight:
+        return ChannelScaledWeight(DenseWeight(jnp.asarray(values)), jnp.asarray(scale), quantize_activations)
+
+    w8a8 = np.asarray(linear(jnp.asarray(x), channel_scaled(True)))
     sx = np.abs(x).max(axis=-1, keepdims=True) / 127
     bound = (sx / 2 * np.abs(w).sum(0) + scale / 2 * np.abs(x).sum(-1, keepdims=True)
              + x.shape[1] * sx * scale / 4)
     assert np.all(np.abs(w8a8 - exact) <= bound * (1 + 1e-4) + 1e-5)
-    weight_only = np.asarray(linear(jnp.asarray(x), QuantizedWeight(jnp.asarray(values), jnp.asarray(scale), False)))
+    weight_only = np.asarray(linear(jnp.asarray(x), channel_scaled(False)))
     assert np.all(np.abs(weight_only - exact) <= scale / 2 * np.abs(x).sum(-1, keepdims=True) * (1 + 1e-4) + 1e-5)
     assert np.max(np.abs(w8a8 - exact)) > np.max(np.abs(weight_only - exact))  # the activations' rounding shows
 

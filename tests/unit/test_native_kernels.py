@@ -231,7 +231,9 @@ def test_float_linear_kernel_limits_padding_and_meshes():
 def test_the_layers_q_k_v_are_one_native_call_per_layer():
     """`layers.linears` over switched per-layer float weights: one call of the kernel for q / k / v in each layer's
     branch, equal to each weight's own product."""
-    from vllm_jax.model.layers import LayerSwitch, linears
+    from vllm_jax.model.layers import linears
+    from vllm_jax.model.weight_forms.dense import DenseWeight
+    from vllm_jax.model.weight_forms.layer_switch import LayerSwitch
 
     rng = np.random.default_rng(3)
     per_layer = [[jnp.asarray(rng.standard_normal((32, n)).astype(np.float32)) for n in (32, 16, 16)]
@@ -239,7 +241,7 @@ def test_the_layers_q_k_v_are_one_native_call_per_layer():
     x = jnp.asarray(rng.standard_normal((2, 32)).astype(np.float32))
 
     def qkv(x, layer):
-        switches = [LayerSwitch(tuple(ws[j] for ws in per_layer), layer) for j in range(3)]
+        switches = [LayerSwitch(tuple(DenseWeight(ws[j]) for ws in per_layer), layer) for j in range(3)]
         return linears(x, switches, [None, None, None])
 
     assert _float_linear_calls(qkv, x, jnp.int32(1)) == 3  # one per layer's branch
