@@ -33,7 +33,8 @@ from vllm_jax.sharding.rules import param_partition_spec
 REAL = real_configs()
 TINY = tiny_configs()
 # (GGUF architecture, a tiny config of its HF architecture) for the families whose GGUF names are tables (a family
-# with its own namer or a stacked-tensor converter has its own GGUF tests: tests/test_gguf_gemma4.py, test_gguf_moe.py)
+# with its own namer or a stacked-tensor converter has its own GGUF tests: tests/engine/test_gguf_gemma4.py,
+# test_gguf_moe.py)
 GGUF_TABLES = sorted((arch.name, next(name for name, config in TINY.items()
                                       if config["architectures"][0] == arch.hf_architecture))
                      for arch in GGUF_ARCHS.values() if arch.hf_name is None and arch.tensors is None)

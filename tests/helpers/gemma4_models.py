@@ -1,8 +1,8 @@
-"""Tiny random Gemma 4 text checkpoints (tests/test_gemma4.py; the config: models/gemma4/configs.py): 5 layers
+"""Tiny random Gemma 4 text checkpoints (tests/engine/test_gemma4.py; the config: models/gemma4/configs.py): 5 layers
 (sliding, sliding, full, sliding, full), the last two KV-shared (layer 3 reads layer 1's cache, layer 4 layer 2's)
 with the double-wide MLP, head_dim 16 and global_head_dim 32, PLE on, a final logit cap small enough to bend these
 logits, every norm and layer_scalar randomized (transformers starts them at one). `MOE` adds the MoE block
-(tests/test_gemma4_moe.py), its router scales and norms randomized too."""
+(tests/engine/test_gemma4_moe.py), its router scales and norms randomized too."""
 
 from __future__ import annotations
 

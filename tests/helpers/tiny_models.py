@@ -17,7 +17,7 @@ VOCAB_SIZE = TINY_DECODER["vocab_size"]
 EOS_ID = TINY_DECODER["eos_token_id"]
 # every family's tiny configs by name (models/<family>/configs.py): make_tiny_checkpoint takes these names
 TINY_CONFIGS = tiny_configs()
-# the MoE checkpoints whose routing tests/test_moe.py checks
+# the MoE checkpoints whose routing tests/engine/test_moe.py checks
 MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen3_moe_mixed", "gpt_oss")
 # params transformers starts at one, randomized around it by `randomize_norms`: norms (Gemma 4's MoE block's
 # `..._layernorm_1/2` too), layer_scalar and the router's scales
