@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_jax.config_pooling import (
+from vllm_jax.pooling.config import (
     PoolerConfig,
     apply_hf_overrides,
     check_pooling_runner,
@@ -115,7 +115,7 @@ class SchedulerConfig:
     min_seq_bucket: int
     bucket_growth: int = 2
     # vLLM's --num-scheduler-steps: decode tokens per dispatch when every scheduled request decodes
-    # (worker/multi_step.py; docs/architecture/05-worker.md, "Several decode steps per dispatch"). 1: one per step.
+    # (multi_step/chunk.py; docs/architecture/05-worker.md, "Several decode steps per dispatch"). 1: one per step.
     num_scheduler_steps: int = 1
 
 
@@ -189,7 +189,7 @@ class EngineConfig:
     # vLLM's --enable-sleep-mode: LLM.sleep / wake_up may move the weights and KV cache off the devices
     # (worker/sleep.py).
     enable_sleep_mode: bool = False
-    # The pooling runner's pooler (config_pooling.py); None: the generate runner.
+    # The pooling runner's pooler (pooling/config.py); None: the generate runner.
     pooler_config: PoolerConfig | None = None
     # vLLM's multimodal input flags (multimodal/config.py): images per prompt, and where they may come from.
     multimodal_config: MultiModalConfig = field(default_factory=MultiModalConfig)
@@ -269,7 +269,7 @@ class EngineArgs:
     lora_modules: str | list | None = None
     # vLLM's sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates"): allows LLM.sleep / wake_up.
     enable_sleep_mode: bool = False
-    # vLLM's pooling flags (config_pooling.py): the runner, the conversion, and the pooler's JSON keys.
+    # vLLM's pooling flags (pooling/config.py): the runner, the conversion, and the pooler's JSON keys.
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: str | dict | None = None

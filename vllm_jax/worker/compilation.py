@@ -28,13 +28,13 @@ from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS
 from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
 from vllm_jax.worker.device_step import DeviceStep
-from vllm_jax.worker.draft_chain import pack_chain
-from vllm_jax.worker.multi_step import ChunkLimits, ChunkProgram
-from vllm_jax.worker.multimodal_step import add_empty_mm_arrays
+from vllm_jax.spec_decode.device.draft_chain import pack_chain
+from vllm_jax.multi_step.chunk import ChunkLimits, ChunkProgram
+from vllm_jax.multimodal.device.encoder_step import add_empty_mm_arrays
 
 if TYPE_CHECKING:
-    from vllm_jax.worker.draft_step import DraftStep
-    from vllm_jax.worker.eagle_step import EagleStep
+    from vllm_jax.spec_decode.device.draft_step import DraftStep
+    from vllm_jax.spec_decode.device.eagle_step import EagleStep
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class StepShapes:
     speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
     lora: bool = False  # LoRA: the forward reads each token's adapter slot (StepInputs.lora_slots)
     mm_hidden: int = 0  # a vision-language model's width: the steps carry its M-RoPE and image-row arrays
-    # Multi-step decoding (worker/multi_step.py): K, and the largest token bucket a decode-only step can use (the
+    # Multi-step decoding (multi_step/chunk.py): K, and the largest token bucket a decode-only step can use (the
     # chunk program is compiled for the buckets up to it)
     num_scheduler_steps: int = 1
     chunk_max_tokens: int = 0
@@ -81,7 +81,7 @@ class CompilationManager:
         `chain_buckets` pair join the plan; `eagle` (eagle3): its program per token bucket."""
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
         self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
-        self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: worker/multimodal_step.py)
+        self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: multimodal/device/encoder_step.py)
         self.multimodal = None  # a vision-language model's MultimodalStep (engine_builder sets it)
         self.forwards_side_by_side = 0  # forwards made ready before the plan (compiled several at a time)
         self.chunks = (ChunkProgram(device, shapes.num_scheduler_steps, shapes.block_size, shapes.vocab_size)

@@ -36,7 +36,7 @@ from vllm_jax.sample.sampler import (
     sample_processed,
 )
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
-from vllm_jax.worker.lora_slots import LoRASlotArrays
+from vllm_jax.lora.device.slots import LoRASlotArrays
 from vllm_jax.worker.step_payload import StepPayload
 
 
@@ -65,10 +65,10 @@ class DeviceStep:
         self.on_trace = on_trace
         self.store = store
         self.returns_aux = returns_aux  # the model has aux_hidden_layers (EAGLE-3): see forward
-        # LoRA's stacked adapter slots (worker/lora_slots.py), an extra argument of the forward; None: LoRA off and
+        # LoRA's stacked adapter slots (lora/device/slots.py), an extra argument of the forward; None: LoRA off and
         # the forward is exactly the one without LoRA.
         self.lora: LoRASlotArrays | None = None
-        # A pooling engine's programs (worker/pooling_step.py); attaching them replaces the forward with one that
+        # A pooling engine's programs (pooling/device/pooling_step.py); attaching them replaces the forward with one that
         # ends at the final norm.
         self.pooling: Any = None
         self.aux_hidden: jax.Array | None = None

@@ -37,9 +37,9 @@ from vllm_jax.worker import kv_cache as kv_cache_module
 from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.device_step import DeviceStep
-from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.draft_step import DraftStep
-from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
+from vllm_jax.spec_decode.device.draft_chain import chain_buckets
+from vllm_jax.spec_decode.device.draft_step import DraftStep
+from vllm_jax.spec_decode.device.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.kv_budget import measures_device_memory, probe_temp_bytes, sized_by_probes
 from vllm_jax.worker.kv_cache import (
     KVCacheShape,
@@ -51,10 +51,10 @@ from vllm_jax.worker.kv_cache import (
     size_kv_cache,
     spec_bytes_per_block,
 )
-from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
-from vllm_jax.worker.multimodal_step import build_multimodal_step
-from vllm_jax.worker.pooling_step import PoolingCompilation, pooling_device_step
-from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
+from vllm_jax.lora.device.slots import LoRASlotArrays, target_shapes
+from vllm_jax.multimodal.device.encoder_step import build_multimodal_step
+from vllm_jax.pooling.device.pooling_step import PoolingCompilation, pooling_device_step
+from vllm_jax.spec_decode.device.speculators import SpeculatorModel, load_draft_model, load_eagle3
 
 logger = logging.getLogger(__name__)
 

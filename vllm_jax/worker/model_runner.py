@@ -44,8 +44,8 @@ from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
-from vllm_jax.worker.multi_step import ChunkInFlight, dispatch_chunk, finish_chunk
-from vllm_jax.worker.proposals import (
+from vllm_jax.multi_step.chunk import ChunkInFlight, dispatch_chunk, finish_chunk
+from vllm_jax.spec_decode.device.proposals import (
     ChainShapes,
     broadcast_proposal,
     draft_model_proposals,
@@ -132,7 +132,7 @@ class ModelRunner:
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
         self.share_proposal = broadcast_proposal if self.broadcasts else None  # a draft's / head's inputs too
-        # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
+        # vision-language models: the encoder, its cache and the steps' image rows (multimodal/device/encoder_step.py)
         self.multimodal = self.compilation.multimodal
         if self.broadcasts and sc.num_scheduler_steps > 1:
             raise ValueError("num_scheduler_steps > 1 is not supported in a multi-host run yet")

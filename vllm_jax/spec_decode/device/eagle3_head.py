@@ -25,7 +25,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.attention import attention_backend_for
-from vllm_jax.model.eagle3_spec import Eagle3Spec
+from vllm_jax.spec_decode.device.eagle3_spec import Eagle3Spec
 from vllm_jax.model.layers import (
     AttentionKernels,
     LayerContext,

@@ -1,7 +1,7 @@
 """The pooling runner's device side: a forward that returns the normed hidden states, and the pooler program.
 
 `PoolingPrograms`, attached to the engine's DeviceStep, turns its forward into one that ends at the final norm
-([T, H], every token, never fetched) and adds the pooler (model/pooler.py) as its own program per token bucket,
+([T, H], every token, never fetched) and adds the pooler (pooling/device/pooler.py) as its own program per token bucket,
 with the classifier's score head (`score.weight`) and the per-slot accumulator of chunked MEAN / CLS pooling.
 `PoolingCompilation` is warm-up's plan for it: each token bucket's forward and pooler, and no sampler
 (docs/architecture/14-pooling.md, "The pooling program"); compile-check compiles the same plan, as it builds the
@@ -21,10 +21,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from vllm_jax.config_pooling import PoolerConfig
+from vllm_jax.pooling.config import PoolerConfig
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.layers import rms_norm
-from vllm_jax.model.pooler import PoolInputs, pool
+from vllm_jax.pooling.device.pooler import PoolInputs, pool
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels.precision import model_matmuls

@@ -7,7 +7,7 @@ allocates and frees the draft's KV with the target's and nothing else tracks it.
 - catch-up: the draft runs the target's own step inputs (same tokens, positions and slots), writing its KV for
   every token the target computed; launched right after the target's step, it needs nothing from it.
 - chain: k one-token steps from each proposing request's newest token, each feeding the previous step's greedy
-  token (worker/draft_chain.py); one program, a scan over the k steps.
+  token (spec_decode/device/draft_chain.py); one program, a scan over the k steps.
 
 In a multi-host run every process runs both programs on the same inputs (process 0 broadcasts the chain's, the
 catch-up's are the step's own); the proposals come back replicated, so process 0 reads its own copy.
@@ -34,7 +34,7 @@ from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
-from vllm_jax.worker.draft_chain import ChainInputs
+from vllm_jax.spec_decode.device.draft_chain import ChainInputs
 from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, lane_dense_cache, spec_bytes_per_block
 
 # (key, jitted, args, dynamic args, outputs-shaped pytree) -> executable: DeviceStep.load_or_compile

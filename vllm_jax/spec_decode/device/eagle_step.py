@@ -8,7 +8,7 @@ in one program:
   and slots, fed the *next* token (EAGLE's shift: position p sees token p + 1) and the target's states at p
   (through `fc`); the last kept token of each row predicts proposal 1;
 - chain: k - 1 one-token steps per request, each fed the previous proposal and the head's own output state
-  (packed like the draft model's chain, `worker/draft_chain.py`).
+  (packed like the draft model's chain, `spec_decode/device/draft_chain.py`).
 
 In a multi-host run every process runs the program on the same inputs (process 0 broadcasts the catch-up's and
 the chain's; the aux states are each process's own from the step it just ran), as the draft model's chain.
@@ -32,14 +32,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
-from vllm_jax.model.eagle3_head import draft_to_target_ids
-from vllm_jax.model.eagle3_spec import Eagle3Spec
+from vllm_jax.spec_decode.device.eagle3_head import draft_to_target_ids
+from vllm_jax.spec_decode.device.eagle3_spec import Eagle3Spec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding import kv_cache_partition_spec
 from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
-from vllm_jax.worker.draft_chain import ChainInputs
-from vllm_jax.worker.draft_step import DraftCacheLayout, LoadOrCompile
+from vllm_jax.spec_decode.device.draft_chain import ChainInputs
+from vllm_jax.spec_decode.device.draft_step import DraftCacheLayout, LoadOrCompile
 from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block
 
 
