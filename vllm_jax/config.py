@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_jax.lora.config import LoRAConfig
+from vllm_jax.multimodal.config import MultiModalConfig
 from vllm_jax.pooling.config import (
     PoolerConfig,
     apply_hf_overrides,
@@ -21,8 +23,6 @@ from vllm_jax.pooling.config import (
     prefix_caching_allowed,
     resolve_pooling,
 )
-from vllm_jax.lora.config import LoRAConfig
-from vllm_jax.multimodal.config import MultiModalConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
 from vllm_jax.utils import json_object_flag

@@ -10,11 +10,11 @@ from tqdm import tqdm
 
 from vllm_jax.config import engine_args_from_kwargs
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
-from vllm_jax.pooling.offline import PoolingMixin
 from vllm_jax.logger import configure_logging
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.multimodal.chat_parts import check_prompt_images, offline_chat
 from vllm_jax.outputs import RequestOutput
+from vllm_jax.pooling.offline import PoolingMixin
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 from vllm_jax.worker.weight_update import Weights
 

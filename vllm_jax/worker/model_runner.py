@@ -34,17 +34,11 @@ from flax import nnx
 from vllm_jax.config import EngineConfig
 from vllm_jax.lora.cache import AdapterCache
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.multi_step.chunk import ChunkInFlight, dispatch_chunk, finish_chunk
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
 from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.sharding import multihost
-from vllm_jax.spec_decode.ngram import NgramProposer
-from vllm_jax.worker.buckets import pick_bucket, seq_bucket_for
-from vllm_jax.worker.compilation_cache import use_compilation_cache
-from vllm_jax.worker.device_step import StepResult
-from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
-from vllm_jax.worker.input_batch import InputBatch
-from vllm_jax.multi_step.chunk import ChunkInFlight, dispatch_chunk, finish_chunk
 from vllm_jax.spec_decode.device.proposals import (
     ChainShapes,
     broadcast_proposal,
@@ -52,6 +46,12 @@ from vllm_jax.spec_decode.device.proposals import (
     eagle_proposals,
     follow_proposal,
 )
+from vllm_jax.spec_decode.ngram import NgramProposer
+from vllm_jax.worker.buckets import pick_bucket, seq_bucket_for
+from vllm_jax.worker.compilation_cache import use_compilation_cache
+from vllm_jax.worker.device_step import StepResult
+from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
+from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
 from vllm_jax.worker.step_payload import ProposalPayload, StepPayload
@@ -120,7 +120,8 @@ class ModelRunner:
                                              adopt_from=sizing.probe)
         self.device = self.compilation.device
         # draft_model / eagle3 speculation: the draft's or the head's programs and KV cache
-        self.drafter, self.eagle = self.compilation.drafter, self.compilation.eagle
+        features = self.compilation.features
+        self.drafter, self.eagle = features.drafter, features.eagle
         self.chain_shapes = ChainShapes(self.token_buckets, self.seq_bucket, self.block_size, mc.max_model_len)
         # LoRA: the host cache of loaded adapters (--max-cpu-loras) for the device's slots
         lora, lora_config = self.device.lora, config.lora_config
@@ -133,7 +134,7 @@ class ModelRunner:
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
         self.share_proposal = broadcast_proposal if self.broadcasts else None  # a draft's / head's inputs too
         # vision-language models: the encoder, its cache and the steps' image rows (multimodal/device/encoder_step.py)
-        self.multimodal = self.compilation.multimodal
+        self.multimodal = features.multimodal
         if self.broadcasts and sc.num_scheduler_steps > 1:
             raise ValueError("num_scheduler_steps > 1 is not supported in a multi-host run yet")
 
@@ -209,7 +210,7 @@ class ModelRunner:
             return finish_chunk(self, flight)
         return self._to_output(flight.step, self.device.fetch(flight.result))
 
-    def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
+    def scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
         """The scheduled requests, their input-batch slots and token counts, and the (tokens, sequences) bucket
         that holds them."""
         req_ids = list(sched.num_scheduled_tokens)
@@ -220,7 +221,7 @@ class ModelRunner:
 
     def _prepare(self, sched: SchedulerOutput) -> _PreparedStep:
         """The scheduled rows packed into the smallest bucket that holds them, with their sampling tensors."""
-        req_ids, slots, counts, num_tokens, num_seqs = self._scheduled_rows(sched)
+        req_ids, slots, counts, num_tokens, num_seqs = self.scheduled_rows(sched)
         batch = self.input_batch
         num_drafts, drafts = None, sched.scheduled_spec_decode_tokens
         if self.speculates:
