@@ -112,3 +112,15 @@ def follow_proposal(payload: ProposalPayload, drafter: DraftStep | None, eagle: 
         drafter.dispatch(payload.chain)
     else:
         raise RuntimeError("process 0 sent a draft model's proposal step, but this process runs no draft model")
+
+
+def kept_tokens(query_start_loc: np.ndarray, num_rows: int, num_drafts: np.ndarray | None, completes: np.ndarray,
+                sampled: list[list[int]]) -> np.ndarray:
+    """Per row: the step's tokens that stay (its rejected proposals dropped): what the EAGLE-3 head catches up on."""
+    qsl = np.asarray(query_start_loc)
+    kept = (qsl[1:num_rows + 1] - qsl[:num_rows]).astype(np.int64)
+    if num_drafts is not None:
+        emitted = np.array([len(run) for run in sampled], np.int64)
+        rejected = np.where(completes, num_drafts - (emitted - 1), 0)
+        kept -= rejected
+    return kept
