@@ -107,7 +107,7 @@ class PoolingCompilation(CompilationManager):
         return plan
 
     def _pooler(self, num_tokens: int, num_seqs: int) -> None:
-        self.device.pooling.precompile(self._empty_inputs(num_tokens, num_seqs), num_seqs)
+        self.device.pooling.precompile(self.empty_inputs(num_tokens, num_seqs), num_seqs)
 
 
 def empty_pool_inputs(num_tokens: int, num_seqs: int) -> PoolInputs:
