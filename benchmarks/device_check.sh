@@ -9,7 +9,7 @@
 #   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and benchmarks/serving.py for a
 #      short run (32 requests, concurrency 8, 128 in / 64 out);
 #   3b. start-up: the engine built and warmed up cold for the compile-check's CI configuration (issue #38 item 6);
-#   4. kernel tests: tests/test_pallas_kernels.py run on the device (the numpy-oracle tests);
+#   4. kernel tests: tests/engine/test_pallas_kernels.py run on the device (the numpy-oracle tests);
 #   5. attention timings: benchmarks/attention_kernels.py, microseconds and GB/s of the xla backend and the
 #      platform's kernel on Llama-3-8B heads, decode batches 1-256 at 1k-8k context, a mixed batch, the KV write.
 #
@@ -169,8 +169,8 @@ PY
 run_stage startup python "$work/startup.py" "$shape" "$work/startup.json"
 
 # 4. the kernel tests on the device (last: the longest, and the first stage compared the kernels already) ------
-tests=(tests/test_pallas_kernels.py)
-[[ $shape == tiny ]] && tests=(tests/test_pallas_kernels.py -k "hand_computed or xla_backend")
+tests=(tests/engine/test_pallas_kernels.py)
+[[ $shape == tiny ]] && tests=(tests/engine/test_pallas_kernels.py -k "hand_computed or xla_backend")
 # the interpreter tests run their kernels on the host through io_callback, which needs the CPU platform too
 JAX_PLATFORMS=$platform,cpu run_stage kernel_tests python -X faulthandler -m pytest -q -p no:cacheprovider "${tests[@]}" >"$work/pytest.log" 2>&1
 tail -n 3 "$work/pytest.log"

@@ -6,7 +6,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite's pytest workers already keep every core busy: warm-up compiles one program at a time unless a test
-# asks for more (tests/test_engine_e2e.py's engine compiles its forwards two at a time).
+# asks for more (tests/engine/test_engine_e2e.py's engine compiles its forwards two at a time).
 os.environ.setdefault("VLLM_JAX_COMPILE_THREADS", "1")
 
 # Compiled programs go to a cache of this test session, never to the user's ~/.cache: engines with the same tiny
@@ -20,6 +20,7 @@ if "VLLM_JAX_CACHE_ROOT" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["VLLM_JAX_CACHE_ROOT"], ignore_errors=True)
 
 import gc
+from pathlib import Path
 
 from tests.helpers.xla_flags import with_legacy_cpu_fusion_emitters
 
@@ -49,7 +50,7 @@ except RuntimeError:  # a plugin started jax's backend first: fine as long as it
 # what is checked: the programs compute the same values (fusion and codegen change, the HLO's semantics do not).
 # The programs users run are still compiled optimized here: by the subprocesses the tests start (the CLI, the
 # server, the compilation-cache restarts; this setting stays in this process), by the default model's tests
-# (tests/test_default_model.py turns it back on), by .ci/smoke and by the ahead-of-time checks.
+# (tests/served/test_default_model.py turns it back on), by .ci/smoke and by the ahead-of-time checks.
 jax.config.update("jax_disable_most_optimizations", True)
 
 # XLA:CPU maps every compiled kernel's code and data as separate memory regions (about 170 per program), and
@@ -92,15 +93,38 @@ def _free_dead_engines():
         _resident_after_collecting = _resident_bytes()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One tier marker per test (unit / engine / multidevice / served) from tests/helpers/tiers.py, so
-    `python -m pytest -m unit` runs the fast tier."""
-    from tests.helpers.tiers import tier_of
+# Each test's tier is the folder its module lives in (registered in pyproject.toml), so `python -m pytest -m unit`
+# and `python -m pytest tests/unit` run the same fast tier.
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "engine", "multidevice", "served")
 
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder of a test module under tests/ (None for a module outside one)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+class _OutsideTierFolder(pytest.File):
+    """A test module with no tier folder: collecting it fails, so it is never run untiered."""
+
+    def collect(self):
+        raise self.CollectError(f"{self.path.relative_to(TESTS.parent)} is outside the tier folders: move it into "
+                                f"{', '.join(f'tests/{tier}/' for tier in TIERS)} (docs/contributing/testing.md)")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if (file_path.suffix == ".py" and file_path.name.startswith("test_") and file_path.is_relative_to(TESTS)
+            and tier_of(file_path) is None):
+        return _OutsideTierFolder.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One tier marker per test (unit / engine / multidevice / served), its module's folder."""
     for item in items:
-        module = item.path.stem
-        function = getattr(item, "originalname", item.name)
-        item.add_marker(getattr(pytest.mark, tier_of(module, function)))
+        if item.path.is_relative_to(TESTS) and (tier := tier_of(item.path)) is not None:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,8 +132,6 @@ def pytest_configure(config: pytest.Config) -> None:
     out_dir = os.environ.get("VLLM_JAX_COMPILE_REPORT")
     xdist_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
     if out_dir and not xdist_controller:  # the workers run the tests; the controller only relays their reports
-        from pathlib import Path
-
         from tests.helpers.compile_report import CompileReport
 
         config.pluginmanager.register(CompileReport(Path(out_dir)), "vllm_jax_compile_report")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -34,17 +34,6 @@ _LAZY = {
 }
 
 __all__ = [*_LAZY, "__version__"]
-
-if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (ruff cannot see __all__ built from _LAZY)
-    from vllm_jax.config import EngineArgs  # noqa: F401
-    from vllm_jax.engine.async_llm import AsyncLLM  # noqa: F401
-    from vllm_jax.engine.llm_engine import LLMEngine  # noqa: F401
-    from vllm_jax.llm import LLM  # noqa: F401
-    from vllm_jax.lora.request import LoRARequest  # noqa: F401
-    from vllm_jax.outputs import CompletionOutput, Logprob, PoolingRequestOutput, RequestOutput  # noqa: F401
-    from vllm_jax.pooling_params import PoolingParams  # noqa: F401
-    from vllm_jax.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams  # noqa: F401
-
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)

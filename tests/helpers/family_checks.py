@@ -1,4 +1,4 @@
-"""Engine-level checks shared by the family tests (tests/test_families.py): greedy continuations equal to
+"""Engine-level checks shared by the family tests (tests/engine/test_families.py): greedy continuations equal to
 transformers' through a KV cache small enough to preempt, with prefix caching on and off."""
 
 from __future__ import annotations

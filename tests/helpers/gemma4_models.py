@@ -1,8 +1,8 @@
-"""Tiny random Gemma 4 text checkpoints (tests/test_gemma4.py): 5 layers (sliding, sliding, full, sliding, full),
+"""Tiny random Gemma 4 text checkpoints (tests/engine/test_gemma4.py): 5 layers (sliding, sliding, full, sliding, full),
 the last two KV-shared (layer 3 reads layer 1's cache, layer 4 layer 2's) with the double-wide MLP, head_dim 16 and
 global_head_dim 32, PLE on, a final logit cap small enough to bend these logits, every norm and layer_scalar
-randomized (transformers starts them at one). `MOE` adds the MoE block (tests/test_gemma4_moe.py), its router scales
-and norms randomized too."""
+randomized (transformers starts them at one). `MOE` adds the MoE block (tests/engine/test_gemma4_moe.py), its router
+scales and norms randomized too."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "slid
 # layer_scalar and the router's scales
 _START_AT_ONE = ("norm.weight", "layernorm_1.weight", "layernorm_2.weight", "layer_scalar", "router.scale",
                  "per_expert_scale")
-# the MoE block (tests/test_gemma4_moe.py): 4 experts of 32, top 2, beside every layer's MLP
+# the MoE block (tests/engine/test_gemma4_moe.py): 4 experts of 32, top 2, beside every layer's MLP
 MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
 
 

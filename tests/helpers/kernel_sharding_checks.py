@@ -1,5 +1,5 @@
 """The Pallas kernels under shard_map on the session's 8 fake CPU devices (tests/conftest.py), in interpret mode:
-`main()` returns one JSON-shaped dict that tests/test_kernel_sharding.py reads."""
+`main()` returns one JSON-shaped dict that tests/multidevice/test_kernel_sharding.py reads."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def _write_inputs(num_kv_heads: int):
 
 def mla_attention(backend: str, tp: int) -> np.ndarray:
     """DeepSeek MLA over 8 heads, the latent cache replicated and the heads split over tp devices."""
-    from tests.test_mla_kernels import RANK, ROPE, mla_batch
+    from tests.engine.test_mla_kernels import RANK, ROPE, mla_batch
 
     q_latent, q_rope, cache, *batch, total = mla_batch("mixed", 9, 8, heads=8)
     mesh = make_mesh(tensor_parallel_size=tp)

@@ -1,4 +1,4 @@
-"""Adapters and engines for the LoRA-on-MoE tests (tests/test_lora_moe.py, test_lora_moe_tp.py): random peft
+"""Adapters and engines for the LoRA-on-MoE tests (tests/engine/test_lora_moe.py, test_lora_moe_tp.py): random peft
 adapters (attention, and the fused experts tensors through target_parameters), random expert adapters in PEFT's
 per-expert layout with their merged reference, greedy runs."""
 

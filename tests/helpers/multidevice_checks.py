@@ -378,7 +378,7 @@ def check_gemma_tensor_parallel(workdir: Path) -> dict:
 
 def check_gemma4_tensor_parallel(workdir: Path) -> dict:
     """Greedy tokens at TP 2 of the tiny Gemma 4 checkpoint the test wrote to WORKDIR/gemma4 (compared with
-    transformers' tokens, which are TP 1's: tests/test_gemma4.py), and where TP 2 put the KV cache (its rows
+    transformers' tokens, which are TP 1's: tests/engine/test_gemma4.py), and where TP 2 put the KV cache (its rows
     split: the layers' cache views are reshapes GSPMD partitions)."""
     from flax import nnx
 

@@ -1,5 +1,5 @@
 """gpt-oss checkpoints with MXFP4 experts in the published layout, made from a float tiny checkpoint by our own
-encoder (tests/test_gpt_oss_mxfp4.py, the MXFP4 sharding check)."""
+encoder (tests/engine/test_gpt_oss_mxfp4.py, the MXFP4 sharding check)."""
 
 from __future__ import annotations
 

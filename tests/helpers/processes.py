@@ -18,7 +18,7 @@ def unoptimized(env: dict[str, str] | None = None) -> dict[str, str]:
     """`env` (None: this process's environment) with XLA's optimizations off, as in the test process
     (tests/conftest.py): these processes are tested for what they do (restarts over a cache, two jax processes, a
     benchmark's report, a drain on SIGTERM), not for the speed of their programs; programs compiled optimized are
-    checked by tests/test_default_model.py, .ci/smoke and .ci/aot_check."""
+    checked by tests/served/test_default_model.py, .ci/smoke and .ci/aot_check."""
     return {**(os.environ if env is None else env), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 
 

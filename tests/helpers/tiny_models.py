@@ -47,7 +47,7 @@ ARCHS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),
 }
 
-# MoE models (tests/test_moe.py): 4 experts, top-2; make_tiny_checkpoint takes these names too.
+# MoE models (tests/engine/test_moe.py): 4 experts, top-2; make_tiny_checkpoint takes these names too.
 MOE_ARCHS = {
     "mixtral": (MixtralConfig, MixtralForCausalLM, dict(num_local_experts=4, num_experts_per_tok=2,
                                                         intermediate_size=96, sliding_window=7)),
@@ -66,7 +66,7 @@ MOE_ARCHS = {
             "truncate": False, "original_max_position_embeddings": 64})),
 }
 
-# Gemma (tests/test_gemma.py): a sliding layer then a global one, query_pre_attn_scalar != head_dim, caps small
+# Gemma (tests/engine/test_gemma.py): a sliding layer then a global one, query_pre_attn_scalar != head_dim, caps small
 # enough to bend these logits; Gemma 3 with its own local rope base and linear scaling on the global layers. Their
 # norms (zero-initialized by transformers: Gemma scales by 1 + weight) are randomized before saving.
 GEMMA_ARCHS = {
@@ -81,7 +81,7 @@ GEMMA_ARCHS = {
 }
 
 
-# DeepSeek MLA models (tests/test_deepseek.py): 8 experts in 4 groups, top-2 of the best 2 groups, a dense first
+# DeepSeek MLA models (tests/engine/test_deepseek.py): 8 experts in 4 groups, top-2 of the best 2 groups, a dense first
 # layer, shared experts. V3: q LoRA, sigmoid + correction bias (randomized below); V2: plain q_proj, softmax.
 _MLA = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32,
             n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4, topk_group=2,

@@ -1,7 +1,7 @@
 """A tiny random Qwen3-VL checkpoint (3 decoder layers of width 64, a 3-block vision tower of width 32 with two
 DeepStack taps and an 8x8 learned position table), its PIL image processor (16-pixel patches) and the byte
-tokenizer with the vision special tokens (tests/test_qwen3_vl.py). Images, placeholder expansion and transformers'
-logits: tests/helpers/vl_models.py's, which fit both families."""
+tokenizer with the vision special tokens (tests/engine/test_qwen3_vl.py). Images, placeholder expansion and
+transformers' logits: tests/helpers/vl_models.py's, which fit both families."""
 
 from __future__ import annotations
 

@@ -14,12 +14,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from vllm_jax.aot.results import TargetResult
 from vllm_jax.attention import attention_backend_for
-
-if TYPE_CHECKING:
-    from vllm_jax.aot.engine_programs import TargetResult
 
 DECODE_TEMP_SHARE = 0.1  # a decode program's temporaries must stay under this share of the cache
 MiB = 1 << 20

@@ -22,7 +22,8 @@ import time
 from typing import TextIO
 
 from vllm_jax.aot.checks import expected_kernels, first_line
-from vllm_jax.aot.engine_programs import TargetResult, check_target
+from vllm_jax.aot.engine_programs import check_target
+from vllm_jax.aot.results import TargetResult
 from vllm_jax.config import EngineArgs
 
 GiB, MiB = 1 << 30, 1 << 20

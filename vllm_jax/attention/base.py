@@ -25,7 +25,9 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from vllm_jax.attention import tensor_parallel
+from vllm_jax.attention.tensor_parallel import attention as sharded_attention
+from vllm_jax.attention.tensor_parallel import mla_attention as sharded_mla_attention
+from vllm_jax.attention.tensor_parallel import write_kv_cache as sharded_write_kv_cache
 from vllm_jax.pallas_kernels.kv_quant import check_scales
 from vllm_jax.sharding.mesh import MODEL_AXIS
 
@@ -73,7 +75,7 @@ class AttentionBackend(ABC):
         donated. It receives K / k_scale and V / v_scale in its dtype, saturated for fp8 (kv_quant.quantize)."""
         check_scales(k_scale, v_scale)
         call = functools.partial(self._write_kv_cache, k_scale=k_scale, v_scale=v_scale)
-        return self._on(mesh, tensor_parallel.write_kv_cache, call, kv_cache, k, v, slot_mapping,
+        return self._on(mesh, sharded_write_kv_cache, call, kv_cache, k, v, slot_mapping,
                         layer_index=layer_index)
 
     def attention(self, q: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
@@ -93,7 +95,7 @@ class AttentionBackend(ABC):
             raise ValueError(f"sinks must be [num_q_heads] = [{q.shape[1]}]; got {sinks.shape}")
         call = functools.partial(self._attention, sm_scale=sm_scale, soft_cap=soft_cap, k_scale=k_scale,
                                  v_scale=v_scale)
-        return self._on(mesh, tensor_parallel.attention, call, q, kv_cache, block_tables, seq_lens,
+        return self._on(mesh, sharded_attention, call, q, kv_cache, block_tables, seq_lens,
                         query_start_loc, num_seqs, sliding_window=sliding_window, layer_index=layer_index,
                         sinks=sinks)
 
@@ -105,7 +107,7 @@ class AttentionBackend(ABC):
         contract). `kv_scale`: the cache holds row / kv_scale (one scale: the row is key and value)."""
         check_scales(kv_scale, kv_scale)
         call = functools.partial(self._mla_attention, sm_scale=sm_scale, kv_scale=kv_scale)
-        return self._on(mesh, tensor_parallel.mla_attention, call, q_latent, q_rope, kv_cache, block_tables,
+        return self._on(mesh, sharded_mla_attention, call, q_latent, q_rope, kv_cache, block_tables,
                         seq_lens, query_start_loc, num_seqs, layer_index=layer_index)
 
     def _on(self, mesh: Mesh | None, sharded: Callable, call: Callable, *args, **kwargs) -> jax.Array:

@@ -20,7 +20,7 @@ one-device kernel (scales and static arguments bound), when its mesh splits the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,11 +30,17 @@ from jax.sharding import PartitionSpec as P
 from vllm_jax.sharding.mesh import MODEL_AXIS
 from vllm_jax.sharding.rules import kv_head_layout
 
-if TYPE_CHECKING:
-    from vllm_jax.attention.base import AttentionBackend
-
 AXIS = MODEL_AXIS
 HEADS = P(None, AXIS, None)  # q, k, v and the output: [T, heads, head_dim] split on the heads
+
+
+class CacheLayout(Protocol):
+    """What these wrappers ask of the backend (attention/base.py's AttentionBackend): where its cache keeps the
+    heads. A protocol, so that this module needs nothing from base.py, which calls it."""
+
+    def cache_kv_heads(self, kv_cache: jax.Array, head_dim: int) -> int: ...
+
+    def cache_head_spec(self, ndim: int, axis: str) -> P: ...
 
 
 def _int32(x):
@@ -42,7 +48,7 @@ def _int32(x):
     return None if x is None else jnp.asarray(x, jnp.int32)
 
 
-def attention(backend: AttentionBackend, mesh: Mesh, tp: int, call: Callable, q: jax.Array, kv_cache: jax.Array,
+def attention(backend: CacheLayout, mesh: Mesh, tp: int, call: Callable, q: jax.Array, kv_cache: jax.Array,
               block_tables: jax.Array, seq_lens: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array, *,
               sliding_window, layer_index, sinks) -> jax.Array:
     """Ragged paged attention per device (see the module docstring); the result's head axis is split like q's,
@@ -65,7 +71,7 @@ def attention(backend: AttentionBackend, mesh: Mesh, tp: int, call: Callable, q:
         *extra)
 
 
-def mla_attention(backend: AttentionBackend, mesh: Mesh, tp: int, call: Callable, q_latent: jax.Array,
+def mla_attention(backend: CacheLayout, mesh: Mesh, tp: int, call: Callable, q_latent: jax.Array,
                   q_rope: jax.Array, kv_cache: jax.Array, block_tables: jax.Array, seq_lens: jax.Array,
                   query_start_loc: jax.Array, num_seqs: jax.Array, *, layer_index) -> jax.Array:
     """MLA per device: its one latent row per token is shared by every head, so the cache is replicated (each
@@ -83,7 +89,7 @@ def mla_attention(backend: AttentionBackend, mesh: Mesh, tp: int, call: Callable
         q_latent, q_rope, kv_cache, block_tables, seq_lens, query_start_loc, num_seqs, _int32(layer_index))
 
 
-def write_kv_cache(backend: AttentionBackend, mesh: Mesh, tp: int, call: Callable, kv_cache: jax.Array,
+def write_kv_cache(backend: CacheLayout, mesh: Mesh, tp: int, call: Callable, kv_cache: jax.Array,
                    k: jax.Array, v: jax.Array, slot_mapping: jax.Array, *, layer_index) -> jax.Array:
     """The KV write per device: each writes its KV heads into its cache shard, or, with a replicated cache, every
     head into its copy. The cache keeps its sharding (in place when donated)."""

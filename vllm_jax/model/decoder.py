@@ -36,10 +36,10 @@ from vllm_jax.model.layers import (
     rms_norm,
     rotary_tables,
 )
-from vllm_jax.model.lora_layers import LoRAMask
 from vllm_jax.model.quantization import KeptFormats, OnlineQuantization, Quantization
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.model.weight_forms.lora import LoRAMask
 from vllm_jax.native import gguf_matvec
 from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding.mesh import MODEL_AXIS

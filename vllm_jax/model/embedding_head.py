@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
-from vllm_jax.model.layers import QuantizedWeight, grouped_params, init_param, linear_params, matmul_f32
+from vllm_jax.model.layers import grouped_params, init_param, linear_params, matmul_f32
 from vllm_jax.model.quantization import quantize_table, scale_name
 from vllm_jax.model.quantized_dots import (
     float_dot_rows,
@@ -31,6 +31,8 @@ from vllm_jax.model.quantized_dots import (
 )
 from vllm_jax.model.row_gather import take_rows
 from vllm_jax.model.step_inputs import StepInputs, real_logits_rows
+from vllm_jax.model.weight_forms.channel_scaled import ChannelScaledWeight
+from vllm_jax.model.weight_forms.dense import DenseWeight
 from vllm_jax.native import gguf_matvec
 
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
@@ -111,8 +113,8 @@ class EmbeddingHead:
         chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
         if not self.spec.tie_word_embeddings:
             if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
-                head = QuantizedWeight(self.lm_head[...], self.lm_head_scale[...],
-                                       self.quantization.quantize_activations)
+                head = ChannelScaledWeight(DenseWeight(self.lm_head[...]), self.lm_head_scale[...],
+                                           self.quantization.quantize_activations)
                 return matmul_f32(last, head)
             head_fmt = self._kept_format("lm_head")
             if head_fmt is None:

@@ -2,13 +2,15 @@
 
 - a scan over the params stacked on [num_layers] (the default: compiled once whatever the depth);
 - over per-layer arrays (`layers.unstack_layers`, the CPU default, since XLA:CPU copies a stacked layer's weights
-  out before each dot) a scan whose matmuls pick their layer's array through a switch (`LayerSwitch`);
+  out before each dot) a scan whose matmuls pick their layer's array through a switch (weight_forms/
+  layer_switch.py: `LayerSwitch`);
 - a Python loop over per-layer arrays (--no-scan-layers).
 
 `scan` and `unrolled` are the two loops: each walks (per-layer input, layer index) pairs, records the chosen
 layers' input states (model/aux_hidden.py) and calls a family's step. `run_layers` picks the form for a
-`DecoderLayers`-like param dict and readies each layer's weights (the switch, quantized linears, LoRA); the MoE
-model's per-run scans and Gemma 4's group-indexed loop call `scan` / `unrolled` directly.
+`DecoderLayers`-like param dict and readies each layer's weight forms (the switch, quantized linears, LoRA:
+model/weight_forms/bundle.py, model/lora_layers.py); the MoE model's per-run scans and Gemma 4's group-indexed
+loop call `scan` / `unrolled` directly.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vllm_jax.model.aux_hidden import AuxHiddenStates
-from vllm_jax.model.layers import LayerContext, LayerSwitch, bundle_quantized, is_unstacked
+from vllm_jax.model.layers import LayerContext, is_unstacked
 from vllm_jax.model.lora_layers import bundle_lora
 from vllm_jax.model.quantization import SCALE_SUFFIX, Quantization
+from vllm_jax.model.weight_forms.bundle import bundle_quantized, switched_forms
 
 Index = jax.Array | int
 Carry = tuple[jax.Array, jax.Array, AuxHiddenStates]  # (hidden [T, H], kv_cache, aux states)
@@ -79,7 +82,7 @@ def run_layers(block: Block, ctx: LayerContext, weights: dict, windows: tuple[in
     def scan_step(layer_input: tuple[dict, jax.Array], layer_index: jax.Array, hidden: jax.Array,
                   kv_cache: jax.Array) -> tuple[jax.Array, jax.Array]:
         w, window = layer_input
-        w = w | {name: LayerSwitch(arrays, layer_index) for name, arrays in per_layer.items()}
+        w = w | switched_forms(per_layer, layer_index, quant)
         return step((w, window), layer_index, hidden, kv_cache)
 
     xs = (stacked, jnp.asarray(np.array(windows, dtype=np.int32)))
@@ -88,7 +91,7 @@ def run_layers(block: Block, ctx: LayerContext, weights: dict, windows: tuple[in
 
 def _switched_and_stacked(weights: dict, quant: Quantization | None) -> tuple[dict, dict]:
     """(per-layer matrices a switch picks from, what the scan slices): stacked params all go to the scan; of
-    per-layer arrays the matrices go through LayerSwitch and the vectors (norms, biases) restack, as do grouped
+    per-layer arrays the matrices go through a LayerSwitch and the vectors (norms, biases) restack, as do grouped
     scales [in // g, out] (block fp8: linear weights each layer's partial sums by them)."""
     if not is_unstacked(weights):
         return {}, weights

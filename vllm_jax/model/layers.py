@@ -1,9 +1,9 @@
 """The building blocks every decoder family here shares: parameter init, RMS norm, rotary embedding (with its
 linear and llama3 frequency scalings), linear layers with optional bias, the gated MLP, the attention call
 through the resolved backend and the mesh (`AttentionKernels`, over vllm_jax.attention), one pre-norm decoder
-block, and the stacked / per-layer param layouts. A quantized weight (model/quantization.py) reaches `linear` as a
-`QuantizedWeight`, which dequantizes inside the dot (model/quantized_dots.py); LoRA adapters as a `LoRAWeight`
-(model/lora_layers.py).
+block, and the stacked / per-layer param layouts. A linear weight reaches `linear` as a weight form
+(model/weight_forms: dense, GGUF blocks, int8 / fp8 with channel or block scales, LoRA-wrapped, switched per
+layer), which does its own matmul; a plain array is a dense one.
 
 All functions are pure (arrays in, arrays out) and follow transformers' order of operations and float32
 islands, which is what keeps logits within 1e-4 of it. Linear weights are [in, out] (x @ W); the loader
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -26,12 +25,13 @@ from jax.sharding import Mesh
 from vllm_jax.attention import AttentionBackend
 from vllm_jax.model.fused_projections import QKV, FusedLayout, qkv_layout
 from vllm_jax.model.grouped_quant import grouped_shapes, min_name
-from vllm_jax.model.lora_layers import LoRAMask, LoRAWeight
-from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, quantize, quantize_rows, scale_name
-from vllm_jax.model.quantized_dots import float_dots, gguf_dot, gguf_dots, grouped_dot
+from vllm_jax.model.quantization import Quantization, quantize, scale_name
 from vllm_jax.model.rope_longrope import longrope_inv_freq
 from vllm_jax.model.rope_yarn import yarn_inv_freq
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.model.weight_forms.base import WeightForm, joined_matmuls
+from vllm_jax.model.weight_forms.dense import as_weight_form
+from vllm_jax.model.weight_forms.lora import LoRAMask
 
 if TYPE_CHECKING:  # spec.py reads rope scaling through rope_inv_freq below
     from vllm_jax.model.spec import DecoderSpec
@@ -171,150 +171,34 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (xf * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
 
 
-@dataclass(frozen=True)
-class LayerSwitch:
-    """One layer's matrix inside a scan over per-layer arrays: `x @ W[layer]` runs as a switch over the layers.
-
-    XLA:CPU copies a dynamic slice of a stacked weight out before every dot (its dot reads whole buffers); a
-    switch branch reads its operand in place, and the layer body is still compiled once."""
-
-    arrays: tuple  # one array per layer; kept GGUF blocks: one (values, scale, min) tuple per layer
-    index: jax.Array
-    fmt: str | None = None  # kept GGUF format of `arrays` (model/grouped_quant.py), static
-
-    def matmul(self, x: jax.Array) -> jax.Array:
-        return self.apply(_float_dot if self.fmt is None else partial(_gguf_dot_parts, fmt=self.fmt), x)
-
-    def apply(self, fn: Callable[[jax.Array, Any], jax.Array], x: jax.Array) -> jax.Array:
-        """fn(x, W[layer]) as a switch over the layers."""
-        branches = [partial(_apply_nth, fn, n) for n in range(len(self.arrays))]
-        return jax.lax.switch(self.index, branches, x, self.arrays)
+def linear(x: jax.Array, weight: WeightForm | jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype: the weight form's own
+    `linear` (model/weight_forms; a plain array is a dense weight). A quantized form scales its output per channel
+    (and per row for W8A8) before the bias; a LoRA-wrapped one adds its adapters' delta to the base output."""
+    return as_weight_form(weight).linear(x, bias)
 
 
-def _apply_nth(fn: Callable[[jax.Array, Any], jax.Array], n: int, x: jax.Array, arrays: tuple) -> jax.Array:
-    return fn(x, arrays[n])
-
-
-def _gguf_dot_parts(x: jax.Array, parts: tuple, fmt: str) -> jax.Array:
-    return gguf_dot(x, *parts, fmt)
-
-
-def _float_dot(x: jax.Array, w: jax.Array) -> jax.Array:
-    """`dot`, on CPU for float32 weights at a few rows by the native kernel (quantized_dots.float_dots)."""
-    return float_dots(x, [w])[0]
-
-
-def _matmul(x: jax.Array, weight: jax.Array | LayerSwitch) -> jax.Array:
-    return weight.matmul(x) if isinstance(weight, LayerSwitch) else _float_dot(x, weight)
-
-
-@dataclass(frozen=True)
-class QuantizedWeight:
-    """A quantized linear weight inside the forward: values [in, out] (int8 / float8_e4m3fn; or a LayerSwitch over
-    per-layer values), float32 scales [out] (per channel) or [in // g, out] (grouped, weight-only), and whether the
-    activations are quantized too (W8A8). Kept GGUF blocks (`fmt` set): values, float16 scales and mins
-    [in // 32, out] (model/grouped_quant.py)."""
-
-    values: jax.Array | LayerSwitch
-    scale: jax.Array
-    quantize_activations: bool
-    minimum: jax.Array | None = None
-    fmt: str | None = None
-
-
-def bundle_quantized(w: dict, quant: Quantization | None) -> dict:
-    """One layer's weights with each quantized linear and its `_scale` (and `_min`) siblings joined into a
-    QuantizedWeight, or for kept GGUF blocks switched per layer into one LayerSwitch (the dict unchanged without
-    `quant`)."""
-    if quant is None:
-        return w
-    out = dict(w)
-    for name in QUANTIZED_LINEARS:
-        if scale_name(name) not in out:
-            continue
-        values, scale, minimum = out[name], out.pop(scale_name(name)), out.pop(min_name(name), None)
-        fmt = quant.format_of(name) if quant.gguf_kept else None
-        if isinstance(values, LayerSwitch) and fmt is not None:
-            parts = [values.arrays, scale.arrays] + ([minimum.arrays] if minimum is not None else [])
-            arrays = tuple(layer + ((None,) if minimum is None else ()) for layer in zip(*parts))
-            out[name] = LayerSwitch(arrays, values.index, fmt)
-        else:
-            out[name] = QuantizedWeight(values, scale, quant.quantize_activations, minimum, fmt)
-    return out
-
-
-def linear(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight | LoRAWeight,
-           bias: jax.Array | None = None) -> jax.Array:
-    """x @ weight (+ bias), accumulated in float32 (int32 for W8A8), returned in x's dtype. A QuantizedWeight is
-    dequantized here: its output is scaled per channel (and per row for W8A8) before the bias. A LoRAWeight adds
-    its adapters' delta to the base output."""
-    if isinstance(weight, LoRAWeight):
-        y = linear(x, weight.base, bias).astype(jnp.float32) + weight.delta(x)
-        return y.astype(x.dtype)
-    y = matmul_f32(x, weight)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
-
-
-def matmul_f32(x: jax.Array, weight: jax.Array | LayerSwitch | QuantizedWeight) -> jax.Array:
+def matmul_f32(x: jax.Array, weight: WeightForm | jax.Array) -> jax.Array:
     """float32 x @ weight: `linear` without its bias and final cast (an untied quantized LM head's logits too)."""
-    if isinstance(weight, QuantizedWeight) and weight.fmt is not None:
-        y = gguf_dot(x, weight.values, weight.scale, weight.minimum, weight.fmt)
-    elif isinstance(weight, QuantizedWeight):
-        if weight.scale.ndim == 2:  # grouped scales [in // g, out]: weight each group's partial sums, then add
-            groups = weight.scale.shape[0]
-            by_group = partial(grouped_dot, groups=groups)
-            parts = (weight.values.apply(by_group, x) if isinstance(weight.values, LayerSwitch)
-                     else by_group(x, weight.values))
-            y = jnp.sum(parts * weight.scale, axis=-2)
-        elif weight.quantize_activations:
-            xq, row_scale = quantize_rows(x)
-            y = _matmul(xq, weight.values).astype(jnp.float32) * row_scale * weight.scale
-        else:
-            y = _matmul(x, weight.values) * weight.scale
-    else:
-        y = _matmul(x, weight)
-    return y.astype(jnp.float32)
+    return as_weight_form(weight).matmul(x)
 
 
 def linears(x: jax.Array, weights: list, biases: list) -> list[jax.Array]:
-    """[linear(x, w, b) for each weight and bias]: q / k / v or gate / up as one call of `gguf_dots` (kept GGUF
-    blocks) or `float_dots` (plain weights), on CPU one native call, and in the CPU scan one switch over the layers
-    instead of one per weight."""
-    outs = _joined_dots(x, weights)
+    """[linear(x, w, b) for each weight and bias]: q / k / v or gate / up as one call where their forms join
+    (`WeightForm.join_key`: plain weights in one `float_dots`, kept GGUF blocks in one `gguf_dots`, on CPU one
+    native call, and in the CPU scan one switch over the layers instead of one per weight)."""
+    forms = [as_weight_form(w) for w in weights]
+    outs = joined_matmuls(x, forms)
     if outs is None:
-        return [linear(x, w, b) for w, b in zip(weights, biases)]
+        return [form.linear(x, b) for form, b in zip(forms, biases)]
     return [(y if b is None else y + b.astype(jnp.float32)).astype(x.dtype) for y, b in zip(outs, biases)]
-
-
-def _joined_dots(x: jax.Array, weights: list) -> list[jax.Array] | None:
-    """float32 x @ W of each weight when all are kept GGUF blocks of one layout or all plain arrays, else None."""
-    if all(isinstance(w, LayerSwitch) and w.index is weights[0].index for w in weights):
-        fmts = [w.fmt for w in weights]
-        per_layer = tuple(zip(*(w.arrays for w in weights)))  # layer -> each weight's array (kept: its parts)
-        if all(fmt is None for fmt in fmts):
-            return LayerSwitch(per_layer, weights[0].index).apply(float_dots, x)
-        if any(fmt is None for fmt in fmts):
-            return None
-
-        def layer_dots(x: jax.Array, parts: tuple) -> list[jax.Array]:
-            return gguf_dots(x, [(*p, fmt) for p, fmt in zip(parts, fmts)])
-
-        return LayerSwitch(per_layer, weights[0].index).apply(layer_dots, x)
-    if all(isinstance(w, QuantizedWeight) and w.fmt is not None and not isinstance(w.values, LayerSwitch)
-           for w in weights):
-        return gguf_dots(x, [(w.values, w.scale, w.minimum, w.fmt) for w in weights])
-    if all(isinstance(w, jax.Array) for w in weights):
-        return float_dots(x, weights)
-    return None
 
 
 def fused_linears(x: jax.Array, w: dict, layout: FusedLayout, biases: list) -> list[jax.Array]:
     """`linears` of the layout's parts through its one fused weight `w[layout.name]`: each part's output as the
     separate linear gives it (the biases, joined, added in float32 before the cast to the model dtype; split
     after the cast, so an accelerator slices the model-dtype product), plus the part's LoRA delta when
-    `bundle_lora` put one under the part's name."""
+    `bundle_lora` put its adapter (a LoRAAdapter) under the part's name."""
     y = matmul_f32(x, w[layout.name])
     if any(b is not None for b in biases):
         y = y + layout.join([jnp.zeros((layout.part_size(p),), jnp.float32) if b is None else b.astype(jnp.float32)
@@ -322,9 +206,7 @@ def fused_linears(x: jax.Array, w: dict, layout: FusedLayout, biases: list) -> l
     outs = []
     for part, out in zip(layout.parts, layout.split(y.astype(x.dtype))):
         adapter = w.get(part)
-        if isinstance(adapter, LoRAWeight):
-            out = (out.astype(jnp.float32) + adapter.delta(x)).astype(x.dtype)
-        outs.append(out)
+        outs.append(out if adapter is None else adapter.added_to(x, out))
     return outs
 
 
@@ -461,7 +343,7 @@ def unstack_layers(state: nnx.State) -> None:
 
     XLA on CPU copies a layer's weights out of the stack at every iteration of a scan (its dot cannot read a
     slice in place); separate arrays let an unrolled loop (--no-scan-layers) or a scan's switched matmuls
-    (`LayerSwitch`, the CPU default) read them directly."""
+    (weight_forms/layer_switch.py: `LayerSwitch`, the CPU default) read them directly."""
     for variable in state["layers"].values():
         value = variable.get_value()
         variable.set_value(tuple(value[i] for i in range(value.shape[0])))

@@ -1,77 +1,32 @@
-"""LoRA inside the forward: each token's adapter slot (`LoRAMask`), a base linear weight wrapped with every layer's
-adapter stacks (`LoRAWeight`, whose delta `layers.linear` adds), and `bundle_lora` wrapping one layer's targets
-(docs/architecture/11-lora.md, "LoRA adapters")."""
+"""LoRA inside the forward: `bundle_lora` wrapping one layer's targets in the LoRA weight form
+(model/weight_forms/lora.py: `LoRAWeight`, a base weight plus its `LoRAAdapter`, whose delta its `linear` adds),
+and the MoE experts' adapters (`ExpertLoRA`) (docs/architecture/11-lora.md, "LoRA adapters")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from vllm_jax.model.fused_projections import QKV, QKV_PARTS
-
-
-@dataclass(frozen=True)
-class LoRAMask:
-    """Which adapter slot each token of the step reads: one-hot over slots 1..N-1, [T, N - 1] float32 (a token of
-    slot 0, no adapter, has an all-zero row), and whether any token has an adapter at all (a scalar bool)."""
-
-    one_hot: jax.Array
-    active: jax.Array
-
-    @classmethod
-    def of(cls, lora_slots: jax.Array, num_slots: int) -> LoRAMask:
-        return cls(jax.nn.one_hot(lora_slots - 1, num_slots - 1, dtype=jnp.float32), jnp.any(lora_slots > 0))
-
-
-@dataclass(frozen=True)
-class LoRAWeight:
-    """A base linear weight plus the adapter slots of every layer: a [L, N, in, R], b [L, N, R, out] (N = max_loras
-    + 1, slot 0 zeros, scaling folded into b), this layer's index and the step's LoRAMask. (With `layer` None, a
-    and b are one layer's [N, in, R] / [N, R, out].)
-
-    The delta is computed for all adapter slots at once and masked per token: (x @ a[1:]) is [T, N - 1, R], the mask
-    keeps each token's own slot, and the [T, (N - 1) * R] result meets b[1:] as one [(N - 1) * R, out] matrix. Two
-    dense dots of (N - 1) * R columns, no [T, in, R] gather of per-token adapters; slot 0 is left out (it is
-    zeros). A step in which no token has an adapter skips it all (a cond), the layer's slice of the stacks
-    included (it is taken inside the branch, not by the layer scan), so base-only batches cost nothing extra
-    (docs/architecture/11-lora.md, "LoRA adapters")."""
-
-    base: Any  # jax.Array | layers.LayerSwitch | layers.QuantizedWeight
-    a: jax.Array
-    b: jax.Array
-    mask: LoRAMask
-    layer: jax.Array | int | None = None
-
-    def delta(self, x: jax.Array) -> jax.Array:
-        """[T, out] float32: each token's B(A(x)) under its own slot."""
-        def product(x: jax.Array) -> jax.Array:
-            a, b = (self.a, self.b) if self.layer is None else (self.a[self.layer], self.b[self.layer])
-            xa = jnp.einsum("ti,nir->tnr", x, a[1:].astype(x.dtype), preferred_element_type=jnp.float32)
-            xa = (xa * self.mask.one_hot[:, :, None]).astype(b.dtype)
-            return jnp.einsum("tnr,nro->to", xa, b[1:], preferred_element_type=jnp.float32)
-
-        def nothing(x: jax.Array) -> jax.Array:
-            return jnp.zeros((x.shape[0], self.b.shape[-1]), jnp.float32)
-
-        return jax.lax.cond(self.mask.active, product, nothing, x)
+from vllm_jax.model.weight_forms.dense import as_weight_form
+from vllm_jax.model.weight_forms.lora import LoRAAdapter, LoRAMask, LoRAWeight
 
 
 def bundle_lora(w: dict, lora: dict | None, mask: LoRAMask | None, layer: jax.Array | int) -> dict:
     """Layer `layer`'s weights with each adapted linear wrapped in a LoRAWeight (unchanged without `lora`).
     `lora`: target name -> (a [L, N, in, R], b [L, N, R, out]), every layer's slots. A target inside a fused
-    weight (q_proj in `qkv_proj`: model/fused_projections.py) gets a LoRAWeight without a base under its own name,
+    weight (q_proj in `qkv_proj`: model/fused_projections.py) gets its LoRAAdapter alone under its own name,
     whose delta `layers.fused_linears` adds to that part's output."""
     if not lora:
         return w
     out = dict(w)
     for name, (a, b) in lora.items():
         if name in out:  # a MoE layer's attention half, or its experts' (ExpertLoRA)
-            out[name] = LoRAWeight(out[name], a, b, mask, layer)
+            out[name] = LoRAWeight(as_weight_form(out[name]), LoRAAdapter(a, b, mask, layer))
         elif name in QKV_PARTS and QKV in out:
-            out[name] = LoRAWeight(None, a, b, mask, layer)
+            out[name] = LoRAAdapter(a, b, mask, layer)
     return out
 
 
@@ -82,7 +37,7 @@ class ExpertLoRA:
     b [N, E_here, R, out] of the experts held here, each token's slot one-hot [T, N - 1] and whether any token has
     an adapter (docs/architecture/11-lora.md, "Mixture-of-experts models").
 
-    `delta` is the experts' form of LoRAWeight's masked product: the grouped rows (each a (token, expert) pair,
+    `delta` is the experts' form of LoRAAdapter's masked product: the grouped rows (each a (token, expert) pair,
     sorted by expert) meet every slot's A of their own expert in one ragged dot of (N - 1) * R columns, the
     token's one-hot keeps its slot, and a second ragged dot meets B. Skipped (a cond) when no token has one."""
 

@@ -50,9 +50,7 @@ from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.layers import (
     LayerContext,
     Mlp,
-    QuantizedWeight,
     attention_params,
-    bundle_quantized,
     decoder_block,
     gated_mlp,
     init_param,
@@ -63,6 +61,7 @@ from vllm_jax.model.layers import (
 from vllm_jax.model.lora_layers import ExpertLoRA, bundle_lora
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import Quantization, scale_name
+from vllm_jax.model.weight_forms.bundle import bundle_quantized
 
 EXPERT_PARAMS = ("experts_gate", "experts_up", "experts_down")
 DENSE_MLP_PARAMS = ("gate_proj", "up_proj", "down_proj")
@@ -222,9 +221,8 @@ class MoeLM(DecoderLM):
         weights, ids = route(x, w["router"], spec.num_experts_per_tok, spec.norm_topk_prob,
                              spec.round_router_weights)
         experts = tuple(w[name] for name in EXPERT_PARAMS)
-        scales, lora = None, w.get("expert_lora")
-        if isinstance(experts[0], QuantizedWeight):
-            experts, scales = tuple(e.values for e in experts), tuple(e.scale for e in experts)
+        scales = None if self.quantization is None else tuple(w[scale_name(name)] for name in EXPERT_PARAMS)
+        lora = w.get("expert_lora")
         if self.expert_mesh is not None and self.expert_mesh.shape[self.expert_axis] > 1:
             out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts, scales,
                                       lora=lora)

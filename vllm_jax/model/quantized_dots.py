@@ -1,8 +1,8 @@
 """Matmuls against quantized weights that are not plain x @ W: kept GGUF blocks (rebuilt inside the dot), the
 weight-only / W8A8 dot of int8 / fp8 values, grouped scales' per-group partial sums, and a table's rows (the tied
 LM head, quantized or, on CPU, float) in vocab-row chunks, and on CPU float weights against a few rows by a native
-kernel. `layers.linear` picks among them
-(docs/architecture/06-model.md, "Quantized weights")."""
+kernel. The weight forms (model/weight_forms) call them, each its own
+(docs/architecture/06-model.md, "Weight forms" and "Quantized weights")."""
 
 from __future__ import annotations
 

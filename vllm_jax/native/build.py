@@ -28,6 +28,8 @@ from pathlib import Path
 import jax.ffi
 import jaxlib
 
+from vllm_jax.cache_root import default_cache_root
+
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "VLLM_JAX_NATIVE_KERNELS"  # "0" / "false" / "off": use the XLA paths only
@@ -78,8 +80,6 @@ def _built(source: Path, compiler: str) -> Path:
     key = "\0".join([source.read_text(), *headers, compiler, version, " ".join(_FLAGS), jaxlib.__version__,
                      _cpu_identity()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    from vllm_jax.config import default_cache_root  # here: config's imports reach the model, which imports this
-
     name = f"{source.stem}-{digest}.so"
     folder = Path(default_cache_root()) / "native"
     if (folder / name).exists():

@@ -79,7 +79,7 @@ class Request:
     num_preemptions: int = field(default=0, init=False)
     num_cached_tokens: int = field(default=-1, init=False)  # prefix-cache hit at first scheduling; -1 before
     # Output tokens the request had when it was last resumed after a preemption (None: never resumed). Until it
-    # samples one more, the scheduler avoids preempting it again (see Scheduler._pick_victim).
+    # samples one more, the scheduler avoids preempting it again (see scheduler/policy.py: pick_victim).
     num_output_tokens_at_resume: int | None = field(default=None, init=False)
     # Prompt positions scored so far (prompt_logprobs): a prefill recomputed after a preemption scores them again,
     # and only the ones past this count are new.

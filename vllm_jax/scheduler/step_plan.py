@@ -1,9 +1,12 @@
-"""What one Scheduler.schedule() call has decided so far (the scheduler's working state within a step)."""
+"""What one Scheduler.schedule() call has decided so far (the scheduler's working state within a step), and the
+step's message to the runner that the finished plan becomes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vllm_jax.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_jax.scheduler.request import Request
 
 
@@ -44,6 +47,28 @@ class StepPlan:
         del self.new_block_ids[request.request_id]
         self.spec_tokens.pop(request.request_id, None)
         self.budget += num_tokens
+
+    def scheduler_output(self, block_ids: Callable[[str], list[int]], finished_req_ids: set[str]) -> SchedulerOutput:
+        """The step's message to the runner (`block_ids`: a newcomer's blocks by request id); `num_computed_tokens`
+        are the values before this step's tokens."""
+        return SchedulerOutput(
+            scheduled_new_reqs=[NewRequestData(
+                req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
+                block_ids=block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
+                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs)
+                for r in self.new],
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=(cached_ids := [r.request_id for r in self.running]),
+                new_block_ids=[self.new_block_ids[req_id] for req_id in cached_ids],
+                num_computed_tokens=[r.num_computed_tokens for r in self.running]),
+            num_scheduled_tokens=self.num_scheduled,
+            total_num_scheduled_tokens=sum(self.num_scheduled.values()),
+            finished_req_ids=finished_req_ids,
+            preempted_req_ids={r.request_id for r in self.preempted},
+            scheduled_spec_decode_tokens=self.spec_tokens,
+            lora_loads=self.lora_loads,
+        )
 
     def _take(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled[request.request_id] = num_tokens
