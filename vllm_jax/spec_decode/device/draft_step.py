@@ -51,6 +51,8 @@ def draft_cache_layout(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> D
 
 
 class DraftStep(SpeculatorStep):
+    """The draft model's catch-up and chain programs over its own KV cache (see the module docstring)."""
+
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, num_speculative_tokens: int,
                  load_or_compile: LoadOrCompile, on_trace: Callable[[], None] = lambda: None):
         super().__init__(graphdef, params, kv_cache, num_speculative_tokens, load_or_compile, on_trace)

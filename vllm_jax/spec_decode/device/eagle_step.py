@@ -75,6 +75,9 @@ def eagle_cache_layout(config: EngineConfig, spec: Eagle3Spec, mesh: Mesh) -> Dr
 
 
 class EagleStep(SpeculatorStep):
+    """The EAGLE-3 head's one program, catch-up then chain, over its one-layer KV cache (see the module
+    docstring)."""
+
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, num_speculative_tokens: int,
                  embed_tokens: jax.Array | None, load_or_compile: LoadOrCompile,
                  on_trace: Callable[[], None] = lambda: None):
