@@ -95,7 +95,8 @@ class EngineArgs:
     num_processes: int | None = None
     process_id: int | None = None
     # Layers as one scan (compile time independent of depth; on CPU over per-layer arrays through switched
-    # matmuls, see model/weight_forms/layer_switch.py: LayerSwitch), or unrolled over per-layer arrays (~3-6x the compile time).
+    # matmuls, see model/weight_forms/layer_switch.py: LayerSwitch), or unrolled over per-layer arrays (~3-6x
+    # the compile time).
     # None: the platform's default (SCAN_LAYERS_DEFAULT: unrolled on GPU).
     scan_layers: bool | None = None
     # Smallest buckets (default: 2 on CPU, where every padding row costs time, 16 / 8 on accelerators). One-token
