@@ -361,7 +361,7 @@ class ModelLoader:
                             quantization=quantization,
                             quantization_group_size=mc.quantization_group_size if quantization else None,
                             abstract=self.abstract)
-        # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
+        # On CPU a scan reads per-layer arrays through switched matmuls (model/weight_forms/layer_switch.py).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers
         model.aux_hidden_layers = aux_layers
