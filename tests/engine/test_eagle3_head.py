@@ -18,7 +18,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 from transformers import LlamaConfig
 
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.models.llama.spec import spec_from_hf_config
 from vllm_jax.spec_decode.device.eagle3_head import (
     draft_to_target_ids,

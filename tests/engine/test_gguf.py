@@ -17,8 +17,9 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tests.helpers.gguf_writing import finish_gguf
 from tests.helpers.kquants import q4_k_blocks, q6_k_blocks
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
-from vllm_jax.model_loader.source import DEFAULT_MODEL_PACKAGE, ModelSourceError
+from vllm_jax.model_loader.source import DEFAULT_MODEL_PACKAGE
 
 K_QUANT_ENCODERS = {"Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks}  # gguf-py cannot quantize K-quants
 

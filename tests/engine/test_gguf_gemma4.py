@@ -20,8 +20,8 @@ from transformers import AutoConfig
 from tests.helpers.gemma4_models import make_tiny_gemma4
 from tests.helpers.gguf_writing import add_tensor, finish_gguf
 from tests.helpers.quantized_models import PROMPTS, prompt_logits, quant_runner, relative_error
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, load_gguf_tokenizer, read_gguf_config
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.models.gemma4.spec import gemma4_spec_from_hf_config
 
 GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",

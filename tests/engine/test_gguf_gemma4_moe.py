@@ -18,8 +18,8 @@ from transformers import AutoConfig
 from tests.engine.test_gguf_gemma4 import _hf_logits, write_gemma4_gguf
 from tests.helpers.gemma4_models import MOE, make_tiny_gemma4
 from tests.helpers.quantized_models import prompt_logits, quant_runner, relative_error
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, read_gguf_config
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.models.gemma4.spec import gemma4_spec_from_hf_config
 
 

@@ -17,8 +17,8 @@ from transformers import AutoConfig
 from tests.helpers.gguf_writing import finish_gguf
 from tests.helpers.quantized_models import prompt_logits, quant_runner
 from tests.helpers.tiny_models import make_tiny_checkpoint
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file import iter_gguf_tensors, read_gguf_config
-from vllm_jax.model_loader.source import ModelSourceError
 
 GLOBAL = {"model.embed_tokens": "token_embd", "lm_head": "output", "model.norm": "output_norm"}
 GPT_OSS_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 from tests.helpers.mxfp4 import make_mxfp4_checkpoint
 from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
 from tests.helpers.tiny_models import make_tiny_checkpoint
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 
 
 @pytest.fixture(scope="module")

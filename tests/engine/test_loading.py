@@ -16,8 +16,9 @@ from tests.engine.test_gguf import (
     write_gguf,
 )
 from tests.helpers.tiny_models import make_tiny_checkpoint
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.loader import build_model
-from vllm_jax.model_loader.source import ModelSourceError, load_hf_config, resolve_model_source
+from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
 from vllm_jax.models.registry import resolve_architecture
 
 

@@ -33,7 +33,7 @@ from tests.helpers.prequantized_checkpoints import (
 from tests.helpers.quantized_models import dequantized_logits, prompt_logits, quant_runner, relative_error
 from vllm_jax import EngineArgs
 from vllm_jax.model.quantization import dequantize
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 
 INT8_W8A8_BOUND = 0.08  # relative L2 error of the logits vs the dequantized float32 model (measured 0.034)
 LINEARS = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",

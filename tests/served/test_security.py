@@ -25,7 +25,7 @@ from tests.helpers.http_checks import openai_error
 from tests.helpers.live_server import MODEL, Served, start_server, tiny_checkpoint
 from vllm_jax.cli import build_parser, main
 from vllm_jax.config import EngineArgs
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.tokenizer import load_tokenizer
 from vllm_jax.server import launcher
 from vllm_jax.server.middleware import OPEN_PATHS

@@ -7,7 +7,7 @@ import pytest
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from vllm_jax.model.layers import rope_inv_freq
+from vllm_jax.model.rope import rope_inv_freq
 from vllm_jax.models.llama.spec import spec_from_hf_config
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

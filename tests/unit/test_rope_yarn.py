@@ -9,7 +9,7 @@ import pytest
 from transformers import GptOssConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from vllm_jax.model.layers import rope_inv_freq
+from vllm_jax.model.rope import rope_inv_freq
 from vllm_jax.model.spec import rope_parameters_of
 
 YARN = [

@@ -9,20 +9,16 @@ factor sets.
 Which set: transformers picks per forward call (the long set when the largest position + 1 exceeds
 `original_max_position_embeddings`), so one sequence's keys can be rotated with either set depending on how
 it was chunked. Here the choice is fixed per engine, as in vLLM: every token uses the long factors when the
-context the engine serves (max_model_len) exceeds the original one, else the short ones (`for_context`).
-Stateless and the same for every token, so prefix caching, chunking and preemption cannot change a result.
+context the engine serves (max_model_len) exceeds the original one, else the short ones
+(`DecoderSpec.for_context`, model/spec.py). Stateless and the same for every token, so prefix caching, chunking
+and preemption cannot change a result.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from vllm_jax.model.spec import DecoderSpec
 
 
 def longrope_inv_freq(rope: dict, head_dim: int, which: str = "short") -> tuple[np.ndarray, float]:
@@ -58,12 +54,3 @@ def original_context(rope: dict) -> int:
     if not original:
         raise ValueError("longrope needs original_max_position_embeddings")
     return int(original)
-
-
-def for_context(spec: DecoderSpec, max_model_len: int | None) -> DecoderSpec:
-    """The spec an engine serving `max_model_len` tokens runs: with LongRoPE, the long frequencies for every
-    token when max_model_len exceeds the original context; otherwise (or without a length: the short factors,
-    transformers' own choice for any sequence within the original context) the spec unchanged."""
-    if not spec.long_inv_freq or max_model_len is None or max_model_len <= spec.rope_original_max_position:
-        return spec
-    return dataclasses.replace(spec, inv_freq=spec.long_inv_freq)

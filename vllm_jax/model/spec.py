@@ -4,10 +4,11 @@ family reads the same way (`common_spec_fields`). Each family's own reader is in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_jax.model.layers import rope_inv_freq
+from vllm_jax.model.rope import rope_inv_freq
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ class DecoderSpec:
     long_inv_freq: tuple[float, ...] = field(default=(), kw_only=True)
     # LongRoPE: a context (max_model_len) longer than this uses long_inv_freq for every token (0: no LongRoPE)
     rope_original_max_position: int = field(default=0, kw_only=True)
+
+    def for_context(self, max_model_len: int | None) -> DecoderSpec:
+        """The spec an engine serving `max_model_len` tokens runs: with LongRoPE (model/rope_longrope.py), the long
+        frequencies for every token when max_model_len exceeds the original context; otherwise (or without a
+        length: the short factors, transformers' own choice within the original context) this spec unchanged."""
+        if not self.long_inv_freq or max_model_len is None or max_model_len <= self.rope_original_max_position:
+            return self
+        return dataclasses.replace(self, inv_freq=self.long_inv_freq)
 
     @property
     def q_size(self) -> int:

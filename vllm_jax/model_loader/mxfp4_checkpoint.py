@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
-from vllm_jax.model_loader.source import ModelSourceError
 
 # e2m1: sign bit 3, then exponent / mantissa; the codes 0..15 as values
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vllm_jax.model.fused_projections import QKV, QKV_PARTS, qkv_layout
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath, flatten_params, unflatten_params
 
 PARAMS_DIR = "params"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 
 # the names --quantization accepts for a checkpoint's own quantization (besides our schemes int8 / fp8)
 METHODS = ("compressed-tensors", "fp8")

@@ -21,9 +21,9 @@ import math
 import numpy as np
 
 from vllm_jax.model.quantization import SCHEMES
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.prequantized import PrequantizedConfig
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.weight_loader import ParamPath
 from vllm_jax.models.param_source import ParamSource
 

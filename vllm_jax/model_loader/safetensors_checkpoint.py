@@ -12,7 +12,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 
 
 class SafetensorsCheckpoint:

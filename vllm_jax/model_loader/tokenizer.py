@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_jax.config import ModelConfig
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 
 
 def load_tokenizer(model_config: ModelConfig) -> Any:

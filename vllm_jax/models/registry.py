@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_jax.model.rope_longrope import for_context
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.models import deepseek, gemma, gemma4, gpt_oss, granite, llama, moe, olmo2, phi3, qwen2_5_vl, qwen3_vl
 from vllm_jax.models.family import ModelFamily
@@ -53,7 +52,7 @@ def resolve_architecture(hf_config: Any, max_model_len: int | None = None) -> tu
         raise ValueError(f"unsupported model architecture {architectures or '(none given)'}; "
                          f"supported: {', '.join(_BY_ARCHITECTURE)}")
     family = _BY_ARCHITECTURE[arch]
-    return family, for_context(family.spec_from_config(hf_config), max_model_len)
+    return family, family.spec_from_config(hf_config).for_context(max_model_len)
 
 
 def param_sources(spec: DecoderSpec) -> dict[tuple[str, ...], ParamSource]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file.reader import architecture, open_gguf, reports_source_errors
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.models.gguf_family import GgufArch, field, float32_decimal
 
 _REQUIRED_KEYS = {  # "{arch}.<key>" -> HF config field

@@ -18,9 +18,9 @@ import numpy as np
 
 from vllm_jax.model.grouped_quant import FORMATS, GROUP, min_name
 from vllm_jax.model.quantization import KeptFormats, scale_name
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file.reader import architecture, open_gguf, reports_source_errors
 from vllm_jax.model_loader.gguf_file.tensors import GGUFCheckpoint, unpermute
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.tensor_loader import TensorLoader
 from vllm_jax.model_loader.weight_loader import LoadRequest, ParamPath
 from vllm_jax.models.gguf_family import field

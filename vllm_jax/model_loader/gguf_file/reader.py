@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from functools import lru_cache, wraps
 from typing import Any, ParamSpec, TypeVar
 
-from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.models.gguf_family import GgufArch, GgufError, field
 from vllm_jax.models.registry import GGUF_ARCHS
 

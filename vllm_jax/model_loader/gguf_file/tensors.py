@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file.reader import architecture, open_gguf, source_errors
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.models.gguf_family import field
 
 # llama.cpp's precomputed rope factors; the config folds them in

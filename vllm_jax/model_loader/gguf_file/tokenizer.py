@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.gguf_file.reader import open_gguf, reports_source_errors
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.models.gguf_family import field
 
 

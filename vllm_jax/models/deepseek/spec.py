@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_jax.model.layers import rope_inv_freq
 from vllm_jax.model.moe_spec import MoeSpec
+from vllm_jax.model.rope import rope_inv_freq
 from vllm_jax.model.spec import pick_architecture, rope_parameters_of
 
 KV_ROW_ALIGN = 128  # lanes of a TPU vreg: the cache row's width is padded to a multiple of it

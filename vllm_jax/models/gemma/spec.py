@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_jax.model.layers import rope_inv_freq
+from vllm_jax.model.rope import rope_inv_freq
 from vllm_jax.model.spec import DecoderSpec, common_spec_fields, pick_architecture
 
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")

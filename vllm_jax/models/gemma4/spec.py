@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.model.layers import rope_inv_freq
+from vllm_jax.model.rope import rope_inv_freq
 from vllm_jax.model.spec import DecoderSpec, pick_architecture
 
 GEMMA4_ARCHITECTURES = ("Gemma4ForCausalLM",)

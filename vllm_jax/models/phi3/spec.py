@@ -6,7 +6,7 @@
   paths are Llama's;
 - `rope_scaling` type "longrope" (transformers' Phi3Config renames the old "su" / "yarn" to it): short and long
   per-frequency factors (model/rope_longrope.py). The spec carries the short frequencies in `inv_freq` and the
-  long ones in `long_inv_freq`; `rope_longrope.for_context` picks per engine.
+  long ones in `long_inv_freq`; `DecoderSpec.for_context` picks per engine.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from vllm_jax.model_loader.errors import ModelSourceError
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
-from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.tensor_loader import check_checkpoint
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, ParamPath, ShardingFor, flatten_params, unflatten_params
 from vllm_jax.models.param_source import ParamSource, single
