@@ -33,6 +33,10 @@ class ModelFamily:
     # the HF config fields of a tiny random checkpoint per architecture, for the family tests
     tiny_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     not_built: Mapping[str, str] = field(default_factory=dict)  # an architecture it refuses -> why
+    # images in prompts (docs/architecture/15-multimodal.md): whether its model reads them, and its own cap on images
+    # per prompt (None: none of the model's own; the context length and --limit-mm-per-prompt still apply)
+    reads_images: bool = False
+    max_images_per_prompt: int | None = None
 
 
 # the fields every tiny random checkpoint shares (tests/helpers/tiny_models.py builds them): two layers of width

@@ -39,6 +39,12 @@ def family_of(architecture: str) -> ModelFamily:
     return family
 
 
+def family_of_config(hf_config: Any) -> ModelFamily | None:
+    """The family that builds a transformers config's first registered `architectures` name; None when none does."""
+    architectures = getattr(hf_config, "architectures", None) or ()
+    return next((_BY_ARCHITECTURE[a] for a in architectures if a in _BY_ARCHITECTURE), None)
+
+
 def resolve_architecture(hf_config: Any, max_model_len: int | None = None) -> tuple[ModelFamily, DecoderSpec]:
     """(family, spec) for a transformers config; an unknown architecture names the supported ones.
     `max_model_len`: the context the engine serves, which picks LongRoPE's factor set (model/rope_longrope.py);
