@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from vllm_jax.cli import add_engine_args, engine_args_from_namespace
+from vllm_jax.config import add_engine_args, engine_args_from_namespace
 
 
 def main() -> None:
