@@ -16,8 +16,12 @@ import os
 import sys
 import time
 
+from vllm_jax.commands import run_batch
 from vllm_jax.config import HelpFormatter, add_engine_args, engine_args_from_namespace, initialize_distributed
 from vllm_jax.logger import configure_logging
+
+# The commands in vllm_jax/commands/: each adds its parser (and the function it runs) to the subparsers
+COMMANDS = (run_batch.register,)
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -193,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--jobs", type=int, default=1, help="targets checked at once, each in its own process")
     add_engine_args(chk)
     chk.set_defaults(func=_compile_check)
+    for register in COMMANDS:
+        register(sub, fmt)
     return parser
 
 
