@@ -16,12 +16,12 @@ import os
 import sys
 import time
 
-from vllm_jax.commands import chat, collect_env, run_batch
+from vllm_jax.commands import bench, chat, collect_env, run_batch
 from vllm_jax.config import HelpFormatter, add_engine_args, engine_args_from_namespace, initialize_distributed
 from vllm_jax.logger import configure_logging
 
 # The commands in vllm_jax/commands/: each adds its parser (and the function it runs) to the subparsers
-COMMANDS = (run_batch.register, chat.register, collect_env.register)
+COMMANDS = (run_batch.register, chat.register, collect_env.register, bench.register)
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
