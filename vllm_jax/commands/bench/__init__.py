@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_jax.commands.bench import serve
+from vllm_jax.commands.bench import latency, serve, startup, throughput
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -19,3 +19,10 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
                            "concurrency and report throughput, TTFT, TPOT, ITL and E2E latency under vLLM's keys.")
     serve.add_serve_args(srv)
     srv.set_defaults(func=serve.run)
+    for name, module, text in (
+            ("latency", latency, "time one batch end to end on the offline engine"),
+            ("throughput", throughput, "time a whole dataset on the offline engine"),
+            ("startup", startup, "time the offline engine's cold and warm start")):
+        parser = kinds.add_parser(name, help=text, description=module.__doc__, formatter_class=formatter)
+        module.add_args(parser)
+        parser.set_defaults(func=module.run)
