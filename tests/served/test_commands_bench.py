@@ -48,3 +48,14 @@ def test_bench_serve_chat_backend_reads_a_local_sharegpt_file(served, tmp_path, 
     table = capsys.readouterr().out
     assert "Successful requests:                    3" in table and "P90 E2EL (ms):" in table
     assert "TTFT" not in table
+
+
+def test_bench_sweep_runs_each_concurrency_and_plots_them(served, tmp_path, capsys):
+    assert main(["bench", "sweep", "--base-url", served.url, "--num-prompts", "4", "--random-input-len", "8",
+                 "--random-output-len", "3", "--ignore-eos", "--max-concurrencies", "1", "4", "--output-dir",
+                 str(tmp_path), "--disable-tqdm"]) == 0
+    runs = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(r["load"], r["max_concurrency"], r["completed"]) for r in runs] == [("1", 1, 4), ("4", 4, 4)]
+    assert "p99_tpot_ms" in runs[0] and "ttfts" not in runs[0]
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.count("Serving Benchmark Result") == 2

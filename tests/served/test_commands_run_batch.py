@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.live_server import MODEL, TEMPLATE, Served, start_server, tiny_checkpoint, tiny_engine_args
+from tests.helpers.engine_flags import tiny_engine_flags
+from tests.helpers.live_server import MODEL, TEMPLATE, Served, start_server, tiny_checkpoint
 from vllm_jax.cli import main
 
 GREEDY = {"model": MODEL, "max_tokens": 6, "temperature": 0}
@@ -32,15 +33,6 @@ def served(checkpoint: Path) -> Iterator[Served]:
     s.stop()
 
 
-def _engine_flags(checkpoint: Path) -> list[str]:
-    """The live server's engine config as flags: the run-batch engine loads its warm-up programs from the cache."""
-    args = tiny_engine_args(checkpoint)
-    names = ("max_model_len", "block_size", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
-             "min_token_bucket", "min_seq_bucket")
-    flags = [f for name in names for f in ("--" + name.replace("_", "-"), str(getattr(args, name)))]
-    return ["--model", str(checkpoint), "--served-model-name", MODEL, "--chat-template", TEMPLATE, *flags]
-
-
 def _without_ids(body: dict) -> dict:
     return {k: v for k, v in body.items() if k not in ("id", "created")}
 
@@ -56,7 +48,8 @@ def test_run_batch_answers_good_lines_as_the_server_does_and_bad_lines_with_erro
               ""]  # a blank line is skipped, as vLLM skips it
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
-    assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(out), *_engine_flags(checkpoint)]) == 0
+    assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(out), *tiny_engine_flags(checkpoint),
+                 "--served-model-name", MODEL, "--chat-template", TEMPLATE]) == 0
     assert "5 lines, 2 answered, 3 errors" in capsys.readouterr().err
     results = [json.loads(t) for t in out.read_text().splitlines()]
     assert len(results) == 5

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_jax.commands.bench import latency, serve, startup, throughput
+from vllm_jax.commands.bench import latency, serve, startup, sweep, throughput
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     for name, module, text in (
             ("latency", latency, "time one batch end to end on the offline engine"),
             ("throughput", throughput, "time a whole dataset on the offline engine"),
-            ("startup", startup, "time the offline engine's cold and warm start")):
+            ("startup", startup, "time the offline engine's cold and warm start"),
+            ("sweep", sweep, "bench serve over request rates or concurrencies, with a plot")):
         parser = kinds.add_parser(name, help=text, description=module.__doc__, formatter_class=formatter)
         module.add_args(parser)
         parser.set_defaults(func=module.run)

@@ -138,9 +138,8 @@ async def benchmark(ns: argparse.Namespace, model: str, requests: list[SampleReq
     return results, duration
 
 
-def run_benchmark(ns: argparse.Namespace) -> dict[str, Any]:
-    """One whole run: prepare, send, summarize, print the table; the saved JSON's content."""
-    model, requests = prepare(ns)
+def run_benchmark(ns: argparse.Namespace, model: str, requests: list[SampleRequest]) -> dict[str, Any]:
+    """One run of prepared requests: send, summarize, print the table; the saved JSON's content."""
     results, duration = asyncio.run(benchmark(ns, model, requests))
     percentiles = [float(p) for p in ns.metric_percentiles.split(",")]
     summary = summarize(results, duration, percentiles=percentiles, goodput=parse_goodput(ns.goodput))
@@ -168,7 +167,7 @@ def save_result(ns: argparse.Namespace, result: dict[str, Any]) -> Path:
 def run(ns: argparse.Namespace) -> int:
     ns.endpoint = ns.endpoint or DEFAULT_ENDPOINTS[ns.backend]
     try:
-        result = run_benchmark(ns)
+        result = run_benchmark(ns, *prepare(ns))
     except (ValueError, httpx.HTTPError) as exc:
         print(f"ERROR: {exc}")
         return 2
