@@ -14,9 +14,10 @@ LEAVES = {"config_pooling", "sampling_params", "pooling_params", "outputs", "log
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
     "server": {"engine", "config", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
-    # the user's commands (run-batch, chat, bench, collect-env): they drive the public entry points (the server
-    # app, the engine, LLM) and read the config; nothing but cli.py imports them
-    "commands": {"config", "engine", "server", "llm"},
+    # the `vllm-jax` commands (cli.py only dispatches to them): each drives a public entry point (the server's
+    # launcher and app, the engine, LLM, the loader's convert, the aot report, a multi-host follower) and reads the
+    # config; nothing but cli.py imports them
+    "commands": {"config", "engine", "server", "llm", "model_loader", "aot", "worker"},
     "engine": {"config", "scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
                "reasoning", "lora", "multimodal"},
     "multimodal": {"model"},

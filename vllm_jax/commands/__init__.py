@@ -1,4 +1,5 @@
-"""The `vllm-jax` subcommands a vLLM user types besides `serve`: one module per command (run_batch.py, chat.py,
-collect_env.py, bench/), each with `register(sub, formatter)` adding its parser and a `run(namespace)` that
-cli.py dispatches to. Modules import the engine and the server lazily, inside `run`, so `vllm-jax --help` and
-the client-side commands (chat, bench serve) start fast."""
+"""The `vllm-jax` commands, one module each (serve.py, generate.py, convert.py, compile_check.py, run_batch.py,
+chat.py for chat and complete, collect_env.py, and the bench/ package), each with `register(sub, formatter)`
+adding its parser and the function it runs, which cli.py dispatches to (docs/cli.md). They import the engine
+and the server lazily, inside the function they run, so `vllm-jax --help` and the client-side commands (chat,
+bench serve) start fast."""

@@ -11,6 +11,8 @@ import typing
 
 from vllm_jax.config.engine_args import EngineArgs
 
+MODEL_HELP = "HF directory, cached hub id or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+
 # The size flags that read `32k` / `4G` (vLLM's human_readable_int flags)
 SIZE_FLAGS = frozenset({"max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"})
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

@@ -13,7 +13,8 @@ from vllm_jax.commands.bench import latency, serve, startup, sweep, throughput
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     bench = sub.add_parser("bench", help="benchmarks: serve, latency, throughput, startup, sweep (vLLM's bench)",
                            description="vLLM's benchmark commands.", formatter_class=formatter)
-    kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK",
+                                 help="serve, latency, throughput, startup or sweep")
     srv = kinds.add_parser("serve", help="load-test a running OpenAI-compatible server", formatter_class=formatter,
                            description="Send a dataset's requests to a running server at a request rate or a "
                            "concurrency and report throughput, TTFT, TPOT, ITL and E2E latency under vLLM's keys.")
