@@ -34,6 +34,7 @@ def test_bench_serve_random_completes_every_request_and_saves_vllms_keys(served,
     result = json.loads((tmp_path / "r.json").read_text())
     assert VLLM_KEYS <= set(result)
     assert (result["completed"], result["failed"], result["max_concurrency"]) == (6, 0, 2)
+    assert 1 <= result["max_concurrent_requests"] <= 2
     assert result["input_lens"] == [8] * 6 and result["output_lens"] == [4] * 6
     assert result["total_output_tokens"] == 24 and result["request_rate"] == "inf"
 

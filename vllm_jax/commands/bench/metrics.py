@@ -56,17 +56,17 @@ def _meets(result: RequestResult, slos: dict[str, float]) -> bool:
 
 
 def _peaks(results: list[RequestResult]) -> tuple[float, int]:
-    """The most output tokens in any one second of the run, and the most requests in flight in any one second."""
+    """The most output tokens in any one second of the run, and the most requests in flight at any moment."""
     tokens: dict[int, int] = {}
-    active: dict[int, int] = {}
+    events: list[tuple[float, int]] = []  # (time, +1 start / -1 end); at a tie the end sorts first
     for r in results:
         if not r.success:
             continue
         for moment in itertools.accumulate(r.itl, initial=r.start + r.ttft):
             tokens[int(moment)] = tokens.get(int(moment), 0) + 1
-        for second in range(int(r.start), int(r.start + r.latency) + 1):
-            active[second] = active.get(second, 0) + 1
-    return float(max(tokens.values(), default=0)), max(active.values(), default=0)
+        events += [(r.start, 1), (r.start + r.latency, -1)]
+    in_flight = list(itertools.accumulate(change for _, change in sorted(events)))
+    return float(max(tokens.values(), default=0)), max(in_flight, default=0)
 
 
 def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict[str, float]:
