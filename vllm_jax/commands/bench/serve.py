@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import random
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -169,7 +170,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         result = run_benchmark(ns, *prepare(ns))
     except (ValueError, httpx.HTTPError) as exc:
-        print(f"ERROR: {exc}")
+        print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     if ns.save_result:
         print(f"saved {save_result(ns, result)}")

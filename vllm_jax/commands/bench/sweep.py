@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def plot(runs: list[dict[str, Any]], load_name: str, path: Path) -> bool:
 
 def run(ns: argparse.Namespace) -> int:
     if bool(ns.request_rates) == bool(ns.max_concurrencies):
-        print("ERROR: give exactly one of --request-rates and --max-concurrencies")
+        print("ERROR: give exactly one of --request-rates and --max-concurrencies", file=sys.stderr)
         return 2
     if "99" not in ns.metric_percentiles.split(","):
         ns.metric_percentiles += ",99"  # the plot's P99 lines
@@ -74,7 +75,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         runs = sweep(ns)
     except (ValueError, httpx.HTTPError) as exc:
-        print(f"ERROR: {exc}")
+        print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     out = Path(ns.output_dir)
     out.mkdir(parents=True, exist_ok=True)
