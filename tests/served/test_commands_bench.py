@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,13 @@ VLLM_KEYS = {"date", "backend", "model_id", "num_prompts", "request_rate", "max_
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    s = start_server(tiny_checkpoint(tmp_path_factory.mktemp("bench")))
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("bench"))
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint: Path) -> Iterator[Served]:
+    s = start_server(checkpoint)
     yield s
     s.stop()
 
@@ -39,13 +45,14 @@ def test_bench_serve_random_completes_every_request_and_saves_vllms_keys(served,
     assert result["total_output_tokens"] == 24 and result["request_rate"] == "inf"
 
 
-def test_bench_serve_chat_backend_reads_a_local_sharegpt_file(served, tmp_path, capsys):
+def test_bench_serve_chat_backend_reads_a_local_sharegpt_file_with_a_local_tokenizer(served, checkpoint, tmp_path,
+                                                                                   capsys):
     turns = [[{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": f"answer {i}"}] for i in range(5)]
     (tmp_path / "sg.json").write_text(json.dumps([{"conversations": c} for c in turns]))
     assert main(["bench", "serve", "--base-url", served.url, "--backend", "openai-chat", "--dataset-name",
                  "sharegpt", "--dataset-path", str(tmp_path / "sg.json"), "--num-prompts", "3",
-                 "--sharegpt-output-len", "4", "--request-rate", "50", "--percentile-metrics", "e2el",
-                 "--metric-percentiles", "50,90", "--disable-tqdm"]) == 0
+                 "--sharegpt-output-len", "4", "--tokenizer", str(checkpoint), "--request-rate", "50",
+                 "--percentile-metrics", "e2el", "--metric-percentiles", "50,90", "--disable-tqdm"]) == 0
     table = capsys.readouterr().out
     assert "Successful requests:                    3" in table and "P90 E2EL (ms):" in table
     assert "TTFT" not in table

@@ -3,9 +3,10 @@
 
 Requests stream from /v1/completions (`--backend openai`) or /v1/chat/completions (`--backend openai-chat`),
 arrive as a Poisson process at `--request-rate` (a gamma one with `--burstiness` other than 1; inf: all at
-once), at most `--max-concurrency` in flight. The prompts come from datasets.py, tokenized by the server's own
-/tokenize (vLLM and vllm_jax both serve it), so a random prompt is exactly its length in the model's tokens; the
-chat backend sends it as the text /detokenize gives back. Metrics and keys: metrics.py.
+once), at most `--max-concurrency` in flight. The prompts come from datasets.py, tokenized by the server's
+own /tokenize (vLLM and vllm_jax both serve it; `--tokenizer` names a local one instead), so a random prompt is
+exactly its length in the model's tokens; the chat backend sends it as the text /detokenize gives back. Metrics
+and keys: metrics.py.
 """
 
 from __future__ import annotations
@@ -39,21 +40,34 @@ def _headers(ns: argparse.Namespace) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def _codec(client: httpx.Client, ns: argparse.Namespace, model: str) -> tuple[Any, Any]:
+    """tokenize / detokenize: a local `--tokenizer` (for a server without /tokenize), else the server's own."""
+    if ns.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer)
+        return (lambda text: list(tokenizer.encode(text, add_special_tokens=False))), tokenizer.decode
+
+    def tokenize(text: str) -> list[int]:
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        return client.post("/tokenize", json=body).raise_for_status().json()["tokens"]
+
+    def detokenize(ids: list[int]) -> str:
+        return client.post("/detokenize", json={"model": model, "tokens": ids}).raise_for_status().json()["prompt"]
+
+    return tokenize, detokenize
+
+
 def prepare(ns: argparse.Namespace) -> tuple[str, list[SampleRequest]]:
     """The model to name and the requests to send, read from the server (its model list, its tokenizer)."""
     with httpx.Client(base_url=base_url(ns), headers=_headers(ns), timeout=60) as client:
         model = ns.model or client.get("/v1/models").raise_for_status().json()["data"][0]["id"]
-
-        def tokenize(text: str) -> list[int]:
-            body = {"model": model, "prompt": text, "add_special_tokens": False}
-            return client.post("/tokenize", json=body).raise_for_status().json()["tokens"]
-
+        tokenize, detokenize = _codec(client, ns, model)
         requests = sample_requests(ns, tokenize)
-        if ns.backend == "openai-chat":
+        if ns.backend == "openai-chat":  # chat takes text: the windows of token ids, decoded
             for r in requests:
                 if isinstance(r.prompt, list):
-                    body = {"model": model, "tokens": r.prompt}
-                    r.prompt = client.post("/detokenize", json=body).raise_for_status().json()["prompt"]
+                    r.prompt = detokenize(r.prompt)
     return model, requests
 
 
@@ -186,6 +200,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the server's port")
     parser.add_argument("--endpoint", default=None, help="the route to load (default: the backend's)")
     parser.add_argument("--model", default=None, help="the model to name (default: the server's first)")
+    parser.add_argument("--tokenizer", default=None, help="a local tokenizer to make the prompts with (default: the "
+                        "server's /tokenize and /detokenize)")
     add_dataset_args(parser)
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="mean requests per second; inf sends them all at once")
