@@ -3,6 +3,7 @@ a bad line (not JSON, an unknown url, a bad body) an error line while the rest o
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,3 +66,15 @@ def test_run_batch_answers_good_lines_as_the_server_does_and_bad_lines_with_erro
     assert by_id["body"]["response"]["status_code"] == bad_body.status_code == 400
     assert by_id["body"]["error"] == bad_body.json() and by_id["body"]["response"]["body"] is None
     assert "not JSON" in by_id[None]["error"]["error"]["message"]
+
+
+def test_run_batch_reads_stdin_and_writes_only_output_lines_to_stdout(checkpoint, monkeypatch, capsys):
+    line = json.dumps({"custom_id": "only", "method": "POST", "url": "/v1/completions",
+                       "body": {**GREEDY, "prompt": "hi", "max_tokens": 2}})
+    monkeypatch.setattr("sys.stdin", io.StringIO(line + "\n"))
+    assert main(["run-batch", "-i", "-", "-o", "-", *tiny_engine_flags(checkpoint), "--served-model-name", MODEL,
+                 "--disable-progress-bar"]) == 0
+    captured = capsys.readouterr()
+    [result] = [json.loads(t) for t in captured.out.splitlines()]
+    assert result["custom_id"] == "only" and result["response"]["body"]["usage"]["completion_tokens"] == 2
+    assert "1 lines, 1 answered, 0 errors" in captured.err and "run-batch:" not in captured.out
