@@ -64,7 +64,7 @@ def main() -> None:
     ns = parser.parse_args()
 
     from vllm_jax import LLM, LoRARequest, SamplingParams
-    from vllm_jax.worker.lora_slots import target_shapes
+    from vllm_jax.lora.device.slots import target_shapes
 
     params = SamplingParams(temperature=1.0, max_tokens=ns.output_len, ignore_eos=True, seed=0)
     engine_args = dict(max_num_seqs=ns.num_prompts, max_model_len=ns.input_len + ns.output_len + 16,

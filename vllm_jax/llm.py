@@ -10,11 +10,11 @@ from tqdm import tqdm
 
 from vllm_jax.config import engine_args_from_kwargs
 from vllm_jax.engine.llm_engine import LLMEngine, PromptType
-from vllm_jax.llm_pooling import PoolingMixin
 from vllm_jax.logger import configure_logging
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.multimodal.chat_parts import check_prompt_images, offline_chat
 from vllm_jax.outputs import RequestOutput
+from vllm_jax.pooling.offline import PoolingMixin
 from vllm_jax.sampling_params import RequestOutputKind, SamplingParams
 from vllm_jax.worker.weight_update import Weights
 
@@ -101,6 +101,10 @@ class LLM(PoolingMixin):
 
     def is_sleeping(self) -> bool:
         return self.llm_engine.is_sleeping()
+
+    @staticmethod
+    def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        return _as_prompt_list(prompts)
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
              loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:

@@ -18,10 +18,15 @@ from flax import nnx
 from safetensors.numpy import save_file
 from transformers import LlamaConfig
 
-from vllm_jax.model.eagle3_head import draft_to_target_ids, eagle3_forward, eagle3_kv_cache_shape, target_vocab_logits
 from vllm_jax.model.spec import spec_from_hf_config
-from vllm_jax.model_loader.eagle3_loader import load_eagle3_head, read_eagle3_spec
 from vllm_jax.model_loader.source import ModelSourceError
+from vllm_jax.spec_decode.device.eagle3_head import (
+    draft_to_target_ids,
+    eagle3_forward,
+    eagle3_kv_cache_shape,
+    target_vocab_logits,
+)
+from vllm_jax.spec_decode.device.eagle3_loader import load_eagle3_head, read_eagle3_spec
 from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
 VOCAB, DRAFT_VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 96, 40, 32, 4, 2, 8, 64

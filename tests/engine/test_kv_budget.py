@@ -102,7 +102,7 @@ def test_warm_up_takes_the_probes_forward_and_samplers_over(tiny_dir, tp):
     traced = runner.num_compilations - traces_before
     assert plan_forwards > 1 and traced >= plan_forwards - 1
     num_tokens, num_seqs = compilation.shapes.buckets[-1]
-    logits = runner.device.forward(compilation._empty_inputs(num_tokens, num_seqs))
+    logits = runner.device.forward(compilation.empty_inputs(num_tokens, num_seqs))
     assert logits.shape == (num_seqs, TINY["vocab_size"])
     assert runner.num_compilations == traced + traces_before  # running the adopted forward traced nothing
 

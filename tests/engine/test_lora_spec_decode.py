@@ -137,8 +137,8 @@ def test_sleep_and_wake_restore_the_speculator_and_the_lora_slots(setup, method)
 
 
 def test_a_head_reading_the_target_embedding_follows_it_through_sleep(setup):
-    """An EAGLE-3 head without its own embedding holds the target's array (worker/speculators.py): sleep must not
-    leave it the deleted one. A stand-in head on the n-gram engine's device step, level 1 and back."""
+    """An EAGLE-3 head without its own embedding holds the target's array (spec_decode/device/speculators.py): sleep
+    must not leave it the deleted one. A stand-in head on the n-gram engine's device step, level 1 and back."""
     runner = engine(setup, "ngram").llm_engine.runner
     embed = nnx.to_pure_dict(runner.params)["embed_tokens"]
     values = np.asarray(embed)

@@ -112,10 +112,10 @@ def test_bad_multimodal_input_is_refused(engine):
 
 def test_images_refused_by_a_text_only_model(tmp_path):
     from tests.helpers.tiny_models import make_tiny_checkpoint
-    from vllm_jax.engine.multimodal_requests import ImagePrompts
     from vllm_jax.model.registry import resolve_architecture
     from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
     from vllm_jax.multimodal.capabilities import max_images_per_prompt, supports_images
+    from vllm_jax.multimodal.requests import ImagePrompts
 
     make_tiny_checkpoint("qwen2", tmp_path)
     config = load_hf_config(resolve_model_source(str(tmp_path)))

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 from tests.helpers.spec_checks import check_idle, token_ids
 from tests.helpers.tiny_models import VOCAB_SIZE, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, SamplingParams
-from vllm_jax.worker.draft_chain import pack_chain
+from vllm_jax.spec_decode.device.draft_chain import pack_chain
 
 # One token and one sequence bucket (docs/contributing/testing.md, "Compile time"): min_seq_bucket at the step's
 # tokens, the most rows a speculating step holds (the engine caps it at its max rows).

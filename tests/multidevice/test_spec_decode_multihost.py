@@ -1,6 +1,6 @@
 """Draft-model and EAGLE-3 speculation in a multi-host run: two jax processes on 127.0.0.1 with tp 2 across both
-(process 0 broadcasts each proposal step's inputs, the other runs the same program: worker/proposals.py) give
-one process's greedy tokens without speculation. One pair of processes serves both engines in turn."""
+(process 0 broadcasts each proposal step's inputs, the other runs the same program: spec_decode/device/proposals.py)
+give one process's greedy tokens without speculation. One pair of processes serves both engines in turn."""
 
 from __future__ import annotations
 

@@ -10,7 +10,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_jax"
 # importable from anywhere
-LEAVES = {"config_pooling", "sampling_params", "pooling_params", "outputs", "logger", "utils", "cache_root"}
+LEAVES = {"sampling_params", "pooling_params", "outputs", "logger", "utils", "cache_root"}
+# features whose jax side is a `device/` subpackage: `<feature>/device/` is its own part, `<feature>.device`, so the
+# host side stays importable without jax and never imports its own device side
+DEVICE_SIDES = {"spec_decode", "pooling", "multimodal", "lora"}
 # part of the package -> the other parts it may import (besides LEAVES and itself)
 ALLOWED = {
     "server": {"engine", "config", "metrics", "scheduler", "reasoning", "lora", "multimodal"},
@@ -19,14 +22,23 @@ ALLOWED = {
     # config; nothing but cli.py imports them
     "commands": {"config", "engine", "server", "llm", "model_loader", "aot", "worker"},
     "engine": {"config", "scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
-               "reasoning", "lora", "multimodal"},
+               "reasoning", "lora", "multimodal", "pooling", "pooling.device"},
     "multimodal": {"model"},
+    "multimodal.device": {"multimodal", "model", "worker"},
     "scheduler": {"config", "paged_kv", "structured_output", "lora"},
     "lora": set(),
+    "lora.device": {"lora", "model"},
     "structured_output": set(),
     "paged_kv": set(),
+    # the runner core; its engine builder and runner compose the features' device sides
     "worker": {"config", "model", "model_loader", "sample", "attention", "pallas_kernels", "sharding", "scheduler",
-               "spec_decode", "lora", "native"},
+               "spec_decode", "spec_decode.device", "lora", "lora.device", "native", "multimodal.device",
+               "pooling.device", "multi_step"},
+    "spec_decode.device": {"config", "spec_decode", "model", "model_loader", "sharding", "pallas_kernels",
+                           "attention", "native", "worker"},
+    "pooling": {"config"},
+    "pooling.device": {"config", "pooling", "model", "model_loader", "pallas_kernels", "scheduler", "worker"},
+    "multi_step": {"model", "sample", "scheduler", "worker"},
     "model": {"attention", "pallas_kernels", "sharding", "native"},
     # config: only tokenizer.py (reads ModelConfig) and convert.py (a command: builds EngineArgs), which nothing
     # that config/model_resolution.py imports reaches (test_no_import_circles would say so)
@@ -40,18 +52,17 @@ ALLOWED = {
     "aot": {"config", "attention", "pallas_kernels", "sharding", "model", "worker"},
     # config sits above the loader: it finds the model through model_loader.source (config/model_resolution.py);
     # model/, attention/, native/ and sharding/ never import it (their cache folder is the cache_root leaf)
-    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal"},
+    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal", "pooling"},
     "reasoning": set(),
     "spec_decode": set(),
     "sampling_params": set(),
     "pooling_params": set(),
-    "config_pooling": set(),
     "cache_root": set(),
     "outputs": set(),
     "logger": set(),
     "utils": set(),
 }
-ENTRY_POINTS = {"__init__", "llm", "llm_pooling", "cli"}  # may import anything
+ENTRY_POINTS = {"__init__", "llm", "cli"}  # may import anything
 FORBIDDEN_LIBRARIES = {
     "scheduler": {"jax", "jaxlib", "flax"},
     "paged_kv": {"jax", "jaxlib", "flax"},
@@ -59,6 +70,7 @@ FORBIDDEN_LIBRARIES = {
     "reasoning": {"jax", "jaxlib", "flax"},
     "spec_decode": {"jax", "jaxlib", "flax"},
     "lora": {"jax", "jaxlib", "flax"},
+    "pooling": {"jax", "jaxlib", "flax"},
     "engine": {"prometheus_client", "fastapi", "starlette", "uvicorn"},
     "model": {"safetensors", "gguf", "orbax", "huggingface_hub"},
     "config": {"prometheus_client", "fastapi", "uvicorn"},
@@ -67,7 +79,16 @@ FORBIDDEN_LIBRARIES = {
 
 def _part(module_path: Path) -> str:
     rel = module_path.relative_to(PACKAGE)
+    if len(rel.parts) > 2 and rel.parts[0] in DEVICE_SIDES and rel.parts[1] == "device":
+        return f"{rel.parts[0]}.device"
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _target_part(pieces: list[str]) -> str:
+    """The part an import of `vllm_jax.<pieces[1]>...` reaches (a feature's device side is a part of its own)."""
+    if len(pieces) > 2 and pieces[1] in DEVICE_SIDES and pieces[2] == "device":
+        return f"{pieces[1]}.device"
+    return pieces[1]
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
@@ -102,7 +123,7 @@ def _violations() -> list[str]:
             pieces = target.split(".")
             if len(pieces) < 2:
                 continue
-            other = pieces[1]
+            other = _target_part(pieces)
             if other in (part, *LEAVES) and not (part in LEAVES and other in ENTRY_POINTS):
                 continue
             if other not in ALLOWED.get(part, set()):
@@ -304,3 +325,19 @@ def test_the_length_check_names_a_long_file_and_a_long_function(tmp_path):
         PACKAGE, KERNELS = saved
     assert problems == ["vllm_jax/long.py: 451 lines (at most 450)",
                         "vllm_jax/long.py:1: f is 81 lines (at most 80)"]
+
+
+def test_a_feature_host_side_may_not_import_its_device_side(tmp_path):
+    """`spec_decode/` is pure Python: importing `spec_decode/device/` (jax) from it is reported; the device side
+    importing the host side is allowed."""
+    fake = tmp_path / "vllm_jax"
+    (fake / "spec_decode" / "device").mkdir(parents=True)
+    (fake / "spec_decode" / "host.py").write_text("from vllm_jax.spec_decode.device import step\n")
+    (fake / "spec_decode" / "device" / "step.py").write_text("import jax\nfrom vllm_jax.spec_decode import config\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, fake
+    try:
+        problems = _violations()
+    finally:
+        PACKAGE = saved
+    assert len(problems) == 1 and "spec_decode/ imports vllm_jax.spec_decode.device" in problems[0], problems

@@ -13,7 +13,8 @@ import pytest
 from vllm_jax.model.vision_layout import MAX_ENCODER_PATCHES, image_pixel_limits, vision_inputs
 from vllm_jax.multimodal.capabilities import max_images_per_prompt, supports_images
 from vllm_jax.multimodal.config import MultiModalConfig
-from vllm_jax.worker.multimodal_step import EncoderCache, encoder_cache_tokens, patch_buckets
+from vllm_jax.multimodal.device.encoder_step import patch_buckets
+from vllm_jax.multimodal.encoder_cache import EncoderCache, encoder_cache_tokens
 
 
 def test_encoder_cache_keeps_what_running_requests_hold_and_evicts_the_oldest_free_entry():

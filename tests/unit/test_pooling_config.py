@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vllm_jax.config_pooling import prefix_caching_allowed, resolve_pooling
-from vllm_jax.model.pooler import PoolInputs, pool
+from vllm_jax.pooling.config import prefix_caching_allowed, resolve_pooling
+from vllm_jax.pooling.device.pooler import PoolInputs, pool
 from vllm_jax.pooling_params import PoolingParams, pair_up, truncate_prompt
 
 
@@ -109,7 +109,7 @@ def test_pooler_carries_mean_and_cls_across_chunks(pooling_type):
 
 def test_the_other_runner_is_refused_by_name():
     """A pooling request on a generate engine (engine and server), and a generation request on a pooling one."""
-    from vllm_jax.engine.pooling import check_pooling_request
+    from vllm_jax.pooling.requests import check_pooling_request
     from vllm_jax.sampling_params import SamplingParams
     from vllm_jax.server.errors import APIError
     from vllm_jax.server.serving_pooling import _admit

@@ -56,7 +56,7 @@ def test_bytes_round_trip_gives_back_every_field(params, targets):
 def test_a_proposal_step_round_trips_and_is_told_from_a_step(method):
     """A draft model's chain, an EAGLE-3 head's catch-up alone (k = 1) or with its chain: what process 0
     broadcasts after a step; a follower tells it from a StepPayload by its first bytes."""
-    from vllm_jax.worker.draft_chain import pack_catch_up, pack_chain
+    from vllm_jax.spec_decode.device.draft_chain import pack_catch_up, pack_chain
     from vllm_jax.worker.step_payload import ProposalPayload
 
     chain = pack_chain(np.array([[5, 6, 7, 0], [9, 0, 0, 0]]), np.array([3, 1]), np.array([[1, 3], [2, 0]]),

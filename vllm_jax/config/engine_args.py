@@ -45,15 +45,15 @@ from vllm_jax.config.platform_defaults import (
     SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT,
 )
 from vllm_jax.config.structured_outputs import StructuredOutputsConfig
-from vllm_jax.config_pooling import (
+from vllm_jax.lora.config import LoRAConfig
+from vllm_jax.multimodal.config import MultiModalConfig
+from vllm_jax.pooling.config import (
     PoolerConfig,
     apply_hf_overrides,
     check_pooling_runner,
     prefix_caching_allowed,
     resolve_pooling,
 )
-from vllm_jax.lora.config import LoRAConfig
-from vllm_jax.multimodal.config import MultiModalConfig
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.spec_decode.config import SpeculativeConfig
 
@@ -95,7 +95,8 @@ class EngineArgs:
     num_processes: int | None = None
     process_id: int | None = None
     # Layers as one scan (compile time independent of depth; on CPU over per-layer arrays through switched
-    # matmuls, see model/weight_forms/layer_switch.py: LayerSwitch), or unrolled over per-layer arrays (~3-6x the compile time).
+    # matmuls, see model/weight_forms/layer_switch.py: LayerSwitch), or unrolled over per-layer arrays (~3-6x
+    # the compile time).
     # None: the platform's default (SCAN_LAYERS_DEFAULT: unrolled on GPU).
     scan_layers: bool | None = None
     # Smallest buckets (default: 2 on CPU, where every padding row costs time, 16 / 8 on accelerators). One-token
@@ -123,7 +124,7 @@ class EngineArgs:
     lora_modules: str | list | None = None
     # vLLM's sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates"): allows LLM.sleep / wake_up.
     enable_sleep_mode: bool = False
-    # vLLM's pooling flags (config_pooling.py): the runner, the conversion, and the pooler's JSON keys.
+    # vLLM's pooling flags (pooling/config.py): the runner, the conversion, and the pooler's JSON keys.
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: str | dict | None = None

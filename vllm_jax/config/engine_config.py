@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_jax.config.structured_outputs import StructuredOutputsConfig
-from vllm_jax.config_pooling import PoolerConfig
 from vllm_jax.lora.config import LoRAConfig
 from vllm_jax.multimodal.config import MultiModalConfig
+from vllm_jax.pooling.config import PoolerConfig
 from vllm_jax.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class SchedulerConfig:
     min_seq_bucket: int
     bucket_growth: int = 2
     # vLLM's --num-scheduler-steps: decode tokens per dispatch when every scheduled request decodes
-    # (worker/multi_step.py; docs/architecture/05-worker.md, "Several decode steps per dispatch"). 1: one per step.
+    # (multi_step/chunk.py; docs/architecture/05-worker.md, "Several decode steps per dispatch"). 1: one per step.
     num_scheduler_steps: int = 1
 
 
@@ -98,7 +98,7 @@ class EngineConfig:
     # vLLM's --enable-sleep-mode: LLM.sleep / wake_up may move the weights and KV cache off the devices
     # (worker/sleep.py).
     enable_sleep_mode: bool = False
-    # The pooling runner's pooler (config_pooling.py); None: the generate runner.
+    # The pooling runner's pooler (pooling/config.py); None: the generate runner.
     pooler_config: PoolerConfig | None = None
     # vLLM's multimodal input flags (multimodal/config.py): images per prompt, and where they may come from.
     multimodal_config: MultiModalConfig = field(default_factory=MultiModalConfig)

@@ -18,7 +18,8 @@ ASYNC_SCHEDULING_DEFAULT = {"cpu": True, "tpu": True, "gpu": True}
 # weights out of the stacked params before its dots (a dot cannot read a dynamic slice in place; measured on an H200:
 # 8 of a Llama-3-8B batch-1 step's 18 ms were those copies), so the GPU runs the unrolled loop over per-layer arrays
 # (7.5 ms) at ~3x the compile time per program (docs/decisions.md, "Departures from the first design"). CPU: the
-# switched scan over per-layer arrays (model/weight_forms/layer_switch.py: LayerSwitch); TPU: the scan (compiled once whatever the depth).
+# switched scan over per-layer arrays (model/weight_forms/layer_switch.py: LayerSwitch); TPU: the scan (compiled
+# once whatever the depth).
 SCAN_LAYERS_DEFAULT = {"cpu": True, "tpu": True, "gpu": False}
 # Speculative decoding's disable_by_batch_size when not given: on CPU verifying k more tokens per request costs
 # compute it does not have spare beyond a few requests (docs/speculative-decoding.md, "Measurements"); TPU/GPU: vLLM's

@@ -20,14 +20,15 @@ from typing import Any
 
 from vllm_jax.config import EngineArgs, EngineConfig, initialize_distributed
 from vllm_jax.engine.errors import EngineSleepingError
-from vllm_jax.engine.multimodal_requests import ImagePrompts, image_refusal
 from vllm_jax.engine.output_processor import OutputProcessor, child_request_ids
-from vllm_jax.engine.pooling import attach_pooler_outputs, check_pooling_request
 from vllm_jax.lora.request import LoRARequest
 from vllm_jax.lora.slots import LoRASlots
 from vllm_jax.model_loader.tokenizer import generation_eos_token_ids, load_tokenizer
+from vllm_jax.multimodal.requests import ImagePrompts, image_refusal
 from vllm_jax.outputs import RequestOutput
 from vllm_jax.paged_kv.kv_cache_manager import KVCacheManager
+from vllm_jax.pooling.device.runner import runner_class
+from vllm_jax.pooling.requests import attach_pooler_outputs, check_pooling_request
 from vllm_jax.reasoning import get_reasoning_parser
 from vllm_jax.sampling_params import SamplingParams
 from vllm_jax.scheduler.output import EngineCoreOutput, SchedulerOutput
@@ -36,7 +37,6 @@ from vllm_jax.scheduler.scheduler import Scheduler
 from vllm_jax.structured_output import GrammarCompiler, ReasoningTokens, RequestGrammar
 from vllm_jax.utils import bitmask_width
 from vllm_jax.worker.model_runner import InFlightStep
-from vllm_jax.worker.pooling_runner import runner_class
 from vllm_jax.worker.weight_update import Weights
 
 logger = logging.getLogger(__name__)

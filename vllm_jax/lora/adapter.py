@@ -1,4 +1,4 @@
-"""PEFT LoRA adapters read into host arrays laid out for the device slots (worker/lora_slots.py).
+"""PEFT LoRA adapters read into host arrays laid out for the device slots (lora/device/slots.py).
 
 A PEFT directory holds `adapter_config.json` (r, lora_alpha, use_rslora, target_modules, ...) and
 `adapter_model.safetensors` with, per layer and module, `lora_A.weight` [r, in] and `lora_B.weight` [out, r];

@@ -49,7 +49,7 @@ def forward(graphdef: nnx.GraphDef, state: nnx.State, kv_cache: jax.Array, input
             lora: dict | None = None) -> tuple[jax.Array, ...]:
     """Any model here as a pure function of its split state: -> (updated kv_cache, float32 logits [S, vocab]),
     plus the auxiliary hidden states [T, K * hidden] when the model's `aux_hidden_layers` are set. `lora`: the
-    stacked adapter slots (worker/lora_slots.py), read through `inputs.lora_slots`; None: no LoRA."""
+    stacked adapter slots (lora/device/slots.py), read through `inputs.lora_slots`; None: no LoRA."""
     model = nnx.merge(graphdef, state)
     with model_matmuls(state):
         return model(kv_cache, inputs) if lora is None else model(kv_cache, inputs, lora=lora)

@@ -35,7 +35,7 @@ from vllm_jax.model_loader.weight_loader import NP_DTYPES, LoadRequest, ParamPat
 from vllm_jax.model_loader.weight_maps import param_sources
 
 # A tied model's checkpoint may still carry lm_head.weight; old ones carry rotary tables. Neither is read. A
-# classifier's score.weight is the pooling runner's head, read apart (worker/pooling_step.py).
+# classifier's score.weight is the pooling runner's head, read apart (pooling/device/pooling_step.py).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _IGNORED_NAMES = ("lm_head.weight", "score.weight")
 

@@ -33,7 +33,7 @@ class MultiModalConfig:
     allowed_local_media_path: str = ""  # resolved directory ("" : file:// URLs are refused)
     allowed_media_domains: tuple[str, ...] = ()  # lower-case host names (empty: http(s) URLs are refused)
     fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
-    encoder_cache_size: int = 0  # image tokens the encoder cache keeps (0: vLLM's size; worker/multimodal_step.py)
+    encoder_cache_size: int = 0  # image tokens the encoder cache keeps (0: vLLM's size; multimodal/encoder_cache.py)
 
     def limit(self, modality: str) -> int:
         return self.limit_per_prompt.get(modality, DEFAULT_LIMIT_PER_PROMPT)

@@ -2,7 +2,7 @@
 
 With `--num-scheduler-steps K` (vLLM's name), a step in which every scheduled request decodes one token and nothing
 on the host must decide between its tokens becomes a chunk: the runner loops K times over forward -> sample -> KV
-append on the device (worker/multi_step.py). The scheduler gives each such request the KV slots for its chunk
+append on the device (multi_step/chunk.py). The scheduler gives each such request the KV slots for its chunk
 up front, capped by its remaining max_tokens and the context, and never preempts for them: when the pool lacks
 them the step stays a one-token step. Preemption, admission and finishing therefore happen only between chunks
 (docs/architecture/05-worker.md, "Several decode steps per dispatch"). Pure Python, no jax.

@@ -115,11 +115,11 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], spec: An
 
 
 def eagle3_param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], layer_spec: Any, tp: int) -> P:
-    """An EAGLE-3 head's params (model/eagle3_head.py) split like the target's: its midlayer is one Llama layer
-    without the layer axis (`layer_spec`: its heads), so the target's rules apply to it by name; `fc` [3 * target
-    hidden, H] is row-parallel (its input, the target's replicated states, is split where it is read: each device
-    holds a third of a wide matrix, one all-reduce); lm_head on the draft vocabulary and its own embed_tokens on
-    the vocabulary, like the target's; the norms and `d2t` replicated."""
+    """An EAGLE-3 head's params (spec_decode/device/eagle3_head.py) split like the target's: its midlayer is one Llama
+    layer without the layer axis (`layer_spec`: its heads), so the target's rules apply to it by name; `fc` [3 * target
+    hidden, H] is row-parallel (its input, the target's replicated states, is split where it is read: each device holds
+    a third of a wide matrix, one all-reduce); lm_head on the draft vocabulary and its own embed_tokens on the
+    vocabulary, like the target's; the norms and `d2t` replicated."""
     if tp == 1:
         return P()
     if path == ("fc",):

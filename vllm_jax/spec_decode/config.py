@@ -29,7 +29,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
     model: str | None = None
     # Proposals stop while more than this many requests run (None: never). Not given: the platform's default
-    # (config.SPEC_DISABLE_BY_BATCH_SIZE_DEFAULT; docs/speculative-decoding.md, "Measurements").
+    # (config/platform_defaults.py; docs/speculative-decoding.md, "Measurements").
     disable_by_batch_size: int | None = None
 
     @classmethod

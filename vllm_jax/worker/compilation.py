@@ -12,33 +12,27 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
 from vllm_jax.config import EngineConfig
+from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.multi_step.chunk import ChunkProgram
+from vllm_jax.multimodal.device.encoder_step import add_empty_mm_arrays
 from vllm_jax.native import float_head, float_matvec, gguf_matvec, paged_attention
 from vllm_jax.sample.metadata import RowSamplingInput, build_sampling_tensors
 from vllm_jax.sampling_params import SamplingParams
-from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS
 from vllm_jax.worker.batch import pack_step_inputs
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
 from vllm_jax.worker.device_step import DeviceStep
-from vllm_jax.worker.draft_chain import pack_chain
-from vllm_jax.worker.multi_step import ChunkLimits, ChunkProgram
-from vllm_jax.worker.multimodal_step import add_empty_mm_arrays
-
-if TYPE_CHECKING:
-    from vllm_jax.worker.draft_step import DraftStep
-    from vllm_jax.worker.eagle_step import EagleStep
+from vllm_jax.worker.warmup import WarmupPart, WarmupPlan
 
 logger = logging.getLogger(__name__)
 
-WarmupPlan = list[tuple[str, Callable[[], object]]]
 # (label, a row that needs the full variant, which program): the one sampling program, then the full variant's
 # logits processors
 _SAMPLER_PROGRAMS = (("sampler", SamplingParams(temperature=0.0), "sample"),
@@ -67,7 +61,7 @@ class StepShapes:
     speculative: bool = False  # speculative decoding: every sampler verifies proposals (draft_token_ids set)
     lora: bool = False  # LoRA: the forward reads each token's adapter slot (StepInputs.lora_slots)
     mm_hidden: int = 0  # a vision-language model's width: the steps carry its M-RoPE and image-row arrays
-    # Multi-step decoding (worker/multi_step.py): K, and the largest token bucket a decode-only step can use (the
+    # Multi-step decoding (multi_step/chunk.py): K, and the largest token bucket a decode-only step can use (the
     # chunk program is compiled for the buckets up to it)
     num_scheduler_steps: int = 1
     chunk_max_tokens: int = 0
@@ -75,17 +69,17 @@ class StepShapes:
 
 class CompilationManager:
     def __init__(self, device: DeviceStep, counter: TraceCounter, shapes: StepShapes, cache_dir: str | None,
-                 drafter: DraftStep | None = None, chain_buckets: list[tuple[int, int]] | None = None,
-                 eagle: EagleStep | None = None):
-        """`drafter` (draft_model speculation): its catch-up program per token bucket and its chain program per
-        `chain_buckets` pair join the plan; `eagle` (eagle3): its program per token bucket."""
+                 parts: Sequence[WarmupPart] = (), features: object = None):
+        """`parts`: the features' programs beside the step's (a speculator's, the vision encoder's); a multi-step
+        engine's chunk program (`chunks`) is one too. `features`: the feature steps the engine builder made, for
+        the runner (engine_builder.FeatureSteps)."""
         self.device, self.counter, self.shapes, self.cache_dir = device, counter, shapes, cache_dir
-        self.drafter, self.chain_buckets, self.eagle = drafter, chain_buckets or [], eagle
-        self.extra_plan: WarmupPlan = []  # programs outside the step (the vision encoder's: worker/multimodal_step.py)
-        self.multimodal = None  # a vision-language model's MultimodalStep (engine_builder sets it)
+        self.features = features
         self.forwards_side_by_side = 0  # forwards made ready before the plan (compiled several at a time)
-        self.chunks = (ChunkProgram(device, shapes.num_scheduler_steps, shapes.block_size, shapes.vocab_size)
+        self.chunks = (ChunkProgram(device, shapes.num_scheduler_steps, shapes.block_size, shapes.vocab_size,
+                                    shapes.chunk_max_tokens)
                        if shapes.num_scheduler_steps > 1 else None)
+        self.parts: list[WarmupPart] = ([self.chunks] if self.chunks is not None else []) + list(parts)
 
     @property
     def num_compilations(self) -> int:
@@ -109,15 +103,8 @@ class CompilationManager:
                          functools.partial(self._forward, num_tokens, num_seqs, logits_for)))
             if self.shapes.token_feedback:
                 plan.append((f"token feed T={num_tokens}", functools.partial(self.device.precompile_feed, num_tokens)))
-            if self.chunks is not None and num_tokens <= self.shapes.chunk_max_tokens:
-                plan.append((f"multistep K={self.chunks.num_steps} T={num_tokens} S={num_seqs}",
-                             functools.partial(self._chunk, num_tokens, num_seqs)))
-            if self.drafter is not None:
-                plan.append((f"draft catch-up T={num_tokens} S={num_seqs}",
-                             functools.partial(self._draft_catch_up, num_tokens, num_seqs)))
-            if self.eagle is not None:
-                plan.append((f"draft eagle3 T={num_tokens} S={num_seqs}",
-                             functools.partial(self._eagle, num_tokens, num_seqs)))
+            for part in self.parts:
+                plan += part.bucket_plan(self, num_tokens, num_seqs)
             if num_seqs in sampled_buckets:
                 continue  # the sampler programs depend on the sequence bucket only
             sampled_buckets.add(num_seqs)
@@ -129,12 +116,12 @@ class CompilationManager:
                              functools.partial(self._sampler, num_seqs, params, program, logits_for)))
         if self.device.lora is not None:
             plan.append(("lora slot write", self.device.precompile_lora_write))
-        for num_tokens, num_seqs in self.chain_buckets:
-            plan.append((f"draft chain T={num_tokens} S={num_seqs}",
-                         functools.partial(self._draft_chain, num_tokens, num_seqs)))
-        return plan + self.extra_plan
+        for part in self.parts:
+            plan += part.final_plan(self)
+        return plan
 
-    def _empty_inputs(self, num_tokens: int, num_seqs: int):
+    def empty_inputs(self, num_tokens: int, num_seqs: int) -> StepInputs:
+        """A bucket's step inputs with no rows: what warm-up compiles each program for."""
         s = self.shapes
         inputs = pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
                                   num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
@@ -144,33 +131,8 @@ class CompilationManager:
             add_empty_mm_arrays(inputs, s.mm_hidden, np.float32)
         return inputs
 
-    def _draft_catch_up(self, num_tokens: int, num_seqs: int) -> None:
-        self.drafter.precompile_catch_up(self._empty_inputs(num_tokens, num_seqs))
-
-    def _eagle(self, num_tokens: int, num_seqs: int) -> None:
-        inputs = self._empty_inputs(num_tokens, num_seqs)
-        aux = self.device.forward_outputs(inputs)[2]  # the forward's [T, 3 * hidden] states
-        chain = None
-        if self.eagle.k > 1:
-            chain = self._empty_chain(self.eagle.k - 1, num_seqs, num_seqs)
-        self.eagle.precompile(aux, np.zeros(num_tokens, np.int32), inputs, chain)
-
-    def _empty_chain(self, k: int, num_tokens: int, num_seqs: int):
-        s, none = self.shapes, np.zeros(0, np.int32)
-        return pack_chain(np.zeros((0, 1), np.int32), none, np.zeros((0, s.max_blocks_per_seq), np.int32), none,
-                          k=k, block_size=s.block_size, max_model_len=1, num_tokens_padded=num_tokens,
-                          num_seqs_padded=num_seqs).inputs
-
-    def _draft_chain(self, num_tokens: int, num_seqs: int) -> None:
-        self.drafter.precompile_chain(self._empty_chain(self.drafter.k, num_tokens, num_seqs))
-
-    def _chunk(self, num_tokens: int, num_seqs: int) -> None:
-        tensors, _ = build_sampling_tensors([], num_seqs, self.shapes.vocab_size)
-        chunk = ChunkLimits(np.zeros(num_seqs, np.int32), np.full((num_seqs, MAX_DEVICE_STOP_IDS), -1, np.int32))
-        self.chunks.precompile(self._empty_inputs(num_tokens, num_seqs), tensors, chunk)
-
     def _forward(self, num_tokens: int, num_seqs: int, logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
-        logits_for[num_seqs] = self.device.precompile_forward(self._empty_inputs(num_tokens, num_seqs))
+        logits_for[num_seqs] = self.device.precompile_forward(self.empty_inputs(num_tokens, num_seqs))
 
     def _sampler(self, num_seqs: int, params: SamplingParams, program: str,
                  logits_for: dict[int, jax.ShapeDtypeStruct]) -> None:
@@ -194,7 +156,7 @@ class CompilationManager:
             return
         t0 = time.perf_counter()
         ready, compiled = self.device.precompile_forwards(
-            [self._empty_inputs(t, s) for t, s in self.shapes.buckets], threads)
+            [self.empty_inputs(t, s) for t, s in self.shapes.buckets], threads)
         self.forwards_side_by_side += ready
         if compiled:
             logger.info("warm-up: %d forward programs compiled, up to %d at once, in %.1f s", compiled,
@@ -220,10 +182,7 @@ class CompilationManager:
                 progress.start(label)
                 make_ready()
                 progress.done()
-            jax.block_until_ready(self.device.kv_cache)
-            for speculator in (self.drafter, self.eagle):
-                if speculator is not None:
-                    jax.block_until_ready(speculator.kv_cache)
+            jax.block_until_ready([self.device.kv_cache] + [a for part in self.parts for a in part.device_arrays()])
         progress.close()
         if store is not None:
             store.touch_and_prune()

@@ -86,9 +86,7 @@ def count_cache_lookups() -> Iterator[CacheCounts]:
 def _source_digest() -> str:
     """A digest of vllm_jax's own source (and its native kernels'): a stored program is only reused by the code that
     compiled it."""
-    import vllm_jax
-
-    root = os.path.dirname(os.path.abspath(vllm_jax.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the vllm_jax package
     digest = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
+from vllm_jax.lora.device.slots import LoRASlotArrays
 from vllm_jax.model.decoder import forward
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sample.sampler import (
@@ -36,7 +37,7 @@ from vllm_jax.sample.sampler import (
     sample_processed,
 )
 from vllm_jax.worker.compilation_cache import ProgramStore, count_cache_lookups
-from vllm_jax.worker.lora_slots import LoRASlotArrays
+from vllm_jax.worker.programs import CompiledPrograms, fetch_to_host, input_signature
 from vllm_jax.worker.step_payload import StepPayload
 
 
@@ -46,13 +47,15 @@ class StepResult:
     prompt_logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, logprobs, ranks: [T, 1+K]
 
 
-class DeviceStep:
+class DeviceStep(CompiledPrograms):
     """The jitted forward, sampler and prompt-logprobs programs over the params and the donated KV cache.
 
     Warm-up precompiles the forward and sampler for every bucket (`precompile_forward` / `precompile_sample`):
-    the executables are loaded from the `ProgramStore` when it has them, else lowered, compiled and stored. A
-    call whose input shapes have a precompiled executable runs it; any other goes through `jax.jit`, which
-    traces (each trace calls `on_trace`: the compilation manager counts them) and compiles on first use.
+    the executables are loaded from the `ProgramStore` when it has them, else lowered, compiled and stored
+    (worker/programs.py). A call whose input shapes have a precompiled executable runs it; any other goes through
+    `jax.jit`, which traces (each trace calls `on_trace`: the compilation manager counts them) and compiles on
+    first use. Features attach programs of their own (LoRA's slot writes, pooling's pooler); pooling replaces
+    the forward (`use_forward`).
     """
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, mesh: Mesh,
@@ -60,24 +63,18 @@ class DeviceStep:
                  num_slots: int = 0, returns_aux: bool = False):
         """`num_slots`: the input batch's rows (the runner's max_num_seqs); `token_feedback` holds one more, the
         row padding rows write to."""
+        super().__init__(mesh, store=store, on_trace=on_trace)
         self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
         self.max_logprobs = max_logprobs
-        self.on_trace = on_trace
-        self.store = store
         self.returns_aux = returns_aux  # the model has aux_hidden_layers (EAGLE-3): see forward
-        # LoRA's stacked adapter slots (worker/lora_slots.py), an extra argument of the forward; None: LoRA off and
+        # LoRA's stacked adapter slots (lora/device/slots.py), an extra argument of the forward; None: LoRA off and
         # the forward is exactly the one without LoRA.
         self.lora: LoRASlotArrays | None = None
-        # A pooling engine's programs (worker/pooling_step.py); attaching them replaces the forward with one that
-        # ends at the final norm.
+        # A pooling engine's programs (pooling/device/pooling_step.py); attaching them replaces the forward with
+        # one that ends at the final norm.
         self.pooling: Any = None
         self.aux_hidden: jax.Array | None = None
-        self._executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled executable
-        # freshly compiled programs' pytree structures, so a step adopting them can store them (adopt)
-        self._fresh: dict[tuple, tuple] = {}
-        self.devices = list(mesh.devices.flat)  # what every program runs on (a stored one is loaded onto them)
-        replicated = self._replicated = NamedSharding(mesh, PartitionSpec())
-        self._to_device = _replicator(replicated)
+        replicated = self.replicated
         self._forward = jax.jit(self._forward_impl, donate_argnums=(1,))
         self._sample = jax.jit(self._sample_impl, static_argnums=(4,), out_shardings=replicated)
         self._process: dict[Any, Any] = {}  # the logits processors' jitted program, by the logits' sharding
@@ -88,6 +85,11 @@ class DeviceStep:
             self.token_feedback = jax.ShapeDtypeStruct((num_slots + 1,), jnp.int32, sharding=replicated)
         else:
             self.token_feedback = jax.device_put(np.zeros(num_slots + 1, np.int32), replicated)
+
+    def use_forward(self, body: Callable[..., Any]) -> None:
+        """Run `body(params, kv_cache, inputs, lora=None) -> (kv_cache, out)` as the forward instead (the KV cache
+        donated): the pooling runner's, which ends at the final norm. Before warm-up only."""
+        self._forward = jax.jit(body, donate_argnums=(1,))
 
     # A trace happens once per new shape or variant: each one reports itself.
     def _forward_impl(self, params, kv_cache, inputs: StepInputs, lora=None):
@@ -128,8 +130,8 @@ class DeviceStep:
     def forward(self, inputs: StepInputs) -> jax.Array:
         """The forward on bucket-shaped inputs; updates the KV cache in place; [S or T, vocab] float32 logits.
         A model with `aux_hidden_layers` (EAGLE-3) also leaves its [T, K * hidden] states in `aux_hidden`."""
-        program = self._executables.get(("forward", input_signature(inputs)), self._forward)
-        self.kv_cache, logits, *aux = program(self.params, self.kv_cache, self._to_device(inputs),
+        program = self.program(("forward", input_signature(inputs)), self._forward)
+        self.kv_cache, logits, *aux = program(self.params, self.kv_cache, self.to_device(inputs),
                                               *self._lora_args())
         self.aux_hidden = aux[0] if aux else None
         return logits
@@ -147,9 +149,9 @@ class DeviceStep:
             num_tokens = inputs.input_ids.shape[0]
             all_rows = dataclasses.replace(inputs, logits_indices=np.arange(num_tokens, dtype=np.int32))
             all_logits = self.forward(all_rows)
-            targets = self._to_device(payload.prompt_targets)
+            targets = self.to_device(payload.prompt_targets)
             prompt_lp = self._prompt_logprobs(all_logits, targets, self.max_logprobs)
-            logits = all_logits[self._to_device(inputs.logits_indices)]
+            logits = all_logits[self.to_device(inputs.logits_indices)]
         sampled = self.sample(logits, payload.sampling, payload.num_logprobs)
         if payload.sample_slots is not None:
             self.record_tokens(payload.sample_slots, sampled.token_ids)
@@ -162,7 +164,7 @@ class DeviceStep:
     @staticmethod
     def fetch(result: StepResult) -> StepResult:
         """The launched step's result as host numpy (waits for the device)."""
-        return StepResult(_fetch(result.sampled), _fetch(result.prompt_logprobs))
+        return StepResult(fetch_to_host(result.sampled), fetch_to_host(result.prompt_logprobs))
 
     def sample(self, logits: jax.Array, tensors: SamplingTensors, num_logprobs: int) -> SamplerOutput:
         """The sampler's output, on the device; its logprobs are None when `num_logprobs` is NO_LOGPROBS (-1).
@@ -172,14 +174,14 @@ class DeviceStep:
         has the engine's max_logprobs columns, computed only when a row asked (docs/architecture/08-sampling.md,
         "Sampling")."""
         wanted = num_logprobs >= 0
-        tensors, flag = self._to_device((tensors, np.array(wanted)))
+        tensors, flag = self.to_device((tensors, np.array(wanted)))
         masked = processed = logits
         if tensors.is_full:
             key = ("process", input_signature(tensors))
-            program = self._executables.get(key) or self._process_program(logits)
+            program = self.program(key, None) or self._process_program(logits)
             masked, processed = program(logits, tensors)
             tensors = basic_tensors(tensors)
-        executable = self._executables.get(("sample", input_signature(tensors)))
+        executable = self.program(("sample", input_signature(tensors)), None)
         if executable is not None:
             sampled = executable(masked, processed, tensors, flag)
         else:
@@ -190,36 +192,32 @@ class DeviceStep:
 
     def feed_tokens(self, input_ids: np.ndarray, token_slots: np.ndarray) -> jax.Array:
         """`input_ids` with each token whose slot `token_slots` names (>= 0) read from `token_feedback`."""
-        args = self._to_device((input_ids, token_slots))
-        program = self._executables.get(("feed", input_signature(args)), self._feed)
+        args = self.to_device((input_ids, token_slots))
+        program = self.program(("feed", input_signature(args)), self._feed)
         return program(self.token_feedback, *args)
 
     def record_tokens(self, slots: np.ndarray, token_ids: jax.Array) -> None:
         """Write each row's sampled token to its slot of `token_feedback` (donated: updated in place)."""
-        slots = self._to_device(slots)
-        program = self._executables.get(("record", input_signature((slots, token_ids))), self._record)
+        slots = self.to_device(slots)
+        program = self.program(("record", input_signature((slots, token_ids))), self._record)
         self.token_feedback = program(self.token_feedback, slots, token_ids)
 
     def precompile_feed(self, num_tokens: int) -> None:
         """Async scheduling's warm-up: the token-feed program of a token bucket."""
-        dynamic = self._to_device((np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32)))
-        key = ("feed", input_signature(dynamic))
-        if key not in self._executables:
-            args = (self.token_feedback, *dynamic)
-            self._executables[key] = self.load_or_compile(key, self._feed, args, args, 0)
+        dynamic = self.to_device((np.zeros(num_tokens, np.int32), np.full(num_tokens, -1, np.int32)))
+        args = (self.token_feedback, *dynamic)
+        self.make_ready(("feed", input_signature(dynamic)), self._feed, args, args, 0)
 
     def precompile_record(self, num_seqs: int) -> None:
         """Async scheduling's warm-up: the token-record program of a sequence bucket (the sampler's ids come
         replicated, as here)."""
-        slots = self._to_device(np.zeros(num_seqs, np.int32))
+        slots = self.to_device(np.zeros(num_seqs, np.int32))
         if isinstance(self.token_feedback, jax.ShapeDtypeStruct):  # an ahead-of-time compile
-            token_ids = jax.ShapeDtypeStruct((num_seqs,), jnp.int32, sharding=self._replicated)
+            token_ids = jax.ShapeDtypeStruct((num_seqs,), jnp.int32, sharding=self.replicated)
         else:
-            token_ids = jax.device_put(np.zeros(num_seqs, np.int32), self._replicated)
-        key = ("record", input_signature((slots, token_ids)))
-        if key not in self._executables:
-            args = (self.token_feedback, slots, token_ids)
-            self._executables[key] = self.load_or_compile(key, self._record, args, args, 0)
+            token_ids = jax.device_put(np.zeros(num_seqs, np.int32), self.replicated)
+        args = (self.token_feedback, slots, token_ids)
+        self.make_ready(("record", input_signature((slots, token_ids))), self._record, args, args, 0)
 
     def precompile_lora_write(self) -> None:
         """LoRA's warm-up: the slot-write program (run once on zeros; an ahead-of-time compile only compiles it
@@ -230,11 +228,6 @@ class DeviceStep:
         else:
             self.lora.warmup()
 
-    @property
-    def executables(self) -> list:
-        """The compiled (or loaded) programs warm-up made ready."""
-        return list(self._executables.values())
-
     def adopt(self, other: DeviceStep) -> None:
         """Take the programs a KV probe compiled (`other`: same params and mesh; kv_budget.sized_by_probes): its
         samplers, which read no cache, always; the rest (its forward) only when compiled for this very step: the
@@ -244,19 +237,13 @@ class DeviceStep:
                      and other.pooling is None and self.pooling is None and other.returns_aux == self.returns_aux
                      and _aval(other.kv_cache) == _aval(self.kv_cache)
                      and other.token_feedback.shape == self.token_feedback.shape)
-        for key, executable in other._executables.items():
-            if key in self._executables or not (key[0] in ("sample", "process") or same_step):
-                continue
-            self._executables[key] = executable
-            if key in other._fresh and self.store is not None:
-                self.store.save(key[0], repr(key[1:]), executable, other._fresh[key])
+        self.adopt_programs(other, lambda key: key[0] in ("sample", "process") or same_step)
 
     # --- warm-up ---
     def precompile_forward(self, inputs: StepInputs) -> jax.ShapeDtypeStruct:
         """Make the forward for these input shapes ready; returns the logits' abstract value (for the sampler)."""
         key, args, outputs = self._forward_call(inputs)
-        executable = self._executables.get(key) or self.load_or_compile(key, self._forward, args, args, outputs)
-        self._executables[key] = executable
+        self.make_ready(key, self._forward, args, args, outputs)
         return self.forward_outputs(inputs)[1]
 
     def precompile_forwards(self, inputs: list[StepInputs], max_workers: int) -> tuple[int, int]:
@@ -268,11 +255,11 @@ class DeviceStep:
         pending, ready = [], 0
         for one in inputs:
             key, args, outputs = self._forward_call(one)
-            if key in self._executables:  # the buckets' shapes are distinct: no key comes twice
+            if self.is_ready(key):  # the buckets' shapes are distinct: no key comes twice
                 continue
-            executable = self._load(key, args, outputs)
+            executable = self.load_stored(key, args, outputs)
             if executable is not None:
-                self._executables[key] = executable
+                self.keep(key, executable)
                 ready += 1
             else:
                 pending.append((key, args, outputs, self._forward.lower(*args)))
@@ -280,99 +267,39 @@ class DeviceStep:
             with count_cache_lookups() as jax_cache, ThreadPoolExecutor(min(max_workers, len(pending))) as pool:
                 executables = list(pool.map(lambda p: p[3].compile(), pending))
             for (key, args, outputs, _), executable in zip(pending, executables):
-                self._executables[key] = executable
+                self.keep(key, executable)
                 if jax_cache.hits == 0:  # as load_or_compile: a program jax read from its own cache is not stored
-                    self._save(key, executable, args, outputs)
+                    self.store_compiled(key, executable, args, outputs)
         return ready + len(pending), len(pending)
 
     def _forward_call(self, inputs: StepInputs) -> tuple[tuple, tuple, tuple]:
         """(program key, arguments, outputs' pytree shape) of the forward for these inputs."""
-        args = (self.params, self.kv_cache, self._to_device(inputs), *self._lora_args())
+        args = (self.params, self.kv_cache, self.to_device(inputs), *self._lora_args())
         return ("forward", input_signature(inputs)), args, (0, 0, 0) if self.returns_aux else (0, 0)
 
     def forward_outputs(self, inputs: StepInputs) -> list[jax.ShapeDtypeStruct]:
         """The precompiled forward's outputs as abstract values: kv_cache, logits (and the aux states)."""
-        executable = self._executables[("forward", input_signature(inputs))]
+        executable = self.executable(("forward", input_signature(inputs)))
         return [jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding)
                 for info, sharding in zip(executable.out_info, executable.output_shardings)]
 
     def precompile_sample(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors) -> None:
         """Make the sampling program for these sampling tensors' basic signature ready (either variant's steps,
         with and without logprobs: see sample)."""
-        tensors, logprobs_on = self._to_device((basic_tensors(tensors), np.array(False)))
-        key = ("sample", input_signature(tensors))
-        if key not in self._executables:
-            accepted = None if tensors.draft_token_ids is None else 0  # see sampler.sample
-            args = (logits, logits, tensors, logprobs_on)
-            self._executables[key] = self.load_or_compile(key, self._sample, (*args, self.max_logprobs), args,
-                                                           SamplerOutput(0, 0, 0, 0, accepted))
+        tensors, logprobs_on = self.to_device((basic_tensors(tensors), np.array(False)))
+        accepted = None if tensors.draft_token_ids is None else 0  # see sampler.sample
+        args = (logits, logits, tensors, logprobs_on)
+        self.make_ready(("sample", input_signature(tensors)), self._sample, (*args, self.max_logprobs), args,
+                        SamplerOutput(0, 0, 0, 0, accepted))
 
     def precompile_process(self, logits: jax.ShapeDtypeStruct, tensors: SamplingTensors) -> None:
         """Make the full variant's logits-processors program for these (full) sampling tensors ready."""
-        tensors = self._to_device(tensors)
+        tensors = self.to_device(tensors)
         key = ("process", input_signature(tensors))
-        if key not in self._executables:
+        if not self.is_ready(key):
             args = (logits, tensors)
-            self._executables[key] = self.load_or_compile(key, self._process_program(logits), args, args, (0, 0))
-
-    def load_or_compile(self, key: tuple, jitted: Any, args: tuple, dynamic_args: tuple, outputs: Any) -> Any:
-        """The executable for `key`: loaded from the store, else compiled (and stored when freshly compiled).
-
-        `outputs`: any pytree shaped like the program's outputs, to rebuild the executable's pytrees on load."""
-        executable = self._load(key, dynamic_args, outputs)
-        if executable is None:
-            with count_cache_lookups() as jax_cache:
-                executable = jitted.lower(*args).compile()
-            # Only a fresh compile is stored: on CPU, an executable jax read back from its own cache serializes
-            # without its kernels ("Function ... not found" once loaded). jax's cache serves that program anyway.
-            if jax_cache.hits == 0:
-                self._fresh[key] = _trees(dynamic_args, outputs)
-                self._save(key, executable, dynamic_args, outputs)
-        return executable
-
-    def _load(self, key: tuple, dynamic_args: tuple, outputs: Any) -> Any | None:
-        """The stored executable for `key` (None: no store, or a miss)."""
-        if self.store is None:
-            return None
-        return self.store.load(key[0], repr(key[1:]), _trees(dynamic_args, outputs), self.devices)
-
-    def _save(self, key: tuple, executable: Any, dynamic_args: tuple, outputs: Any) -> None:
-        if self.store is not None:
-            self.store.save(key[0], repr(key[1:]), executable, _trees(dynamic_args, outputs))
-
-
-def _trees(dynamic_args: tuple, outputs: Any) -> tuple:
-    """An executable's (inputs, outputs) pytree structures, which the store rebuilds it with."""
-    return jax.tree.structure((dynamic_args, {})), jax.tree.structure(outputs)
+            self.make_ready(key, self._process_program(logits), args, args, (0, 0))
 
 
 def _aval(x: jax.Array | jax.ShapeDtypeStruct) -> tuple:
     return tuple(x.shape), jnp.dtype(x.dtype), x.sharding
-
-
-def input_signature(tree: Any) -> tuple:
-    """What picks a compiled program: the pytree's structure and each leaf's shape and dtype. Run several times a
-    step: the dtype objects themselves (hashable, equal across numpy and jax), since str(dtype) cost ten times
-    the rest."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(x.shape), x.dtype) for x in leaves)
-
-
-def _replicator(sharding: NamedSharding):
-    """numpy -> arrays replicated over the mesh (global arrays, as multi-process jit requires)."""
-    if jax.process_count() == 1:
-        return lambda tree: tree
-    return lambda tree: jax.tree.map(
-        lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda idx, x=np.asarray(x): x[idx]),  # noqa: B008
-        tree)  # (the default binds this leaf's host copy, once)
-
-
-def _fetch(tree):
-    """Host copies of (replicated) results; with several processes each reads its own addressable copy."""
-    def one(a):
-        if isinstance(a, jax.Array) and not a.is_fully_addressable:
-            return np.asarray(a.addressable_data(0))
-        return np.asarray(a)
-
-    return jax.tree.map(one, tree)
-

@@ -25,21 +25,25 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
+from vllm_jax.lora.device.slots import LoRASlotArrays, target_shapes
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
+from vllm_jax.multimodal.device.encoder_step import MultimodalStep, build_multimodal_step
+from vllm_jax.pooling.device.pooling_step import PoolingCompilation, pooling_device_step
 from vllm_jax.sharding import check_tensor_parallel_layout, kv_cache_partition_spec, make_mesh, param_partition_spec
 from vllm_jax.sharding.mesh import MODEL_AXIS
+from vllm_jax.spec_decode.device.draft_chain import chain_buckets
+from vllm_jax.spec_decode.device.draft_step import DraftStep
+from vllm_jax.spec_decode.device.eagle_step import EagleStep, eagle3_aux_layers
+from vllm_jax.spec_decode.device.speculators import SpeculatorModel, load_draft_model, load_eagle3
 from vllm_jax.worker import kv_cache as kv_cache_module
 from vllm_jax.worker.buckets import geometric_buckets, max_step_rows, pick_bucket, seq_bucket_for
 from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCounter, program_store
 from vllm_jax.worker.device_step import DeviceStep
-from vllm_jax.worker.draft_chain import chain_buckets
-from vllm_jax.worker.draft_step import DraftStep
-from vllm_jax.worker.eagle_step import EagleStep, eagle3_aux_layers
 from vllm_jax.worker.kv_budget import measures_device_memory, probe_temp_bytes, sized_by_probes
 from vllm_jax.worker.kv_cache import (
     KVCacheShape,
@@ -51,10 +55,7 @@ from vllm_jax.worker.kv_cache import (
     size_kv_cache,
     spec_bytes_per_block,
 )
-from vllm_jax.worker.lora_slots import LoRASlotArrays, target_shapes
-from vllm_jax.worker.multimodal_step import build_multimodal_step
-from vllm_jax.worker.pooling_step import PoolingCompilation, pooling_device_step
-from vllm_jax.worker.speculators import SpeculatorModel, load_draft_model, load_eagle3
+from vllm_jax.worker.warmup import WarmupPart
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,19 @@ def kernel_choices(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> Kerne
     width = backend.block_table_width(blocks_per_sequence(mc.max_model_len, cc.block_size))
     return KernelChoices(backend, mesh if tp > 1 else None, width,
                          lane_dense_cache(config, spec))
+
+
+@dataclass
+class FeatureSteps:
+    """The features' device steps the engine builder makes beside the DeviceStep (None: that feature is off)."""
+
+    drafter: DraftStep | None = None  # speculative_config method draft_model
+    eagle: EagleStep | None = None  # method eagle3
+    multimodal: MultimodalStep | None = None  # a vision-language model's encoder
+
+    def warmup_parts(self) -> list[WarmupPart]:
+        """Their programs in warm-up's plan, in its fixed order (worker/warmup.py)."""
+        return [part for part in (self.drafter, self.eagle, self.multimodal) if part is not None]
 
 
 @dataclass
@@ -257,7 +271,7 @@ class EngineParts:
         adopts."""
         config, mc, sc = self.config, self.config.model_config, self.config.scheduler_config
         if config.pooler_config is not None:  # the pooling runner's programs join the step
-            device_step = pooling_device_step(self, device_step)
+            device_step = pooling_device_step(config, self.spec, self.mesh, self.abstract, device_step)
         counter = TraceCounter()
         kv_cache = self.make_cache(cache_shape(config, self.spec, num_blocks), self.kv_sharding)
         lora = None
@@ -273,25 +287,21 @@ class EngineParts:
         step.lora = lora
         if adopt_from is not None:
             step.adopt(adopt_from)  # the KV probe's programs, compiled once: warm-up skips them
-        programs = None
+        features = FeatureSteps(multimodal=build_multimodal_step(config, self.spec, step))  # None: no vision tower
         if speculator is not None:  # its cache shares the target's block ids
             layout = speculator.cache_layout(config, self.mesh)
             draft_cache = self.make_cache(dataclasses.replace(layout.shape, num_blocks=num_blocks), layout.sharding)
             programs = speculator.programs(config, draft_cache, self.params, step.load_or_compile, counter)
-        drafter = programs if isinstance(programs, DraftStep) else None
-        eagle = programs if isinstance(programs, EagleStep) else None
-        chains = None
-        if drafter is not None:
-            chains = chain_buckets(self.token_buckets, self.seq_bucket, sc.max_num_seqs)
-            if buckets is not None:  # narrowed: the chains of those token buckets only
-                chains = [pair for pair in chains if pair in buckets]
+            if isinstance(programs, DraftStep):
+                features.drafter = programs
+                programs.chain_buckets = chain_buckets(self.token_buckets, self.seq_bucket, sc.max_num_seqs)
+                if buckets is not None:  # narrowed: the chains of those token buckets only
+                    programs.chain_buckets = [pair for pair in programs.chain_buckets if pair in buckets]
+            else:
+                features.eagle = programs
         manager = PoolingCompilation if config.pooler_config is not None else CompilationManager
-        compilation = manager(step, counter, self.step_shapes(buckets), cache_dir, drafter=drafter,
-                              chain_buckets=chains, eagle=eagle)
-        compilation.multimodal = build_multimodal_step(config, self.spec, step)  # None without a vision tower
-        if compilation.multimodal is not None:
-            compilation.extra_plan = compilation.multimodal.warmup_plan()
-        return compilation
+        return manager(step, counter, self.step_shapes(buckets), cache_dir, parts=features.warmup_parts(),
+                       features=features)
 
 
 def engine_max_rows(config: EngineConfig) -> int:
@@ -351,7 +361,7 @@ class ModelLoader:
                             quantization=quantization,
                             quantization_group_size=mc.quantization_group_size if quantization else None,
                             abstract=self.abstract)
-        # On CPU a scan reads per-layer arrays through switched matmuls (see layers.LayerSwitch).
+        # On CPU a scan reads per-layer arrays through switched matmuls (model/weight_forms/layer_switch.py).
         switched_scan = config.scan_layers and config.platform == "cpu" and model.switched_scan
         model.scan_layers = config.scan_layers
         model.aux_hidden_layers = aux_layers

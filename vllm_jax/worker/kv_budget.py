@@ -137,11 +137,12 @@ def probe_temp_bytes(step: DeviceStep, shapes: StepShapes, *, samplers: bool = T
     `forwards`: its sampling programs / the rest (the forward, the token programs, a multi-step chunk);
     `logits_for`: the forward's logits by sequence bucket, for samplers compiled without the forward (filled
     in by a forward compiled here). The engine's own step adopts what `step` compiled (DeviceStep.adopt)."""
-    plan = CompilationManager(step, TraceCounter(), shapes, None).plan(logits_for)
-    for label, make_ready in plan:
+    manager = CompilationManager(step, TraceCounter(), shapes, None)
+    for label, make_ready in manager.plan(logits_for):
         if (samplers if label.startswith("sampler") else forwards):
             make_ready()
-    return max(program_temp_bytes(p) for p in step.executables)
+    chunks = manager.chunks.executables if manager.chunks is not None else []
+    return max(program_temp_bytes(p) for p in step.executables + chunks)
 
 
 def program_temp_bytes(compiled: jax.stages.Compiled) -> int:

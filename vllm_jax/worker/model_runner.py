@@ -34,32 +34,33 @@ from flax import nnx
 from vllm_jax.config import EngineConfig
 from vllm_jax.lora.cache import AdapterCache
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.multi_step.chunk import ChunkInFlight, dispatch_chunk, finish_chunk
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
-from vllm_jax.sample.sampler import SamplerOutput, SamplingTensors
+from vllm_jax.sample.sampler import SamplingTensors
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.sharding import multihost
-from vllm_jax.spec_decode.ngram import NgramProposer
-from vllm_jax.worker.buckets import pick_bucket, seq_bucket_for
-from vllm_jax.worker.compilation_cache import use_compilation_cache
-from vllm_jax.worker.device_step import StepResult
-from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
-from vllm_jax.worker.input_batch import InputBatch
-from vllm_jax.worker.multi_step import ChunkInFlight, dispatch_chunk, finish_chunk
-from vllm_jax.worker.proposals import (
+from vllm_jax.spec_decode.device.proposals import (
     ChainShapes,
     broadcast_proposal,
     draft_model_proposals,
     eagle_proposals,
     follow_proposal,
+    kept_tokens,
 )
+from vllm_jax.spec_decode.ngram import NgramProposer
+from vllm_jax.spec_decode.verification import draft_token_rows
+from vllm_jax.worker.buckets import pick_bucket, seq_bucket_for
+from vllm_jax.worker.compilation_cache import use_compilation_cache
+from vllm_jax.worker.device_step import StepResult
+from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
+from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
+from vllm_jax.worker.step_output import Logprobs, plain_tokens, prompt_logprobs, row_logprobs
 from vllm_jax.worker.step_payload import ProposalPayload, StepPayload
 from vllm_jax.worker.weight_update import Weights, WeightUpdater, as_checkpoint
 
 logger = logging.getLogger(__name__)
-
-Logprobs = tuple[list[int], list[float], list[int]]  # token ids, logprobs, ranks: the sampled token, then top-N
 
 
 @dataclass
@@ -120,7 +121,8 @@ class ModelRunner:
                                              adopt_from=sizing.probe)
         self.device = self.compilation.device
         # draft_model / eagle3 speculation: the draft's or the head's programs and KV cache
-        self.drafter, self.eagle = self.compilation.drafter, self.compilation.eagle
+        features = self.compilation.features
+        self.drafter, self.eagle = features.drafter, features.eagle
         self.chain_shapes = ChainShapes(self.token_buckets, self.seq_bucket, self.block_size, mc.max_model_len)
         # LoRA: the host cache of loaded adapters (--max-cpu-loras) for the device's slots
         lora, lora_config = self.device.lora, config.lora_config
@@ -132,8 +134,8 @@ class ModelRunner:
                                       lora=lora is not None)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
         self.share_proposal = broadcast_proposal if self.broadcasts else None  # a draft's / head's inputs too
-        # vision-language models: the encoder, its cache and the steps' image rows (worker/multimodal_step.py)
-        self.multimodal = self.compilation.multimodal
+        # vision-language models: the encoder, its cache and the steps' image rows (multimodal/device/encoder_step.py)
+        self.multimodal = features.multimodal
         if self.broadcasts and sc.num_scheduler_steps > 1:
             raise ValueError("num_scheduler_steps > 1 is not supported in a multi-host run yet")
 
@@ -209,7 +211,7 @@ class ModelRunner:
             return finish_chunk(self, flight)
         return self._to_output(flight.step, self.device.fetch(flight.result))
 
-    def _scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
+    def scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
         """The scheduled requests, their input-batch slots and token counts, and the (tokens, sequences) bucket
         that holds them."""
         req_ids = list(sched.num_scheduled_tokens)
@@ -220,7 +222,7 @@ class ModelRunner:
 
     def _prepare(self, sched: SchedulerOutput) -> _PreparedStep:
         """The scheduled rows packed into the smallest bucket that holds them, with their sampling tensors."""
-        req_ids, slots, counts, num_tokens, num_seqs = self._scheduled_rows(sched)
+        req_ids, slots, counts, num_tokens, num_seqs = self.scheduled_rows(sched)
         batch = self.input_batch
         num_drafts, drafts = None, sched.scheduled_spec_decode_tokens
         if self.speculates:
@@ -240,7 +242,7 @@ class ModelRunner:
         else:
             tensors, asked = batch.sampling_tensors(slots, counts, num_seqs, num_drafts)
         if num_drafts is not None:
-            tensors = dataclasses.replace(tensors, draft_token_ids=_draft_rows(req_ids, drafts, num_drafts,
+            tensors = dataclasses.replace(tensors, draft_token_ids=draft_token_rows(req_ids, drafts, num_drafts,
                                                                                num_seqs))
         prompt_targets, spans = self._prompt_logprob_targets(states, inputs) if scores_prompt else (None, {})
         # One logprobs width for every step that asks for any, so the sampler compiles two variants, not one per K.
@@ -296,7 +298,7 @@ class ModelRunner:
         has_logprobs = any(lp is not None for lp in logprobs)
         out = ModelRunnerOutput(req_ids=step.req_ids, sampled_token_ids=sampled,
                                 logprobs=logprobs if has_logprobs else None,
-                                prompt_logprobs=_prompt_logprobs(result.prompt_logprobs, step.prompt_spans))
+                                prompt_logprobs=prompt_logprobs(result.prompt_logprobs, step.prompt_spans))
         if self.speculates:
             out.draft_token_ids = self._propose(step, update, sampled)
         return out
@@ -307,7 +309,7 @@ class ModelRunner:
         token_ids = result.sampled.token_ids[:len(step.req_ids)]
         self.input_batch.append_tokens(step.slots[update], token_ids[update])
         if result.sampled.logprobs is None and step.completes.all():  # the common step, without a row loop
-            return _plain_tokens(self.requests, step.req_ids, token_ids.tolist(), update.tolist())
+            return plain_tokens(self.requests, step.req_ids, token_ids.tolist(), update.tolist())
         sampled: list[list[int]] = []
         logprobs: list[list[Logprobs] | None] = []
         rows = zip(step.req_ids, step.completes.tolist(), update.tolist(), token_ids.tolist(),
@@ -320,7 +322,7 @@ class ModelRunner:
             sampled.append([token_id])
             if updates:
                 self.requests[req_id].append_sampled(token_id)
-            row = _row_logprobs(result.sampled, i, None if num_logprobs == NO_LOGPROBS else num_logprobs)
+            row = row_logprobs(result.sampled, i, None if num_logprobs == NO_LOGPROBS else num_logprobs)
             logprobs.append(None if row is None else [row])
         return sampled, logprobs
 
@@ -352,7 +354,7 @@ class ModelRunner:
                 for token_id in run:
                     state.append_sampled(token_id)
             asked = None if num_logprobs == NO_LOGPROBS else num_logprobs
-            rows_lp = [_row_logprobs(result.sampled, start + j, asked) for j in range(len(run))]
+            rows_lp = [row_logprobs(result.sampled, start + j, asked) for j in range(len(run))]
             logprobs.append(None if asked is None or result.sampled.logprobs is None else rows_lp)
         return sampled, logprobs
 
@@ -363,9 +365,10 @@ class ModelRunner:
         limit = self.spec_disable_batch_size
         proposing = update & (limit is None or len(step.req_ids) <= limit)
         if self.eagle is not None:
-            proposals = eagle_proposals(self.eagle, self.input_batch, step.slots, step.payload.inputs,
-                                        self._kept_tokens(step, sampled), proposing, step.aux_hidden,
-                                        self.chain_shapes, self.share_proposal)
+            kept = kept_tokens(step.payload.inputs.query_start_loc, len(step.req_ids), step.num_drafts,
+                               step.completes, sampled)
+            proposals = eagle_proposals(self.eagle, self.input_batch, step.slots, step.payload.inputs, kept,
+                                        proposing, step.aux_hidden, self.chain_shapes, self.share_proposal)
             return {req_id: p.tolist() for req_id, p in zip(step.req_ids, proposals) if len(p)}
         rows = np.flatnonzero(proposing)
         slots = step.slots[rows]
@@ -378,17 +381,6 @@ class ModelRunner:
             batch = self.input_batch
             proposals = self.proposer.propose_rows(batch.token_ids[slots], batch.num_tokens[slots])
         return {step.req_ids[i]: p.tolist() for i, p in zip(rows.tolist(), proposals) if len(p)}
-
-    @staticmethod
-    def _kept_tokens(step: _PreparedStep, sampled: list[list[int]]) -> np.ndarray:
-        """Per row: the step's tokens that stay (its rejected proposals dropped)."""
-        qsl = np.asarray(step.payload.inputs.query_start_loc)
-        kept = (qsl[1:len(step.req_ids) + 1] - qsl[:len(step.req_ids)]).astype(np.int64)
-        if step.num_drafts is not None:
-            emitted = np.array([len(run) for run in sampled], np.int64)
-            rejected = np.where(step.completes, step.num_drafts - (emitted - 1), 0)
-            kept -= rejected
-        return kept
 
     def _prompt_logprob_targets(self, states: list[CachedRequestState], inputs: StepInputs):
         """For rows still in their prompt that asked for prompt_logprobs: the next prompt token at each position
@@ -430,45 +422,3 @@ class ModelRunner:
     def warmup(self, show_progress: bool = True) -> float:
         """Make every program a workload can need ready; returns the seconds it took."""
         return self.compilation.warmup(show_progress)
-
-
-def _draft_rows(req_ids: list[str], drafts: dict[str, list[int]], num_drafts: np.ndarray,
-                num_rows_padded: int) -> np.ndarray:
-    """[S] int32 per logits row: the proposal it verifies, -1 for a row's last logits row and for padding."""
-    out = np.full(num_rows_padded, -1, np.int32)
-    start = 0
-    for req_id, num_draft in zip(req_ids, num_drafts.tolist()):
-        if num_draft:
-            out[start:start + num_draft] = drafts[req_id]
-        start += num_draft + 1
-    return out
-
-
-def _plain_tokens(states: dict[str, CachedRequestState], req_ids: list[str], tokens: list[int],
-                  update: list[bool]) -> tuple[list[list[int]], list[None]]:
-    """`_single_tokens` where every row samples and the step computed no logprobs: the per-row work left is the
-    state's append."""
-    for req_id, token_id, updates in zip(req_ids, tokens, update):
-        if updates:  # CachedRequestState.append_sampled, inlined: once per row per step
-            state = states[req_id]
-            state.token_ids.append(token_id)
-            state.output_token_ids.append(token_id)
-    return [[token_id] for token_id in tokens], [None] * len(tokens)
-
-
-def _row_logprobs(out: SamplerOutput, row: int, num_logprobs: int | None) -> Logprobs | None:
-    """The row's sampled token then its top-`num_logprobs` (the step computed the widest any row asked)."""
-    if num_logprobs is None or out.logprobs is None:
-        return None
-    width = 1 + num_logprobs
-    return (out.logprob_token_ids[row, :width].tolist(), out.logprobs[row, :width].tolist(),
-            out.ranks[row, :width].tolist())
-
-
-def _prompt_logprobs(arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                     spans: dict[str, tuple[int, int, int]]) -> dict[str, list[Logprobs]]:
-    if arrays is None:
-        return {}
-    ids, lps, ranks = arrays
-    return {req_id: [(ids[j, :1 + k].tolist(), lps[j, :1 + k].tolist(), ranks[j, :1 + k].tolist())
-                     for j in range(first, first + count)] for req_id, (first, count, k) in spans.items()}

@@ -101,7 +101,7 @@ class DeviceSleep:
     def follow_target_embedding(self) -> None:
         """An EAGLE-3 head without its own embedding reads the target's: point it at the target's array now (after
         waking, or after an update replaced it)."""
-        from vllm_jax.worker.speculators import target_embedding
+        from vllm_jax.spec_decode.device.speculators import target_embedding
 
         if getattr(self.speculator, "embed_tokens", None) is not None:
             self.speculator.embed_tokens = target_embedding(self.device.params)

@@ -18,7 +18,7 @@ import numpy as np
 
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sample.sampler import SamplingTensors
-from vllm_jax.worker.draft_chain import ChainInputs
+from vllm_jax.spec_decode.device.draft_chain import ChainInputs
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Each step's proposals from a model on the device: the draft model's chain, the EAGLE-3 head's catch-up and chain.
 
-The host side of worker/draft_step.py and worker/eagle_step.py: which input-batch rows propose, their packed
-inputs, and how many of each row's k proposals count (docs/architecture/08-sampling.md, "Speculative decoding"). The
-n-gram proposer needs none of this (spec_decode/ngram.py reads the input batch directly).
+The host side of spec_decode/device/draft_step.py and spec_decode/device/eagle_step.py: which input-batch rows
+propose, their packed inputs, and how many of each row's k proposals count (docs/architecture/08-sampling.md,
+"Speculative decoding"). The n-gram proposer needs none of this (spec_decode/ngram.py reads the input batch
+directly).
 
 Multi-host: process 0 packs the inputs and broadcasts them (`ProposalPayload`, through `broadcast`) before it runs
 the program; the other processes run the same program on them (`follow_proposal`), in the same place in the
@@ -19,10 +20,10 @@ import numpy as np
 
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.sharding import multihost
+from vllm_jax.spec_decode.device.draft_chain import pack_catch_up, pack_chain
+from vllm_jax.spec_decode.device.draft_step import DraftStep
+from vllm_jax.spec_decode.device.eagle_step import EagleStep
 from vllm_jax.worker.buckets import pick_bucket
-from vllm_jax.worker.draft_chain import pack_catch_up, pack_chain
-from vllm_jax.worker.draft_step import DraftStep
-from vllm_jax.worker.eagle_step import EagleStep
 from vllm_jax.worker.input_batch import InputBatch
 from vllm_jax.worker.step_payload import ProposalPayload
 
@@ -111,3 +112,15 @@ def follow_proposal(payload: ProposalPayload, drafter: DraftStep | None, eagle: 
         drafter.dispatch(payload.chain)
     else:
         raise RuntimeError("process 0 sent a draft model's proposal step, but this process runs no draft model")
+
+
+def kept_tokens(query_start_loc: np.ndarray, num_rows: int, num_drafts: np.ndarray | None, completes: np.ndarray,
+                sampled: list[list[int]]) -> np.ndarray:
+    """Per row: the step's tokens that stay (its rejected proposals dropped): what the EAGLE-3 head catches up on."""
+    qsl = np.asarray(query_start_loc)
+    kept = (qsl[1:num_rows + 1] - qsl[:num_rows]).astype(np.int64)
+    if num_drafts is not None:
+        emitted = np.array([len(run) for run in sampled], np.int64)
+        rejected = np.where(completes, num_drafts - (emitted - 1), 0)
+        kept -= rejected
+    return kept

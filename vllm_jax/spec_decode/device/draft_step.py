@@ -7,7 +7,7 @@ allocates and frees the draft's KV with the target's and nothing else tracks it.
 - catch-up: the draft runs the target's own step inputs (same tokens, positions and slots), writing its KV for
   every token the target computed; launched right after the target's step, it needs nothing from it.
 - chain: k one-token steps from each proposing request's newest token, each feeding the previous step's greedy
-  token (worker/draft_chain.py); one program, a scan over the k steps.
+  token (spec_decode/device/draft_chain.py); one program, a scan over the k steps.
 
 In a multi-host run every process runs both programs on the same inputs (process 0 broadcasts the chain's, the
 catch-up's are the step's own); the proposals come back replicated, so process 0 reads its own copy.
@@ -18,9 +18,8 @@ min(1, p/q) is p(x) and the residual (p - q)+ is p without x (sample/sampler.py,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,19 +32,11 @@ from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding import kv_cache_partition_spec
-from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
-from vllm_jax.worker.draft_chain import ChainInputs
-from vllm_jax.worker.kv_cache import KVCacheShape, cache_shape, lane_dense_cache, spec_bytes_per_block
-
-# (key, jitted, args, dynamic args, outputs-shaped pytree) -> executable: DeviceStep.load_or_compile
-LoadOrCompile = Callable[[tuple, Any, tuple, tuple, Any], Any]
-
-
-@dataclass(frozen=True)
-class DraftCacheLayout:
-    shape: KVCacheShape  # its num_blocks is the target's, known once the budget is split
-    sharding: NamedSharding
-    bytes_per_block: int  # on one device
+from vllm_jax.spec_decode.device.draft_chain import ChainInputs, empty_chain
+from vllm_jax.spec_decode.device.speculator_step import DraftCacheLayout, SpeculatorStep
+from vllm_jax.worker.kv_cache import cache_shape, lane_dense_cache, spec_bytes_per_block
+from vllm_jax.worker.programs import LoadOrCompile, fetch_to_host, input_signature
+from vllm_jax.worker.warmup import WarmupContext, WarmupPlan
 
 
 def draft_cache_layout(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> DraftCacheLayout:
@@ -59,18 +50,16 @@ def draft_cache_layout(config: EngineConfig, spec: DecoderSpec, mesh: Mesh) -> D
     return DraftCacheLayout(cache_shape(config, spec, 0), NamedSharding(mesh, kv_spec), per_block)
 
 
-class DraftStep:
+class DraftStep(SpeculatorStep):
+    """The draft model's catch-up and chain programs over its own KV cache (see the module docstring)."""
+
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, num_speculative_tokens: int,
                  load_or_compile: LoadOrCompile, on_trace: Callable[[], None] = lambda: None):
-        self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
-        self.k = num_speculative_tokens
-        self.on_trace = on_trace
-        self._load_or_compile = load_or_compile
-        self._executables: dict[tuple, Any] = {}
-        replicated = NamedSharding(kv_cache.sharding.mesh, PartitionSpec())
-        self._to_device = _replicator(replicated)  # numpy -> global arrays with several processes
+        super().__init__(graphdef, params, kv_cache, num_speculative_tokens, load_or_compile, on_trace)
+        self.chain_buckets: list[tuple[int, int]] = []  # (tokens, sequences) of the chain programs warm-up makes
         self._catch_up = jax.jit(self._catch_up_impl, donate_argnums=(1,))
-        self._chain = jax.jit(self._chain_impl, donate_argnums=(1,), out_shardings=(kv_cache.sharding, replicated))
+        self._chain = jax.jit(self._chain_impl, donate_argnums=(1,),
+                              out_shardings=(kv_cache.sharding, self.replicated))
 
     def _catch_up_impl(self, params, kv_cache, inputs: StepInputs):
         self.on_trace()
@@ -100,32 +89,41 @@ class DraftStep:
 
     def catch_up(self, inputs: StepInputs) -> None:
         """Write the draft's KV for the tokens of the target's step (dispatched, not waited for)."""
-        program = self._executables.get(("draft_catch_up", input_signature(inputs)), self._catch_up)
-        self.kv_cache = program(self.params, self.kv_cache, self._to_device(inputs))
+        program = self.program(("draft_catch_up", input_signature(inputs)), self._catch_up)
+        self.kv_cache = program(self.params, self.kv_cache, self.to_device(inputs))
 
     def dispatch(self, chain: ChainInputs) -> jax.Array:
         """Run the chain (not waited for): [k, S] proposals, replicated."""
-        program = self._executables.get(("draft_chain", input_signature(chain)), self._chain)
-        self.kv_cache, proposed = program(self.params, self.kv_cache, self._to_device(chain))
+        program = self.program(("draft_chain", input_signature(chain)), self._chain)
+        self.kv_cache, proposed = program(self.params, self.kv_cache, self.to_device(chain))
         return proposed
 
     def propose(self, chain: ChainInputs) -> np.ndarray:
         """[S, k] int32: each row's k greedy proposals (waits for the device)."""
-        return _fetch(self.dispatch(chain)).T
+        return fetch_to_host(self.dispatch(chain)).T
 
-    # --- warm-up ---
+    # --- warm-up (worker/warmup.py, WarmupPart) ---
+    def bucket_plan(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> WarmupPlan:
+        return [(f"draft catch-up T={num_tokens} S={num_seqs}",
+                 functools.partial(self._precompile_catch_up_bucket, manager, num_tokens, num_seqs))]
+
+    def _precompile_catch_up_bucket(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> None:
+        self.precompile_catch_up(manager.empty_inputs(num_tokens, num_seqs))
+
+    def final_plan(self, manager: WarmupContext) -> WarmupPlan:
+        return [(f"draft chain T={num_tokens} S={num_seqs}",
+                 functools.partial(self._precompile_chain_bucket, manager, num_tokens, num_seqs))
+                for num_tokens, num_seqs in self.chain_buckets]
+
+    def _precompile_chain_bucket(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> None:
+        s = manager.shapes
+        self.precompile_chain(empty_chain(self.k, num_tokens, num_seqs, block_size=s.block_size,
+                                          max_blocks_per_seq=s.max_blocks_per_seq))
+
     def precompile_catch_up(self, inputs: StepInputs) -> None:
-        key = ("draft_catch_up", input_signature(inputs))
-        if key not in self._executables:
-            args = (self.params, self.kv_cache, self._to_device(inputs))
-            self._executables[key] = self._load_or_compile(key, self._catch_up, args, args, 0)
+        args = (self.params, self.kv_cache, self.to_device(inputs))
+        self.make_ready(("draft_catch_up", input_signature(inputs)), self._catch_up, args, args, 0)
 
     def precompile_chain(self, chain: ChainInputs) -> None:
-        key = ("draft_chain", input_signature(chain))
-        if key not in self._executables:
-            args = (self.params, self.kv_cache, self._to_device(chain))
-            self._executables[key] = self._load_or_compile(key, self._chain, args, args, (0, 0))
-
-    @property
-    def executables(self) -> list:
-        return list(self._executables.values())
+        args = (self.params, self.kv_cache, self.to_device(chain))
+        self.make_ready(("draft_chain", input_signature(chain)), self._chain, args, args, (0, 0))

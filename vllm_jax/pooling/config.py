@@ -52,7 +52,7 @@ def resolve_pooling(runner: str, convert: str, pooler_config: str | dict | None,
                     model_dir: str | None) -> tuple[PoolerConfig | None, Any]:
     """(the PoolerConfig or None for the generate runner, the hf_config the model is built from). A
     `*ForSequenceClassification` checkpoint is built as its causal-LM twin with a tied (unused) head: the score
-    head is the pooler's, read apart (worker/pooling_head.py)."""
+    head is the pooler's, read apart (pooling/device/pooling_step.py, `load_score_head`)."""
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {runner!r}")
     if convert not in CONVERTS:

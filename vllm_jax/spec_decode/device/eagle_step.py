@@ -8,7 +8,7 @@ in one program:
   and slots, fed the *next* token (EAGLE's shift: position p sees token p + 1) and the target's states at p
   (through `fc`); the last kept token of each row predicts proposal 1;
 - chain: k - 1 one-token steps per request, each fed the previous proposal and the head's own output state
-  (packed like the draft model's chain, `worker/draft_chain.py`).
+  (packed like the draft model's chain, `spec_decode/device/draft_chain.py`).
 
 In a multi-host run every process runs the program on the same inputs (process 0 broadcasts the catch-up's and
 the chain's; the aux states are each process's own from the step it just ran), as the draft model's chain.
@@ -19,10 +19,10 @@ target ids (`d2t`): q is one-hot, so verification is the n-gram's (sample/sample
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,15 +32,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.aux_hidden import check_aux_layers, eagle3_default_layers
-from vllm_jax.model.eagle3_head import draft_to_target_ids
-from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels.precision import model_matmuls
 from vllm_jax.sharding import kv_cache_partition_spec
-from vllm_jax.worker.device_step import _fetch, _replicator, input_signature
-from vllm_jax.worker.draft_chain import ChainInputs
-from vllm_jax.worker.draft_step import DraftCacheLayout, LoadOrCompile
+from vllm_jax.spec_decode.device.draft_chain import ChainInputs, empty_chain
+from vllm_jax.spec_decode.device.eagle3_head import draft_to_target_ids
+from vllm_jax.spec_decode.device.eagle3_spec import Eagle3Spec
+from vllm_jax.spec_decode.device.speculator_step import DraftCacheLayout, SpeculatorStep
 from vllm_jax.worker.kv_cache import KVCacheShape, bytes_per_block
+from vllm_jax.worker.programs import LoadOrCompile, fetch_to_host, input_signature
+from vllm_jax.worker.warmup import WarmupContext, WarmupPlan
 
 
 def eagle3_aux_layers(head_dir: str, num_layers: int) -> tuple[int, ...]:
@@ -73,21 +74,18 @@ def eagle_cache_layout(config: EngineConfig, spec: Eagle3Spec, mesh: Mesh) -> Dr
     return DraftCacheLayout(shape, NamedSharding(mesh, kv_spec), per_block)
 
 
-class EagleStep:
+class EagleStep(SpeculatorStep):
+    """The EAGLE-3 head's one program, catch-up then chain, over its one-layer KV cache (see the module
+    docstring)."""
+
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kv_cache: jax.Array, num_speculative_tokens: int,
                  embed_tokens: jax.Array | None, load_or_compile: LoadOrCompile,
                  on_trace: Callable[[], None] = lambda: None):
         """`embed_tokens`: the target's embedding, for a head without its own (None: it has one)."""
-        self.graphdef, self.params, self.kv_cache = graphdef, params, kv_cache
-        self.k = num_speculative_tokens
+        super().__init__(graphdef, params, kv_cache, num_speculative_tokens, load_or_compile, on_trace)
         self.embed_tokens = embed_tokens
-        self.on_trace = on_trace
-        self._load_or_compile = load_or_compile
-        self._executables: dict[tuple, Any] = {}
-        replicated = NamedSharding(kv_cache.sharding.mesh, PartitionSpec())
-        self._to_device = _replicator(replicated)  # numpy -> global arrays with several processes
         self._propose = jax.jit(self._propose_impl, donate_argnums=(1,),
-                                out_shardings=(kv_cache.sharding, replicated))
+                                out_shardings=(kv_cache.sharding, self.replicated))
 
     def _propose_impl(self, params, kv_cache, embed_tokens, aux, gather, catch_up: StepInputs,
                       chain: ChainInputs | None):
@@ -120,28 +118,41 @@ class EagleStep:
         return kv_cache, jnp.concatenate([token_ids[None], rest])  # [k, S]
 
     def _args(self, aux, gather, catch_up: StepInputs, chain: ChainInputs | None) -> tuple:
-        return (self.params, self.kv_cache, self.embed_tokens, aux) + self._to_device((gather, catch_up, chain))
+        return (self.params, self.kv_cache, self.embed_tokens, aux) + self.to_device((gather, catch_up, chain))
 
     def dispatch(self, aux: jax.Array, gather: np.ndarray, catch_up: StepInputs,
                  chain: ChainInputs | None) -> jax.Array:
         """Run the catch-up and chain (not waited for): [k, S] proposals, replicated."""
         args = self._args(aux, gather, catch_up, chain)
-        program = self._executables.get(("eagle3", input_signature(args[3:])), self._propose)
+        program = self.program(("eagle3", input_signature(args[3:])), self._propose)
         self.kv_cache, proposed = program(*args)
         return proposed
 
     def propose(self, aux: jax.Array, gather: np.ndarray, catch_up: StepInputs,
                 chain: ChainInputs | None) -> np.ndarray:
         """[S, k] int32: each row's k greedy proposals (rows that do not propose: garbage); waits for them."""
-        return _fetch(self.dispatch(aux, gather, catch_up, chain)).T
+        return fetch_to_host(self.dispatch(aux, gather, catch_up, chain)).T
+
+    # --- warm-up (worker/warmup.py, WarmupPart) ---
+    def bucket_plan(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> WarmupPlan:
+        return [(f"draft eagle3 T={num_tokens} S={num_seqs}",
+                 functools.partial(self._precompile_bucket, manager, num_tokens, num_seqs))]
+
+    def final_plan(self, manager: WarmupContext) -> WarmupPlan:
+        return []
+
+    def _precompile_bucket(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> None:
+        """After the bucket's forward, whose [T, 3 * hidden] aux states the head reads."""
+        inputs = manager.empty_inputs(num_tokens, num_seqs)
+        aux = manager.device.forward_outputs(inputs)[2]
+        chain = None
+        if self.k > 1:
+            s = manager.shapes
+            chain = empty_chain(self.k - 1, num_seqs, num_seqs, block_size=s.block_size,
+                                max_blocks_per_seq=s.max_blocks_per_seq)
+        self.precompile(aux, np.zeros(num_tokens, np.int32), inputs, chain)
 
     def precompile(self, aux: jax.ShapeDtypeStruct, gather: np.ndarray, catch_up: StepInputs,
                    chain: ChainInputs | None) -> None:
         args = self._args(aux, gather, catch_up, chain)
-        key = ("eagle3", input_signature(args[3:]))
-        if key not in self._executables:
-            self._executables[key] = self._load_or_compile(key, self._propose, args, args, (0, 0))
-
-    @property
-    def executables(self) -> list:
-        return list(self._executables.values())
+        self.make_ready(("eagle3", input_signature(args[3:])), self._propose, args, args, (0, 0))

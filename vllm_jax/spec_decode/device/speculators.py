@@ -14,14 +14,16 @@ from jax.sharding import Mesh, NamedSharding
 
 from vllm_jax.attention import AttentionBackend
 from vllm_jax.config import EngineConfig
-from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.spec import DecoderSpec
-from vllm_jax.model_loader.eagle3_loader import load_eagle3_head, read_eagle3_spec
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.sharding import check_tensor_parallel_layout, eagle3_param_partition_spec
-from vllm_jax.worker.draft_step import DraftCacheLayout, DraftStep, LoadOrCompile, draft_cache_layout
-from vllm_jax.worker.eagle_step import EagleStep, eagle_cache_layout
+from vllm_jax.spec_decode.device.draft_step import DraftStep, draft_cache_layout
+from vllm_jax.spec_decode.device.eagle3_loader import load_eagle3_head, read_eagle3_spec
+from vllm_jax.spec_decode.device.eagle3_spec import Eagle3Spec
+from vllm_jax.spec_decode.device.eagle_step import EagleStep, eagle_cache_layout
+from vllm_jax.spec_decode.device.speculator_step import DraftCacheLayout
+from vllm_jax.worker.programs import LoadOrCompile
 
 # (registry entry, spec, source or None for random weights) -> (graphdef, sharded params): the runner's loader
 LoadModel = Callable[[object, DecoderSpec, ModelSource | None], tuple[nnx.GraphDef, nnx.State]]

@@ -1,7 +1,7 @@
 """The pooling runner's device side: a forward that returns the normed hidden states, and the pooler program.
 
 `PoolingPrograms`, attached to the engine's DeviceStep, turns its forward into one that ends at the final norm
-([T, H], every token, never fetched) and adds the pooler (model/pooler.py) as its own program per token bucket,
+([T, H], every token, never fetched) and adds the pooler (pooling/device/pooler.py) as its own program per token bucket,
 with the classifier's score head (`score.weight`) and the per-slot accumulator of chunked MEAN / CLS pooling.
 `PoolingCompilation` is warm-up's plan for it: each token bucket's forward and pooler, and no sampler
 (docs/architecture/14-pooling.md, "The pooling program"); compile-check compiles the same plan, as it builds the
@@ -19,44 +19,48 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vllm_jax.config_pooling import PoolerConfig
 from vllm_jax.model.decoder import DecoderLM
 from vllm_jax.model.layers import rms_norm
-from vllm_jax.model.pooler import PoolInputs, pool
 from vllm_jax.model.registry import resolve_architecture
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.pallas_kernels.precision import model_matmuls
-from vllm_jax.worker.compilation import CompilationManager, WarmupPlan
-from vllm_jax.worker.device_step import DeviceStep, input_signature
+from vllm_jax.pooling.config import PoolerConfig
+from vllm_jax.pooling.device.pooler import PoolInputs, pool
+from vllm_jax.worker.compilation import CompilationManager
+from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.programs import CompiledPrograms, input_signature
+from vllm_jax.worker.warmup import WarmupPlan
 
 if TYPE_CHECKING:
-    from vllm_jax.worker.engine_builder import EngineParts
+    from vllm_jax.config import EngineConfig
+    from vllm_jax.model.spec import DecoderSpec
 
 SCORE_HEAD = "score.weight"  # a *ForSequenceClassification checkpoint's head: [num_labels, hidden]
 
 
-class PoolingPrograms:
+class PoolingPrograms(CompiledPrograms):
     """The pooling programs of a DeviceStep (`step.pooling`): attached to whichever step the engine's factory
-    made (the runner's, or compile-check's recording one), so both compile the same programs. Attaching turns the
-    step's forward into one that ends at the final norm: normed hidden states [T, H] for every token, which stay
-    on the device."""
+    made (the runner's, or compile-check's recording one), so both compile the same programs (through the step's
+    load_or_compile). Attaching turns the step's forward into one that ends at the final norm: normed hidden
+    states [T, H] for every token, which stay on the device."""
 
     def __init__(self, step: DeviceStep, pooler: PoolerConfig, head: jax.Array | jax.ShapeDtypeStruct | None,
                  hidden_size: int, num_slots: int):
+        super().__init__(step.replicated.mesh, on_trace=step.on_trace, compile_with=step.load_or_compile)
         self.step, self.pooler, self.head = step, pooler, head
         shape = (num_slots + 1, hidden_size)  # one row per input-batch slot, and the padding rows' spare
-        replicated = step._replicated
+        replicated = self.replicated
         if isinstance(step.kv_cache, jax.ShapeDtypeStruct):
             self.acc = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=replicated)
         else:
             self.acc = jax.device_put(np.zeros(shape, np.float32), replicated)
-        step._forward = jax.jit(functools.partial(_hidden_forward, step), donate_argnums=(1,))
+        step.use_forward(functools.partial(_hidden_forward, step))
         self._pool = jax.jit(self._pool_impl, donate_argnums=(0,), out_shardings=replicated)
 
     def _pool_impl(self, acc, hidden, inputs: PoolInputs, head):
-        self.step.on_trace()
+        self.on_trace()
         p = self.pooler
         return pool(acc, hidden, inputs, head, pooling_type=p.pooling_type, normalize=p.normalize,
                     activation=p.activation)
@@ -66,8 +70,8 @@ class PoolingPrograms:
         started). Updates the KV cache and the accumulator in place (donated)."""
         step = self.step
         hidden = step.forward(inputs)
-        pool_inputs = step._to_device(pool_inputs)
-        program = step._executables.get(("pool", input_signature((hidden, pool_inputs))), self._pool)
+        pool_inputs = self.to_device(pool_inputs)
+        program = self.program(("pool", input_signature((hidden, pool_inputs))), self._pool)
         self.acc, pooled = program(self.acc, hidden, pool_inputs, self.head)
         if pooled.is_fully_addressable:
             pooled.copy_to_host_async()
@@ -75,13 +79,10 @@ class PoolingPrograms:
 
     def precompile(self, inputs: StepInputs, num_seqs: int) -> None:
         """Warm-up: the pooler of a token bucket (after its forward, whose hidden states it reads)."""
-        step = self.step
-        hidden = step.forward_outputs(inputs)[1]
+        hidden = self.step.forward_outputs(inputs)[1]
         pool_inputs = empty_pool_inputs(inputs.input_ids.shape[0], num_seqs)
-        key = ("pool", input_signature((hidden, pool_inputs)))
-        if key not in step._executables:
-            args = (self.acc, hidden, step._to_device(pool_inputs), self.head)
-            step._executables[key] = step.load_or_compile(key, self._pool, args, args, (0, 0))
+        args = (self.acc, hidden, self.to_device(pool_inputs), self.head)
+        self.make_ready(("pool", input_signature((hidden, pool_inputs))), self._pool, args, args, (0, 0))
 
 
 def _hidden_forward(step: DeviceStep, params, kv_cache, inputs: StepInputs, lora=None):
@@ -106,7 +107,7 @@ class PoolingCompilation(CompilationManager):
         return plan
 
     def _pooler(self, num_tokens: int, num_seqs: int) -> None:
-        self.device.pooling.precompile(self._empty_inputs(num_tokens, num_seqs), num_seqs)
+        self.device.pooling.precompile(self.empty_inputs(num_tokens, num_seqs), num_seqs)
 
 
 def empty_pool_inputs(num_tokens: int, num_seqs: int) -> PoolInputs:
@@ -116,34 +117,35 @@ def empty_pool_inputs(num_tokens: int, num_seqs: int) -> PoolInputs:
                       dims=zeros)
 
 
-def pooling_device_step(parts: EngineParts, base: Callable[..., DeviceStep]) -> Callable[..., DeviceStep]:
+def pooling_device_step(config: EngineConfig, spec: DecoderSpec, mesh: Mesh, abstract: bool,
+                        base: Callable[..., DeviceStep]) -> Callable[..., DeviceStep]:
     """The DeviceStep factory of a pooling engine: `base`'s step with the pooling programs attached (checks that
-    the architecture can pool, loads the head)."""
-    config = parts.config
+    the architecture can pool, loads the head; `abstract`: compile-check's, every array abstract)."""
     entry, _ = resolve_architecture(config.model_config.hf_config)
     if entry.model_class is not DecoderLM:
         raise ValueError(f"runner 'pooling' supports the dense Llama-family decoders (Llama, Mistral, Qwen2, "
-                         f"Qwen3); got {parts.spec.architecture}")
-    head = load_score_head(parts)
+                         f"Qwen3); got {spec.architecture}")
+    head = load_score_head(config, spec.hidden_size, mesh, abstract)
 
     def make(*args: Any, **kwargs: Any) -> DeviceStep:
         step = base(*args, **kwargs)
-        step.pooling = PoolingPrograms(step, config.pooler_config, head, parts.spec.hidden_size,
+        step.pooling = PoolingPrograms(step, config.pooler_config, head, spec.hidden_size,
                                        kwargs.get("num_slots", 0))
         return step
 
     return make
 
 
-def load_score_head(parts: EngineParts) -> jax.Array | jax.ShapeDtypeStruct | None:
+def load_score_head(config: EngineConfig, hidden_size: int, mesh: Mesh,
+                    abstract: bool) -> jax.Array | jax.ShapeDtypeStruct | None:
     """The classifier's score head [num_labels, hidden] float32, replicated (None without one); abstract in
     compile-check."""
-    pooler, mc = parts.config.pooler_config, parts.config.model_config
+    pooler, mc = config.pooler_config, config.model_config
     if not pooler.num_labels:
         return None
-    shape = (pooler.num_labels, parts.spec.hidden_size)
-    sharding = NamedSharding(parts.mesh, PartitionSpec())
-    if parts.abstract:
+    shape = (pooler.num_labels, hidden_size)
+    sharding = NamedSharding(mesh, PartitionSpec())
+    if abstract:
         return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
     if mc.source.kind != "hf":
         raise ValueError(f"runner 'pooling' reads a classifier's {SCORE_HEAD} from a safetensors checkpoint; "

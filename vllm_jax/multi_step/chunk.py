@@ -17,25 +17,37 @@ one-token step that would sample that position; its input token, positions, slot
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 
 from vllm_jax.model.decoder import forward
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.sample.metadata import NO_LOGPROBS
+from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
 from vllm_jax.sample.sampler import SamplingTensors, sample
 from vllm_jax.scheduler.multi_step import MAX_DEVICE_STOP_IDS, device_stop_ids
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
-from vllm_jax.worker.device_step import _fetch, input_signature
+from vllm_jax.worker.programs import CompiledPrograms, fetch_to_host, input_signature
+from vllm_jax.worker.warmup import WarmupContext, WarmupPlan
 
 if TYPE_CHECKING:
     from vllm_jax.worker.device_step import DeviceStep
-    from vllm_jax.worker.model_runner import ModelRunner
+    from vllm_jax.worker.input_batch import InputBatch
+
+
+class ChunkRunner(Protocol):
+    """What a chunk needs of the runner (ModelRunner's public side; this module imports no runner)."""
+
+    requests: dict[str, Any]  # req_id -> CachedRequestState
+    input_batch: InputBatch
+    block_size: int
+    compilation: Any  # its `chunks`: the ChunkProgram
+
+    def scheduled_rows(self, sched: SchedulerOutput) -> tuple[list[str], np.ndarray, np.ndarray, int, int]: ...
 
 
 @jax.tree_util.register_dataclass
@@ -57,30 +69,50 @@ class ChunkResult:
     logprobs: tuple | None = None  # (token ids, logprobs, ranks)
 
 
-class ChunkProgram:
-    """The chunk's jitted program over the DeviceStep's params and donated KV cache, one per token bucket."""
+class ChunkProgram(CompiledPrograms):
+    """The chunk's jitted program over the DeviceStep's params and donated KV cache, one per token bucket (compiled
+    through the step's load_or_compile)."""
 
-    def __init__(self, device: DeviceStep, num_steps: int, block_size: int, vocab_size: int):
+    def __init__(self, device: DeviceStep, num_steps: int, block_size: int, vocab_size: int, max_tokens: int):
+        """`max_tokens`: the largest token bucket a decode-only step can use (the program is compiled for the
+        buckets up to it)."""
+        super().__init__(device.replicated.mesh, on_trace=device.on_trace, compile_with=device.load_or_compile)
         self.device, self.num_steps, self.block_size = device, num_steps, block_size
+        self.vocab_size, self.max_tokens = vocab_size, max_tokens
         self.logprobs_width = 1 + min(max(device.max_logprobs, 0), vocab_size)  # as compute_logprobs clamps
-        self._replicated: NamedSharding = device._replicated
         self._jitted = jax.jit(self._impl, donate_argnums=(1,))
 
     def key(self, args: tuple) -> tuple:
         return ("multistep", self.num_steps, input_signature(args))
 
+    # --- warm-up (worker/compilation.py, WarmupPart) ---
+    def bucket_plan(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> WarmupPlan:
+        if num_tokens > self.max_tokens:
+            return []
+        return [(f"multistep K={self.num_steps} T={num_tokens} S={num_seqs}",
+                 functools.partial(self._precompile_bucket, manager, num_tokens, num_seqs))]
+
+    def final_plan(self, manager: WarmupContext) -> WarmupPlan:
+        return []
+
+    def device_arrays(self) -> list:
+        return []
+
+    def _precompile_bucket(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> None:
+        tensors, _ = build_sampling_tensors([], num_seqs, self.vocab_size)
+        chunk = ChunkLimits(np.zeros(num_seqs, np.int32), np.full((num_seqs, MAX_DEVICE_STOP_IDS), -1, np.int32))
+        self.precompile(manager.empty_inputs(num_tokens, num_seqs), tensors, chunk)
+
     def precompile(self, inputs: StepInputs, tensors: SamplingTensors, chunk: ChunkLimits) -> None:
         """Warm-up: make the program for these shapes ready (loaded, or compiled and stored)."""
         dynamic = (inputs, tensors, chunk, np.array(False))
-        key = self.key(dynamic)
-        if key not in self.device._executables:
-            args = (self.device.params, self.device.kv_cache, *dynamic)
-            self.device._executables[key] = self.device.load_or_compile(key, self._jitted, args, args, (0,) * 6)
+        args = (self.device.params, self.device.kv_cache, *dynamic)
+        self.make_ready(self.key(dynamic), self._jitted, args, args, (0,) * 6)
 
     def launch(self, inputs: StepInputs, tensors: SamplingTensors, chunk: ChunkLimits,
                logprobs_on: bool) -> ChunkResult:
         dynamic = (inputs, tensors, chunk, np.array(logprobs_on))
-        program = self.device._executables.get(self.key(dynamic), self._jitted)
+        program = self.program(self.key(dynamic), self._jitted)
         kv_cache, token_ids, counts, *logprobs = program(self.device.params, self.device.kv_cache, *dynamic)
         self.device.kv_cache = kv_cache
         result = ChunkResult(token_ids, counts, tuple(logprobs) if logprobs_on else None)
@@ -91,7 +123,7 @@ class ChunkProgram:
 
     def _impl(self, params, kv_cache, inputs: StepInputs, tensors: SamplingTensors, chunk: ChunkLimits,
               logprobs_on):
-        self.device.on_trace()
+        self.on_trace()
         num_seqs_padded, num_tokens_padded = inputs.seq_lens.shape[0], inputs.input_ids.shape[0]
         rows = jnp.arange(num_seqs_padded, dtype=jnp.int32)
         real_row = rows < inputs.num_seqs[0]
@@ -135,11 +167,11 @@ class ChunkProgram:
         carry = (jnp.int32(0), kv_cache, first_ids, jnp.zeros(num_seqs_padded, jnp.bool_),
                  jnp.zeros(num_seqs_padded, jnp.int32), out)
         _, kv_cache, _, _, counts, out = jax.lax.while_loop(cond, body, carry)
-        replicate = lambda x: jax.lax.with_sharding_constraint(x, self._replicated)  # noqa: E731
+        replicate = lambda x: jax.lax.with_sharding_constraint(x, self.replicated)  # noqa: E731
         return (kv_cache, replicate(out[0]), replicate(counts), *(replicate(o) for o in out[1:]))
 
 
-def chunk_arrays(runner: ModelRunner, sched: SchedulerOutput, req_ids: list[str],
+def chunk_arrays(runner: ChunkRunner, sched: SchedulerOutput, req_ids: list[str],
                  num_seqs_padded: int) -> ChunkLimits:
     limits = np.zeros(num_seqs_padded, np.int32)
     limits[:len(req_ids)] = [sched.step_limits[r] for r in req_ids]
@@ -161,10 +193,10 @@ class ChunkInFlight:
     result: ChunkResult
 
 
-def dispatch_chunk(runner: ModelRunner, sched: SchedulerOutput) -> ChunkInFlight:
+def dispatch_chunk(runner: ChunkRunner, sched: SchedulerOutput) -> ChunkInFlight:
     """Pack the chunk's first iteration like a one-token step and launch the loop (the runner's state is
     already updated from `sched`)."""
-    req_ids, slots, counts, num_tokens, num_seqs = runner._scheduled_rows(sched)
+    req_ids, slots, counts, num_tokens, num_seqs = runner.scheduled_rows(sched)
     batch = runner.input_batch
     inputs = batch.pack(slots, counts, block_size=runner.block_size, num_tokens_padded=num_tokens,
                         num_seqs_padded=num_seqs)
@@ -174,11 +206,11 @@ def dispatch_chunk(runner: ModelRunner, sched: SchedulerOutput) -> ChunkInFlight
     return ChunkInFlight(req_ids, slots, batch.holder[slots], batch.logprobs[slots], result)
 
 
-def finish_chunk(runner: ModelRunner, flight: ChunkInFlight) -> ModelRunnerOutput:
+def finish_chunk(runner: ChunkRunner, flight: ChunkInFlight) -> ModelRunnerOutput:
     """Each row's run of tokens (those up to and including a stop id), appended to the runner's state."""
     res = flight.result
     token_ids, counts = np.asarray(res.token_ids), np.asarray(res.counts)
-    logprobs = _fetch(res.logprobs) if res.logprobs is not None else None
+    logprobs = fetch_to_host(res.logprobs) if res.logprobs is not None else None
     update = runner.input_batch.holder[flight.slots] == flight.holders
     runs: list[list[int]] = []
     row_logprobs: list = []

@@ -116,3 +116,11 @@ def pack_catch_up(inputs: StepInputs, kept: np.ndarray, next_token_ids: np.ndarr
     logits_indices[:rows] = query_start_loc[1:rows + 1] - 1
     return StepInputs(input_ids, positions, slot_mapping, np.asarray(inputs.block_tables), seq_lens,
                       query_start_loc, np.asarray(inputs.num_seqs), logits_indices), gather
+
+
+def empty_chain(k: int, num_tokens: int, num_seqs: int, *, block_size: int, max_blocks_per_seq: int) -> ChainInputs:
+    """A chain bucket's inputs with no rows: what warm-up compiles the chain programs for."""
+    none = np.zeros(0, np.int32)
+    return pack_chain(np.zeros((0, 1), np.int32), none, np.zeros((0, max_blocks_per_seq), np.int32), none, k=k,
+                      block_size=block_size, max_model_len=1, num_tokens_padded=num_tokens,
+                      num_seqs_padded=num_seqs).inputs

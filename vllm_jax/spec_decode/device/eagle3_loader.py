@@ -19,14 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vllm_jax.model.eagle3_head import Eagle3Head
-from vllm_jax.model.eagle3_spec import Eagle3Spec, eagle3_spec_from_config
-from vllm_jax.model_loader.eagle3_weights import D2T, T2D, eagle3_param_sources, layer_prefix
 from vllm_jax.model_loader.param_source import ParamSource, single
 from vllm_jax.model_loader.safetensors_checkpoint import SafetensorsCheckpoint
 from vllm_jax.model_loader.source import ModelSourceError
 from vllm_jax.model_loader.tensor_loader import check_checkpoint
 from vllm_jax.model_loader.weight_loader import NP_DTYPES, ParamPath, ShardingFor, flatten_params, unflatten_params
+from vllm_jax.spec_decode.device.eagle3_head import Eagle3Head
+from vllm_jax.spec_decode.device.eagle3_spec import Eagle3Spec, eagle3_spec_from_config
+from vllm_jax.spec_decode.device.eagle3_weights import D2T, T2D, eagle3_param_sources, layer_prefix
 
 
 def read_eagle3_spec(directory: str | Path) -> Eagle3Spec:

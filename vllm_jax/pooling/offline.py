@@ -23,7 +23,8 @@ _TASK_OUTPUTS = {"embed": EmbeddingOutput, "classify": ClassificationOutput, "re
 
 
 class PoolingMixin:
-    """Needs `llm_engine` and `_run(prompts, params, use_tqdm)` (LLM's)."""
+    """Needs `llm_engine`, `_prompt_list(prompts)` and `_run(prompts, params, use_tqdm)` (LLM's); it imports
+    nothing of llm.py, which imports it."""
 
     llm_engine: Any
 
@@ -70,8 +71,6 @@ class PoolingMixin:
 
     def _pool(self, prompts: Any, params: PoolingParams | Sequence[PoolingParams] | None,
               truncate_prompt_tokens: int | None, use_tqdm: bool, task: str | None) -> list[RequestOutput]:
-        from vllm_jax.llm import _as_prompt_list
-
         pooler = self.llm_engine.config.pooler_config
         if pooler is None:
             raise ValueError(f"{task or 'encode'} needs a pooling model: this LLM runs the generate runner "
@@ -79,7 +78,7 @@ class PoolingMixin:
         if task is not None and task != pooler.task and not (task == "embed" and pooler.task == "reward"):
             raise ValueError(f"{task} is not supported by this model: it runs runner 'pooling' with convert "
                              f"{pooler.task!r}")
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list = self._prompt_list(prompts)
         if isinstance(params, Sequence):
             params_list = list(params)
             if len(params_list) != len(prompt_list):

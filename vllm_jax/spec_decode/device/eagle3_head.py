@@ -25,7 +25,6 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.attention import attention_backend_for
-from vllm_jax.model.eagle3_spec import Eagle3Spec
 from vllm_jax.model.layers import (
     AttentionKernels,
     LayerContext,
@@ -41,6 +40,7 @@ from vllm_jax.model.row_gather import take_rows
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.native import gguf_matvec
 from vllm_jax.pallas_kernels.precision import model_matmuls
+from vllm_jax.spec_decode.device.eagle3_spec import Eagle3Spec
 
 
 class VocabMap(nnx.Variable):

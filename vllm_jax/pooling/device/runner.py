@@ -1,7 +1,7 @@
 """The pooling runner (vLLM's `--runner pooling`): prompts in, one pooled vector per finished prompt out.
 
 The same scheduling, input batch, buckets and chunked prefill as generation; the step runs the forward to the
-normed hidden states and the pooler (worker/pooling_step.py) instead of the LM head and sampler. A row whose
+normed hidden states and the pooler (pooling/device/pooling_step.py) instead of the LM head and sampler. A row whose
 prompt's last chunk ran reports its vector in `ModelRunnerOutput.pooler_output` and one placeholder token, which
 ends its request (max_tokens 1): it never takes a decode step (docs/architecture/14-pooling.md, "A pooling
 request").
@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from vllm_jax.config import EngineConfig
-from vllm_jax.model.pooler import PoolInputs
 from vllm_jax.model.step_inputs import StepInputs
+from vllm_jax.pooling.device.pooler import PoolInputs
 from vllm_jax.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from vllm_jax.worker.model_runner import ModelRunner
 from vllm_jax.worker.request_state import update_request_states
@@ -47,7 +47,7 @@ class PoolingModelRunner(ModelRunner):
         self.input_batch.update(sched)
         if not sched.num_scheduled_tokens:
             return None
-        req_ids, slots, counts, num_tokens, num_seqs = self._scheduled_rows(sched)
+        req_ids, slots, counts, num_tokens, num_seqs = self.scheduled_rows(sched)
         batch = self.input_batch
         inputs = batch.pack(slots, counts, block_size=self.block_size, num_tokens_padded=num_tokens,
                             num_seqs_padded=num_seqs)

@@ -1,11 +1,9 @@
 """The vision-language side of the runner's step (docs/architecture/15-multimodal.md, "In the engine"): the
-encoder program over fixed patch buckets, the encoder cache keyed by image content hash, and the three StepInputs
+encoder program over fixed patch buckets, the encoder cache (multimodal/encoder_cache.py), and the three StepInputs
 arrays a vision-language step carries (M-RoPE positions, image-token embeddings, their mask)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -16,7 +14,10 @@ from vllm_jax.model.qwen2_5_vl import encode_images
 from vllm_jax.model.qwen2_5_vl_spec import Qwen2_5_VLSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model.vision_layout import image_pixel_limits
-from vllm_jax.worker.device_step import input_signature
+from vllm_jax.multimodal.encoder_cache import EncoderCache, encoder_cache_tokens
+from vllm_jax.worker.device_step import DeviceStep
+from vllm_jax.worker.programs import CompiledPrograms, input_signature
+from vllm_jax.worker.warmup import WarmupContext, WarmupPlan
 
 MIN_PATCH_BUCKET = 64
 
@@ -40,53 +41,16 @@ def add_empty_mm_arrays(inputs: StepInputs, hidden: int, dtype) -> StepInputs:
     return inputs
 
 
-class EncoderCache:
-    """Image hash -> its encoder output [tokens, hidden] (host numpy), LRU over entries no running request
-    holds, bounded by `max_tokens` image tokens (vLLM's encoder cache budget: entries in use are never evicted)."""
-
-    def __init__(self, max_tokens: int):
-        self.max_tokens = max_tokens
-        self.entries: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.users: dict[str, set[str]] = {}
-        self.hits = self.misses = 0
-
-    def get(self, image_hash: str, req_id: str) -> np.ndarray | None:
-        out = self.entries.get(image_hash)
-        if out is not None:
-            self.entries.move_to_end(image_hash)
-            self.users.setdefault(image_hash, set()).add(req_id)
-        return out
-
-    def put(self, image_hash: str, req_id: str, embeds: np.ndarray) -> None:
-        self.entries[image_hash] = embeds
-        self.users.setdefault(image_hash, set()).add(req_id)
-        self._evict()
-
-    def release(self, req_id: str) -> None:
-        for users in self.users.values():
-            users.discard(req_id)
-        self._evict()
-
-    def _evict(self) -> None:
-        total = sum(len(e) for e in self.entries.values())
-        for image_hash in list(self.entries):
-            if total <= self.max_tokens:
-                break
-            if not self.users.get(image_hash):
-                total -= len(self.entries.pop(image_hash))
-                self.users.pop(image_hash, None)
-
-
-class MultimodalStep:
+class MultimodalStep(CompiledPrograms):
     """Per runner: the requests' images, the encoder program and cache, and the step's extra arrays."""
 
-    def __init__(self, device: Any, spec: Qwen2_5_VLSpec, max_patches: int, cache_tokens: int):
-        """`device`: the engine's DeviceStep (its params, and its load_or_compile: the compilation cache, and
-        compile-check's recorder)."""
+    def __init__(self, device: DeviceStep, spec: Qwen2_5_VLSpec, max_patches: int, cache_tokens: int):
+        """`device`: the engine's DeviceStep (its params, and its load_or_compile, which the encoder compiles
+        through: the compilation cache, and compile-check's recorder)."""
+        super().__init__(device.replicated.mesh, compile_with=device.load_or_compile)
         self.device, self.spec = device, spec
         self.buckets = patch_buckets(max_patches, spec.vision.merge_unit)
         self.encode = jax.jit(partial(encode_images, device.graphdef))
-        self.executables: dict[tuple, Any] = {}  # (program, input signature) -> compiled encoder
         self.cache = EncoderCache(cache_tokens)
         self.requests: dict[str, Any] = {}  # req_id -> MultiModalInputs
         self.num_encoder_calls = 0
@@ -100,20 +64,26 @@ class MultimodalStep:
             if new.mm_inputs is not None:
                 self.requests[new.req_id] = new.mm_inputs
 
-    def warmup_plan(self) -> list[tuple[str, Callable[[], object]]]:
+    # --- warm-up (worker/warmup.py, WarmupPart): after every bucket's programs ---
+    def bucket_plan(self, manager: WarmupContext, num_tokens: int, num_seqs: int) -> WarmupPlan:
+        return []
+
+    def final_plan(self, manager: WarmupContext) -> WarmupPlan:
         return [(f"vision encoder P={p}", partial(self._compile, p)) for p in self.buckets]
+
+    def device_arrays(self) -> list:
+        return []
 
     def _compile(self, num_patches: int) -> None:
         v = self.spec.vision
         grid = (1, v.spatial_merge_size, num_patches // v.spatial_merge_size)
         batch = v.encoder_inputs(np.zeros((num_patches, v.patch_dim), np.float32), [grid], num_patches)
-        key = ("vision", input_signature(batch))
         args = (self.device.params, batch)
-        self.executables[key] = self.device.load_or_compile(key, self.encode, args, args, 0)
+        self.make_ready(("vision", input_signature(batch)), self.encode, args, args, 0)
 
     def _run_encoder(self, batch: Any) -> np.ndarray:
         """The warmed-up executable of the batch's bucket (jax.jit for one warm-up did not make)."""
-        program = self.executables.get(("vision", input_signature(batch)), self.encode)
+        program = self.program(("vision", input_signature(batch)), self.encode)
         return np.asarray(program(self.device.params, batch))
 
     def fill(self, inputs: StepInputs, req_ids: list[str]) -> StepInputs:
@@ -163,7 +133,7 @@ class MultimodalStep:
 
 
 
-def build_multimodal_step(config: Any, spec: Any, device: Any) -> MultimodalStep | None:
+def build_multimodal_step(config: Any, spec: Any, device: DeviceStep) -> MultimodalStep | None:
     """The MultimodalStep for a vision-language model over the engine's DeviceStep (None otherwise). Patch buckets
     reach the processor's max_pixels (capped: vision_layout.image_pixel_limits)."""
     if getattr(spec, "vision", None) is None:
@@ -174,15 +144,3 @@ def build_multimodal_step(config: Any, spec: Any, device: Any) -> MultimodalStep
                                         config.scheduler_config.max_num_batched_tokens,
                                         max_patches // spec.vision.merge_unit)
     return MultimodalStep(device, spec, max_patches, cache_tokens)
-
-
-def encoder_cache_tokens(flag: int, max_num_batched_tokens: int, largest_image_tokens: int) -> int:
-    """The encoder cache's bound in image tokens: `--encoder-cache-size`, or by default vLLM's
-    max(max_num_batched_tokens, the largest image's tokens). A bound below one image is refused, as vLLM refuses an
-    item larger than its encoder cache: entries in use are never evicted, so that bound could not be kept."""
-    if flag == 0:
-        return max(max_num_batched_tokens, largest_image_tokens)
-    if flag < largest_image_tokens:
-        raise ValueError(f"encoder_cache_size {flag} is smaller than one image at the processor's max_pixels "
-                         f"({largest_image_tokens} image tokens); give at least that, or 0 for the default")
-    return flag

@@ -1,6 +1,6 @@
 """The pooler: one step's final hidden states [T, H] -> one vector per row [S, D], on the device.
 
-Its own program per token bucket (worker/pooling_step.py): it reads the forward's normed hidden states, which
+Its own program per token bucket (pooling/device/pooling_step.py): it reads the forward's normed hidden states, which
 never leave the device, and returns only the rows' pooled vectors (docs/architecture/14-pooling.md, "The pooling
 program"). A prompt split over several chunks (chunked prefill) pools across them through `acc`, one float32 row
 per input-batch slot (plus the padding rows' spare): MEAN adds each chunk's token sum to its slot's row, CLS keeps
