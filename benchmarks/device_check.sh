@@ -6,7 +6,7 @@
 #      write;
 #   2. decode: benchmarks/compare.py --device-mode, a random Llama-3-8B-shaped bfloat16 model at batch 1-256
 #      (ms/step, tok/s, share of the measured HBM bandwidth);
-#   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and benchmarks/serving.py for a
+#   3. serving: `vllm-jax serve` (the embedded default model unless --serve-model) and `vllm-jax bench serve` for a
 #      short run (32 requests, concurrency 8, 128 in / 64 out);
 #   3b. start-up: the engine built and warmed up cold for the compile-check's CI configuration (issue #38 item 6);
 #   4. kernel tests: tests/engine/test_pallas_kernels.py run on the device (the numpy-oracle tests);
@@ -128,8 +128,9 @@ serving_stage() {
     done
     [[ -n $started_serving ]] || { tail -n 30 "$work/serve.log" >&2; return 1; }
     echo "$((SECONDS - serve_started))" >"$work/serve_startup_seconds"  # start-up: load, KV probe, warm-up
-    timeout "$stage_timeout" python benchmarks/serving.py --base-url "http://127.0.0.1:$port" --num-prompts 32 \
-        --max-concurrency 8 --input-len 128 --output-len 64 --save-result "$work/serving.json" || return 1
+    timeout "$stage_timeout" python -m vllm_jax.cli bench serve --base-url "http://127.0.0.1:$port" --num-prompts 32 \
+        --max-concurrency 8 --random-input-len 128 --random-output-len 64 --ignore-eos --disable-tqdm \
+        --save-result --result-dir "$work" --result-filename serving.json || return 1
     kill "$pid"; wait "$pid" || true; pid=
 }
 echo "device_check: stage serving"

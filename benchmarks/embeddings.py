@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_jax.cli import add_engine_args, engine_args_from_namespace
+from vllm_jax.config import add_engine_args, engine_args_from_namespace
 
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, max_position_embeddings=2048, rope_theta=100000.0, tie_word_embeddings=True)

@@ -26,7 +26,7 @@ import time
 import numpy as np
 from engine_share import device_share
 
-from vllm_jax.cli import add_engine_args, engine_args_from_namespace
+from vllm_jax.config import add_engine_args, engine_args_from_namespace
 
 
 def decode_rate(engine, prompts: list[list[int]], output_len: int) -> dict:

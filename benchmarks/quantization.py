@@ -26,7 +26,7 @@ import time
 import jax
 
 from vllm_jax import LLM, SamplingParams
-from vllm_jax.cli import DEFAULT_PROMPTS
+from vllm_jax.commands.generate import DEFAULT_PROMPTS
 
 DECODE_PROMPT = "Tell me about the ocean."
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_jax.cli import add_engine_args, engine_args_from_namespace
+from vllm_jax.config import add_engine_args, engine_args_from_namespace
 
 MODEL_NAME = "tiny-qwen2.5-vl"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",

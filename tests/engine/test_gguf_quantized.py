@@ -190,7 +190,7 @@ def _greedy(runner, prompts: list[list[int]], max_tokens: int, width: int = 160,
 
 def test_default_model_greedy_answers_equal_the_dequantizing_loader(default_runners):
     """README's prompts (chat template), 10 greedy tokens each: the same weights give the same tokens."""
-    from vllm_jax.cli import DEFAULT_PROMPTS
+    from vllm_jax.commands.generate import DEFAULT_PROMPTS
     from vllm_jax.model_loader.gguf_file import load_gguf_tokenizer
     from vllm_jax.model_loader.source import default_model_path
 

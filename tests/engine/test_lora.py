@@ -24,7 +24,7 @@ from safetensors.numpy import load_file, save_file
 
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import LLM, EngineArgs, LoRARequest, SamplingParams
-from vllm_jax.cli import add_engine_args, engine_args_from_namespace
+from vllm_jax.config import add_engine_args, engine_args_from_namespace
 from vllm_jax.lora.adapter import TargetShapes, load_peft_adapter
 from vllm_jax.lora.config import LoRAConfig, parse_lora_modules
 from vllm_jax.lora.slots import LoRASlots

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.tiny_models import make_tiny_checkpoint
-from vllm_jax.cli import build_parser, engine_args_from_namespace, main
+from vllm_jax.cli import build_parser, main
+from vllm_jax.config import engine_args_from_namespace
 from vllm_jax.model_loader.source import resolve_model_source
 
 

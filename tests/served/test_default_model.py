@@ -104,7 +104,7 @@ def test_default_model_answers_the_readme_examples_the_same_with_ngram_speculati
     """The Quick start's example prompts (`vllm-jax generate`'s defaults) and the README's chat examples, greedy:
     n-gram speculation changes how many steps they take, never the text."""
     from vllm_jax import LLM, SamplingParams
-    from vllm_jax.cli import DEFAULT_PROMPTS
+    from vllm_jax.commands.generate import DEFAULT_PROMPTS
 
     speculative = LLM(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32,
                       speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,

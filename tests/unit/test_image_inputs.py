@@ -20,8 +20,8 @@ from PIL import Image
 
 import vllm_jax.multimodal.media as media
 from tests.helpers.tiny_models import byte_tokenizer
-from vllm_jax.cli import build_parser, engine_args_from_namespace
-from vllm_jax.config import EngineArgs
+from vllm_jax.cli import build_parser
+from vllm_jax.config import EngineArgs, engine_args_from_namespace
 from vllm_jax.multimodal.config import DEFAULT_LIMIT_PER_PROMPT, MultiModalConfig
 from vllm_jax.multimodal.media import ImageSource, load_image
 from vllm_jax.server.chat_messages import ChatMessage, chat_conversation_and_images

@@ -130,7 +130,8 @@ def test_the_other_runner_is_refused_by_name():
 
 
 def test_pooling_flags_reach_engine_args():
-    from vllm_jax.cli import build_parser, engine_args_from_namespace
+    from vllm_jax.cli import build_parser
+    from vllm_jax.config import engine_args_from_namespace
 
     ns = build_parser().parse_args(["serve", "m", "--runner", "pooling", "--convert", "embed", "--pooler-config",
                                     '{"pooling_type": "MEAN"}', "--hf-overrides", '{"is_matryoshka": true}'])

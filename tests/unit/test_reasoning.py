@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.tiny_models import make_tiny_checkpoint
-from vllm_jax.cli import build_parser, engine_args_from_namespace
-from vllm_jax.config import EngineArgs
+from vllm_jax.cli import build_parser
+from vllm_jax.config import EngineArgs, engine_args_from_namespace
 from vllm_jax.reasoning import REASONING_PARSERS, get_reasoning_parser
 
 THINK_TAG_PARSERS = sorted(name for name, parser in REASONING_PARSERS.items() if parser.start_token == "<think>")
