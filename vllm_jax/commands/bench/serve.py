@@ -45,7 +45,7 @@ def _codec(client: httpx.Client, ns: argparse.Namespace, model: str) -> tuple[An
     if ns.tokenizer:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer, trust_remote_code=False)
         return (lambda text: list(tokenizer.encode(text, add_special_tokens=False))), tokenizer.decode
 
     def tokenize(text: str) -> list[int]:
