@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.live_server import Served, start_server, tiny_checkpoint
+from tests.helpers.router import vllm_router
 from vllm_jax.cli import main
 
 VLLM_KEYS = {"date", "backend", "model_id", "num_prompts", "request_rate", "max_concurrency", "duration", "completed",
@@ -67,3 +68,14 @@ def test_bench_sweep_runs_each_concurrency_and_plots_them(served, tmp_path, caps
     assert "p99_tpot_ms" in runs[0] and "ttfts" not in runs[0]
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert capsys.readouterr().out.count("Serving Benchmark Result") == 2
+
+
+def test_bench_serve_through_vllm_router_completes_every_request(served, checkpoint, tmp_path):
+    """The same command against the real router in front of the server (vLLM users compare engines behind it)."""
+    with vllm_router(served.url) as router_url:
+        assert main(["bench", "serve", "--base-url", router_url, "--tokenizer", str(checkpoint),
+                     "--num-prompts", "4", "--random-input-len", "8", "--random-output-len", "3", "--ignore-eos",
+                     "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json",
+                     "--disable-tqdm"]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 12)
