@@ -70,12 +70,12 @@ def test_bench_sweep_runs_each_concurrency_and_plots_them(served, tmp_path, caps
     assert capsys.readouterr().out.count("Serving Benchmark Result") == 2
 
 
-def test_bench_serve_through_vllm_router_completes_every_request(served, checkpoint, tmp_path):
-    """The same command against the real router in front of the server (vLLM users compare engines behind it)."""
+def test_bench_serve_through_vllm_router_completes_every_request(served, tmp_path):
+    """The same command against the real router in front of the server (vLLM users compare engines behind it); the
+    model and the prompts' tokens come through the router too (/v1/models, /tokenize)."""
     with vllm_router(served.url) as router_url:
-        assert main(["bench", "serve", "--base-url", router_url, "--tokenizer", str(checkpoint),
-                     "--num-prompts", "4", "--random-input-len", "8", "--random-output-len", "3", "--ignore-eos",
-                     "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json",
-                     "--disable-tqdm"]) == 0
+        assert main(["bench", "serve", "--base-url", router_url, "--num-prompts", "4", "--random-input-len", "8",
+                     "--random-output-len", "3", "--ignore-eos", "--save-result", "--result-dir", str(tmp_path),
+                     "--result-filename", "r.json", "--disable-tqdm"]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 12)
