@@ -173,3 +173,19 @@ def test_default_model_openai_agents_sdk_completes_a_tool_round_trip(served):
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
     assert seen and set(seen) == {"Paris"}  # the forced list may hold the same call twice (issue #37)
     assert isinstance(result.final_output, str) and result.final_output.strip()
+
+
+def test_default_model_through_chat_quick_and_bench_serve(served, capsys):
+    """The commands a vLLM user types first, against `serve` on the default model: `chat --quick` prints an answer
+    (sampled, as vLLM's chat command asks: no temperature flag), `bench serve` completes every request with the
+    asked lengths."""
+    from vllm_jax.cli import main
+
+    assert main(["chat", "--url", f"{served.url}/v1", "--quick", "What is the capital of France?",
+                 "--max-tokens", "24"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["bench", "serve", "--base-url", served.url, "--num-prompts", "4", "--random-input-len", "16",
+                 "--random-output-len", "4", "--ignore-eos", "--max-concurrency", "4", "--disable-tqdm"]) == 0
+    table = capsys.readouterr().out
+    assert "Successful requests:                    4" in table
+    assert "Total generated tokens:                 16" in table

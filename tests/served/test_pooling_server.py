@@ -5,25 +5,33 @@ embeddings.create (float, base64, dimensions), langchain-openai's OpenAIEmbeddin
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
 import pytest
 from openai import OpenAI
 
+from tests.helpers.engine_flags import tiny_engine_flags
 from tests.helpers.http_checks import metric, wait_idle_metrics
 from tests.helpers.live_server import serve, tiny_engine_args
 from tests.helpers.pooling_models import make_sentence_transformer
+from vllm_jax.cli import main
 from vllm_jax.engine.async_llm import AsyncLLM
 from vllm_jax.metrics.prometheus import PrometheusStatLogger
 
 MODEL = "tiny-embed"
+SIZES = dict(max_num_seqs=4, max_num_batched_tokens=16, min_token_bucket=16)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    path = make_sentence_transformer(tmp_path_factory.mktemp("served") / "qwen3")
-    args = tiny_engine_args(path, max_num_seqs=4, max_num_batched_tokens=16, min_token_bucket=16)
+def checkpoint(tmp_path_factory):
+    return make_sentence_transformer(tmp_path_factory.mktemp("served") / "qwen3")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    args = tiny_engine_args(checkpoint, **SIZES)
     metrics = PrometheusStatLogger(MODEL)
     served = serve(AsyncLLM.from_engine_args(args, stat_loggers=[metrics]), model_names=(MODEL,), metrics=metrics)
     yield served
@@ -107,3 +115,52 @@ def test_metrics_count_pooling_requests(server):
     assert grew("vllm:prompt_tokens_total") == result.usage.prompt_tokens > 0
     assert grew("vllm:generation_tokens_total") == 0
     assert metric(after, "vllm:num_requests_running") == metric(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_run_batch_answers_pooling_lines_as_the_server_does(server, checkpoint, tmp_path):
+    """`vllm-jax run-batch` on the pooling model: /v1/embeddings, /v1/score and /v1/rerank lines get the bodies
+    the server answers for the same bodies (ids and timestamps aside)."""
+    bodies = {
+        "emb": ("/v1/embeddings", {"model": MODEL, "input": ["hello world", "lazy dog"]}),
+        "score": ("/v1/score", {"model": MODEL, "text_1": "hello", "text_2": ["hello world", "lazy dog"]}),
+        "rerank": ("/v1/rerank", {"model": MODEL, "query": "hello", "documents": ["hello world", "lazy dog"]}),
+    }
+    lines = [json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
+             for cid, (url, body) in bodies.items()]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(out), *tiny_engine_flags(checkpoint, **SIZES),
+                 "--served-model-name", MODEL, "--disable-progress-bar"]) == 0
+    results = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(results) == set(bodies)
+    volatile = ("id", "created")
+    for cid, (url, body) in bodies.items():
+        assert results[cid]["error"] is None and results[cid]["response"]["status_code"] == 200, results[cid]
+        got = {k: v for k, v in results[cid]["response"]["body"].items() if k not in volatile}
+        expected = {k: v for k, v in httpx.post(server.url + url, json=body, timeout=60).json().items()
+                    if k not in volatile}
+        assert got.keys() == expected.keys(), cid
+        # the same shape and words; the numbers within float32 rounding (a batch may pad its rows otherwise)
+        assert _skeleton(got) == _skeleton(expected), cid
+        np.testing.assert_allclose(_numbers(got), _numbers(expected), atol=1e-5, err_msg=cid)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _skeleton(value):
+    """`value` with each number replaced by its type's name."""
+    if isinstance(value, dict):
+        return {k: _skeleton(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_skeleton(v) for v in value]
+    return "number" if _is_number(value) else value
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _numbers(value[k])]
+    if isinstance(value, list):
+        return [x for v in value for x in _numbers(v)]
+    return [float(value)] if _is_number(value) else []
