@@ -68,6 +68,23 @@ def test_run_batch_answers_good_lines_as_the_server_does_and_bad_lines_with_erro
     assert "not JSON" in by_id[None]["error"]["error"]["message"]
 
 
+def test_run_batch_answers_a_responses_line_as_the_server_does(served, checkpoint, tmp_path):
+    """A /v1/responses line (the Responses API through the same app): the same output text as the server gives."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 6, "temperature": 0, "store": False}
+    (tmp_path / "in.jsonl").write_text(json.dumps({"custom_id": "resp", "method": "POST", "url": "/v1/responses",
+                                                   "body": body}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(out), *tiny_engine_flags(checkpoint),
+                 "--served-model-name", MODEL, "--chat-template", TEMPLATE, "--disable-progress-bar"]) == 0
+    [result] = [json.loads(t) for t in out.read_text().splitlines()]
+    assert result["error"] is None and result["response"]["status_code"] == 200, result
+    expected = httpx.post(served.url + "/v1/responses", json=body, timeout=60).json()
+    got = result["response"]["body"]
+    assert got["object"] == expected["object"] == "response" and got["status"] == expected["status"]
+    texts = [[part["text"] for item in r["output"] for part in item.get("content", [])] for r in (got, expected)]
+    assert texts[0] == texts[1] and texts[0], texts
+
+
 def test_run_batch_reads_stdin_and_writes_only_output_lines_to_stdout(checkpoint, monkeypatch, capsys):
     line = json.dumps({"custom_id": "only", "method": "POST", "url": "/v1/completions",
                        "body": {**GREEDY, "prompt": "hi", "max_tokens": 2}})
