@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import transformers
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 from transformers import AutoConfig
 
-from tests.helpers.parity import assert_logits_match_over_two_chunked_steps, ragged_sequences
+from tests.helpers.parity import (
+    BLOCK_SIZE,
+    MAX_BLOCKS,
+    assert_logits_match_over_two_chunked_steps,
+    load_forward,
+    ragged_sequences,
+)
 from tests.helpers.tiny_models import make_tiny_checkpoint, tiny_config
 from vllm_jax.aot.model_configs import cut_fields, write_config
 from vllm_jax.model_loader.loader import build_model
@@ -29,6 +37,7 @@ from vllm_jax.models.registry import (
     tiny_configs,
 )
 from vllm_jax.sharding.rules import param_partition_spec
+from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
 REAL = real_configs()
 TINY = tiny_configs()
@@ -96,3 +105,29 @@ def test_tiny_checkpoint_logits_match_transformers_on_ragged_chunked_batches(nam
     transformers within 1e-4. Norms are randomized, so a wrong norm placement shows."""
     hf = make_tiny_checkpoint(name, tmp_path, randomize_norms=True)
     assert_logits_match_over_two_chunked_steps(hf, tmp_path, ragged_sequences())
+
+
+FIRST_TINY = sorted(next(iter(family.tiny_configs)) for family in FAMILIES if family.tiny_configs)
+
+
+@pytest.mark.parametrize("name", FIRST_TINY)
+def test_a_sequences_logits_do_not_depend_on_what_shares_its_batch(name, tmp_path):
+    """Batch invariance: one sequence's logits in a step of its own equal its logits in the same padded step
+    shared with two other sequences (a prefill and a decode-sized row), bit for bit where the family's forward is
+    row-wise (dense layers, paged attention) and within float32 rounding where it is not (MoE routing groups the
+    batch's tokens by expert, so a row's products are computed in other groups)."""
+    make_tiny_checkpoint(name, tmp_path, randomize_norms=True)
+    _, params, forward, kv = load_forward(tmp_path)
+    seqs = ragged_sequences(seed=3)[:3]
+
+    def logits_of_first(rows: list[RowChunk]) -> np.ndarray:
+        inputs = pack_step_inputs(rows, block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS, num_tokens_padded=32,
+                                  num_seqs_padded=8)
+        return np.asarray(forward(params, jnp.zeros_like(kv), inputs)[1])[0]
+
+    first_blocks = list(range(1, 1 + -(-len(seqs[0]) // BLOCK_SIZE)))
+    alone = logits_of_first([RowChunk(seqs[0], 0, first_blocks)])
+    others = [RowChunk(seqs[1], 0, list(range(20, 20 + -(-len(seqs[1]) // BLOCK_SIZE)))),
+              RowChunk(seqs[2][:1], 0, [40])]
+    shared = logits_of_first([RowChunk(seqs[0], 0, first_blocks), *others])
+    np.testing.assert_array_equal(shared, alone)
