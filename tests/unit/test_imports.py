@@ -54,8 +54,10 @@ ALLOWED = {
     "metrics": set(),
     "aot": {"config", "attention", "pallas_kernels", "sharding", "model", "models", "worker"},
     # config sits above the loader: it finds the model through model_loader.source (config/model_resolution.py);
-    # model/, attention/, native/ and sharding/ never import it (their cache folder is the cache_root leaf)
-    "config": {"model_loader", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal", "pooling"},
+    # model/, attention/, native/ and sharding/ never import it (their cache folder is the cache_root leaf); it asks
+    # the registry what a family needs (config/hybrid_checks.py: a recurrent state)
+    "config": {"model_loader", "models", "attention", "sharding", "reasoning", "spec_decode", "lora", "multimodal",
+               "pooling"},
     "reasoning": set(),
     "spec_decode": set(),
     "sampling_params": set(),

@@ -28,6 +28,7 @@ from vllm_jax.config.flag_checks import (
     check_positive,
     resolve_platform,
 )
+from vllm_jax.config.hybrid_checks import check_hybrid_features, prefix_caching_for
 from vllm_jax.config.model_resolution import ModelFlags, draft_model_config, resolve_model_config
 from vllm_jax.config.platform_defaults import (
     ACCEL_BUCKET_GROWTH,
@@ -162,6 +163,9 @@ class EngineArgs:
         scheduler_config = self._scheduler_config(model_config.max_model_len, on_cpu)
         speculative = self._speculative_config(scheduler_config, platform)
         self._check_multi_step(speculative, pooler, hf_config)
+        check_hybrid_features(hf_config, {"speculative_config": speculative is not None,
+                                          "enable_lora": self.enable_lora, "a pooling runner": pooler is not None,
+                                          "num_scheduler_steps > 1": self.num_scheduler_steps > 1})
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and on_cpu:
             kv_bytes = CPU_DEFAULT_KV_CACHE_BYTES
@@ -169,7 +173,8 @@ class EngineArgs:
             model_config=model_config,
             cache_config=CacheConfig(
                 block_size=self.block_size,
-                enable_prefix_caching=self.enable_prefix_caching and prefix_caching_allowed(pooler),
+                enable_prefix_caching=prefix_caching_for(
+                    hf_config, self.enable_prefix_caching and prefix_caching_allowed(pooler)),
                 gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
                 num_gpu_blocks_override=self.num_gpu_blocks_override),
             scheduler_config=scheduler_config,

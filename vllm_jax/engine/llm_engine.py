@@ -84,7 +84,8 @@ class LLMEngine:
                                           image_refusal(config, getattr(self.runner, "broadcasts", False)))
         self.vocab_size = self.runner.vocab_size
         self.kv_cache_manager = KVCacheManager(self.runner.num_blocks, config.cache_config.block_size,
-                                               config.cache_config.enable_prefix_caching, mc.max_model_len)
+                                               config.cache_config.enable_prefix_caching, mc.max_model_len,
+                                               self.runner.num_state_slots)
         speculative = config.speculative_config
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, config.cache_config.block_size,
                                    num_spec_tokens=speculative.num_speculative_tokens if speculative else 0,

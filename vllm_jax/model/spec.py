@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_jax.model.rope import rope_inv_freq
+from vllm_jax.model.state_cache import StateLayout
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class DecoderSpec:
     def kv_cache_width(self) -> int:
         """Width of one KV-cache row (docs/architecture/04-kv-cache.md, "KV cache layout")."""
         return self.head_dim
+
+    @property
+    def state_layout(self) -> StateLayout | None:
+        """A hybrid model's per-sequence recurrent state (model/state_cache.py); None: attention only."""
+        return None
 
     @property
     def sm_scale(self) -> float:

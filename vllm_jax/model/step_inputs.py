@@ -31,6 +31,9 @@ class StepInputs:
     mrope_positions: jax.Array | None = None
     mm_embeds: jax.Array | None = None
     mm_mask: jax.Array | None = None
+    # Hybrid models (docs/architecture/17-state-cache.md, "The step's states"): [S] int32, each row's state slot
+    # (padding rows: the null slot 0). None for every other model.
+    state_slots: jax.Array | None = None
 
 
 def real_logits_rows(logits_indices: jax.Array) -> jax.Array:

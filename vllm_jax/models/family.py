@@ -37,6 +37,9 @@ class ModelFamily:
     # per prompt (None: none of the model's own; the context length and --limit-mm-per-prompt still apply)
     reads_images: bool = False
     max_images_per_prompt: int | None = None
+    # a hybrid model's recurrent layers keep a state per sequence (docs/architecture/17-state-cache.md): the engine
+    # gives it state slots, and refuses what cannot roll a state back yet (config/hybrid_checks.py)
+    recurrent_state: bool = False
 
 
 # the fields every tiny random checkpoint shares (tests/helpers/tiny_models.py builds them): two layers of width

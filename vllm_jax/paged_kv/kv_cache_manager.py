@@ -15,6 +15,7 @@ from typing import Protocol
 
 from vllm_jax.paged_kv.block_hash import BlockHash, extend_block_hashes
 from vllm_jax.paged_kv.block_pool import BlockPool, KVBlock
+from vllm_jax.paged_kv.state_slots import StateSlots
 from vllm_jax.utils import cdiv
 
 
@@ -39,7 +40,10 @@ class CacheRequest(Protocol):
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int,
+                 num_state_slots: int = 0) -> None:
+        """`num_state_slots`: a hybrid model's state slots (the null slot included), handed out with a request's
+        first blocks and taken back with them (paged_kv/state_slots.py); 0: none."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1; got {block_size}")
         self.num_blocks = num_blocks
@@ -47,6 +51,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.state_slots = StateSlots(num_state_slots) if num_state_slots else None
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # per request: leading blocks already offered to the cache
         # Metrics (vLLM's prefix cache queries / hits, in tokens).
@@ -121,6 +126,8 @@ class KVCacheManager:
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
             return None
+        if self.state_slots is not None and self.state_slots.allocate(req_id) is None:
+            return None  # every state slot held: the request waits as it would for blocks
         num_full, num_cached = 0, 0  # full blocks after this step, and those already registered in the cache
         if self.enable_caching:
             num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
@@ -164,6 +171,8 @@ class KVCacheManager:
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, [])
         self._num_cached_blocks.pop(req_id, None)
+        if self.state_slots is not None:
+            self.state_slots.free(req_id)
         first_uncomputed = request.num_computed_tokens // self.block_size
         for block in blocks[first_uncomputed:]:
             if block.ref_cnt == 1:
@@ -172,6 +181,10 @@ class KVCacheManager:
 
     def get_block_ids(self, req_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(req_id, [])]
+
+    def state_slot(self, req_id: str) -> int:
+        """The request's state slot (0: none, or a model without recurrent layers)."""
+        return 0 if self.state_slots is None else self.state_slots.slot_of(req_id)
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

@@ -30,6 +30,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     seed: int  # the request's sampling seed (random at arrival when the user gave none)
     lora_slot: int = 0  # the device LoRA slot its tokens read (0: no adapter)
+    state_slot: int = 0  # a hybrid model's state slot (paged_kv/state_slots.py; 0: none)
     mm_inputs: Any = None  # its images (multimodal/inputs.py MultiModalInputs), None: text only
 
 

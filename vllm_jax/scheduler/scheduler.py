@@ -175,7 +175,8 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan)
         limits = chunk_limits(plan, self.config.num_scheduler_steps, self.max_model_len, self.kv_cache_manager)
-        output = plan.scheduler_output(self.kv_cache_manager.get_block_ids, self.finished_req_ids)
+        output = plan.scheduler_output(self.kv_cache_manager.get_block_ids, self.finished_req_ids,
+                                       self.kv_cache_manager.state_slot)
         if limits is not None:  # a multi-step chunk (scheduler/multi_step.py)
             output.num_steps, output.step_limits = self.config.num_scheduler_steps, limits
         output.grammar_bitmask = grammar_bitmasks(plan.running + plan.new, plan.num_scheduled, plan.spec_tokens)

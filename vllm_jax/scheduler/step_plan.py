@@ -48,15 +48,16 @@ class StepPlan:
         self.spec_tokens.pop(request.request_id, None)
         self.budget += num_tokens
 
-    def scheduler_output(self, block_ids: Callable[[str], list[int]], finished_req_ids: set[str]) -> SchedulerOutput:
-        """The step's message to the runner (`block_ids`: a newcomer's blocks by request id); `num_computed_tokens`
-        are the values before this step's tokens."""
+    def scheduler_output(self, block_ids: Callable[[str], list[int]], finished_req_ids: set[str],
+                         state_slot: Callable[[str], int] = lambda req_id: 0) -> SchedulerOutput:
+        """The step's message to the runner (`block_ids`: a newcomer's blocks by request id, `state_slot` its state
+        slot); `num_computed_tokens` are the values before this step's tokens."""
         return SchedulerOutput(
             scheduled_new_reqs=[NewRequestData(
                 req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
                 block_ids=block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
-                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs)
+                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs, state_slot=state_slot(r.request_id))
                 for r in self.new],
             scheduled_cached_reqs=CachedRequestData(
                 req_ids=(cached_ids := [r.request_id for r in self.running]),

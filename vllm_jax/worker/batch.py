@@ -20,10 +20,12 @@ class RowChunk:
     token_ids: list[int] | np.ndarray  # the tokens computed this step
     num_computed: int  # tokens of this sequence already in the KV cache
     block_ids: list[int] | np.ndarray  # the sequence's blocks, enough for num_computed + len(token_ids)
+    state_slot: int = 0  # a hybrid model's state slot for the sequence (model/state_cache.py)
 
 
 def pack_step_inputs(rows: list[RowChunk], *, block_size: int, max_blocks_per_seq: int, num_tokens_padded: int,
-                     num_seqs_padded: int) -> StepInputs:
+                     num_seqs_padded: int, state_slots: bool = False) -> StepInputs:
+    """`state_slots`: the step carries each row's state slot (a hybrid model's)."""
     num_seqs = len(rows)
     q_lens = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int32, count=num_seqs)
     total = int(q_lens.sum())
@@ -50,6 +52,10 @@ def pack_step_inputs(rows: list[RowChunk], *, block_size: int, max_blocks_per_se
         slot_mapping[start:start + n] = blocks[pos // block_size] * block_size + pos % block_size
         seq_lens[i] = row.num_computed + n
         logits_indices[i] = start + n - 1
+    slots = None
+    if state_slots:
+        slots = np.zeros(num_seqs_padded, np.int32)
+        slots[:num_seqs] = [row.state_slot for row in rows]
     return StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                       block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                      num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices)
+                      num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices, state_slots=slots)

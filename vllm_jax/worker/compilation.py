@@ -65,6 +65,7 @@ class StepShapes:
     # chunk program is compiled for the buckets up to it)
     num_scheduler_steps: int = 1
     chunk_max_tokens: int = 0
+    states: bool = False  # a hybrid model: the steps carry each row's state slot (StepInputs.state_slots)
 
 
 class CompilationManager:
@@ -124,7 +125,7 @@ class CompilationManager:
         """A bucket's step inputs with no rows: what warm-up compiles each program for."""
         s = self.shapes
         inputs = pack_step_inputs([], block_size=s.block_size, max_blocks_per_seq=s.max_blocks_per_seq,
-                                  num_tokens_padded=num_tokens, num_seqs_padded=num_seqs)
+                                  num_tokens_padded=num_tokens, num_seqs_padded=num_seqs, state_slots=s.states)
         if s.lora:
             inputs.lora_slots = np.zeros(num_tokens, np.int32)
         if s.mm_hidden:

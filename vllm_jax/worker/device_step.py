@@ -301,5 +301,6 @@ class DeviceStep(CompiledPrograms):
             self.make_ready(key, self._process_program(logits), args, args, (0, 0))
 
 
-def _aval(x: jax.Array | jax.ShapeDtypeStruct) -> tuple:
-    return tuple(x.shape), jnp.dtype(x.dtype), x.sharding
+def _aval(cache: Any) -> list[tuple]:
+    """Shape, dtype and sharding of each array of a cache (a hybrid model's is a pytree)."""
+    return [(tuple(x.shape), jnp.dtype(x.dtype), x.sharding) for x in jax.tree.leaves(cache)]

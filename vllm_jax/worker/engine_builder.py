@@ -29,6 +29,7 @@ from vllm_jax.lora.device.slots import LoRASlotArrays, target_shapes
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import KeptFormats
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model.state_cache import HybridCache
 from vllm_jax.model_loader.loader import build_model, model_quantization
 from vllm_jax.model_loader.source import ModelSource
 from vllm_jax.models.registry import family_of, resolve_architecture
@@ -46,6 +47,7 @@ from vllm_jax.worker.compilation import CompilationManager, StepShapes, TraceCou
 from vllm_jax.worker.device_step import DeviceStep
 from vllm_jax.worker.kv_budget import measures_device_memory, probe_temp_bytes, sized_by_probes
 from vllm_jax.worker.kv_cache import (
+    HybridCacheShape,
     KVCacheShape,
     allocate_kv_cache,
     blocks_per_sequence,
@@ -159,18 +161,25 @@ class EngineParts:
                           config.speculative_config is not None, lora=config.lora_config is not None,
                           mm_hidden=self.spec.mm_embed_width if getattr(self.spec, "vision", None) else 0,
                           num_scheduler_steps=config.scheduler_config.num_scheduler_steps,
-                          chunk_max_tokens=pick_bucket(self.token_buckets, config.scheduler_config.max_num_seqs))
+                          chunk_max_tokens=pick_bucket(self.token_buckets, config.scheduler_config.max_num_seqs),
+                          states=self.spec.state_layout is not None)
 
     # --- the KV cache ---
     @property
-    def kv_sharding(self) -> NamedSharding:
+    def kv_sharding(self) -> NamedSharding | HybridCache:
+        """The K/V cache's sharding; a hybrid model's cache has one per part (its states replicated)."""
         tp = self.config.parallel_config.tensor_parallel_size
-        return NamedSharding(self.mesh, kv_cache_partition_spec(self.spec, tp, self.kernels.lane_dense_cache))
+        kv = NamedSharding(self.mesh, kv_cache_partition_spec(self.spec, tp, self.kernels.lane_dense_cache))
+        if self.spec.state_layout is None:
+            return kv
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return HybridCache(kv=kv, conv=replicated, recurrent=replicated)
 
     @property
     def kv_shards(self) -> int:
         """How many ways each block is split over the devices (1: every device holds whole blocks)."""
-        split = self.kv_sharding.spec != PartitionSpec()
+        sharding = self.kv_sharding
+        split = (sharding.kv if isinstance(sharding, HybridCache) else sharding).spec != PartitionSpec()
         return self.config.parallel_config.tensor_parallel_size if split else 1
 
     @property
@@ -201,11 +210,12 @@ class EngineParts:
         """The smallest cache the engine starts with: one max_model_len request and the null block."""
         return min_kv_blocks(self.config)
 
-    def kv_cache(self, num_blocks: int) -> jax.ShapeDtypeStruct:
+    def kv_cache(self, num_blocks: int) -> jax.ShapeDtypeStruct | HybridCache:
         """The target's cache of `num_blocks`, abstract (in either mode: the probe compiles over it)."""
         return cache_shape(self.config, self.spec, num_blocks).abstract(self.kv_sharding)
 
-    def make_cache(self, shape: KVCacheShape, sharding: NamedSharding) -> jax.Array | jax.ShapeDtypeStruct:
+    def make_cache(self, shape: KVCacheShape | HybridCacheShape,
+                   sharding: NamedSharding | HybridCache) -> jax.Array | jax.ShapeDtypeStruct | HybridCache:
         """A cache of `shape`: allocated (zeroed on its devices), or abstract."""
         return shape.abstract(sharding) if self.abstract else allocate_kv_cache(shape, sharding)
 

@@ -25,10 +25,13 @@ class InputBatch:
     """Rows of token ids, KV progress, block tables and the basic sampling parameters, one per held request."""
 
     def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_seq: int, vocab_size: int,
-                 lora: bool = False):
-        """`lora`: the steps carry each token's LoRA slot (`StepInputs.lora_slots`)."""
+                 lora: bool = False, states: bool = False):
+        """`lora`: the steps carry each token's LoRA slot (`StepInputs.lora_slots`); `states`: each row's state slot
+        (`StepInputs.state_slots`, a hybrid model's)."""
         self.vocab_size = vocab_size
         self.lora = lora
+        self.states = states
+        self.state_slot = np.zeros(max_num_reqs, np.int32)  # each row's state slot (0: none)
         self.lora_slot = np.zeros(max_num_reqs, np.int32)  # each row's LoRA slot (0: no adapter)
         # +1: the token sampled after the last position a request may compute is appended before it stops
         self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), np.int32)
@@ -62,7 +65,7 @@ class InputBatch:
             self.remove(req_id)
         for new in sched.scheduled_new_reqs:
             self.add(new.req_id, new.token_ids, new.block_ids, new.num_computed_tokens, new.sampling_params,
-                     new.seed, new.lora_slot)
+                     new.seed, new.lora_slot, new.state_slot)
         cached = sched.scheduled_cached_reqs
         if not cached.req_ids:
             return
@@ -73,7 +76,7 @@ class InputBatch:
                 self.append_blocks(slot, block_ids)
 
     def add(self, req_id: str, token_ids: Sequence[int], block_ids: Sequence[int], num_computed: int,
-            params: SamplingParams, seed: int, lora_slot: int = 0) -> int:
+            params: SamplingParams, seed: int, lora_slot: int = 0, state_slot: int = 0) -> int:
         if req_id in self.slot_of:
             raise ValueError(f"request {req_id!r} already has a row")
         if not self._free:
@@ -99,6 +102,7 @@ class InputBatch:
         self.may_need_full[slot] = may_need_full(params)
         self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
         self.lora_slot[slot] = lora_slot
+        self.state_slot[slot] = state_slot
         return slot
 
     def remove(self, req_id: str) -> None:
@@ -177,10 +181,14 @@ class InputBatch:
         if self.lora:  # padding tokens: slot 0 (no adapter)
             lora_slots = np.zeros(num_tokens_padded, np.int32)
             lora_slots[:total] = self.lora_slot[token_slot]
+        state_slots = None
+        if self.states:  # padding rows: the null slot
+            state_slots = np.zeros(num_seqs_padded, np.int32)
+            state_slots[:num_seqs] = self.state_slot[slots]
         return StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                           block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
                           num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices,
-                          lora_slots=lora_slots)
+                          lora_slots=lora_slots, state_slots=state_slots)
 
     def sampling_tensors(self, slots: np.ndarray, counts: np.ndarray, num_seqs_padded: int,
                          num_drafts: np.ndarray | None = None) -> tuple[SamplingTensors, int]:

@@ -63,11 +63,12 @@ def measures_device_memory(config: EngineConfig) -> bool:
 
 
 def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_bytes: int,
-              bytes_per_block: int, others_bytes: int = 0) -> KVBudget:
+              bytes_per_block: int, others_bytes: int = 0, state_bytes: int = 0) -> KVBudget:
     """The cache's blocks for one device of `device_bytes` (see the module docstring; an override or an explicit
     budget wins); ValueError naming the flags when too little is left for one max_model_len request, or when
     what others hold on the device (`others_bytes`: another engine, a trainer) leaves less free than this
-    engine's share."""
+    engine's share. `state_bytes`: a hybrid model's state slots (worker/kv_cache.py), taken from the budget before
+    the blocks (an explicit --kv-cache-memory-bytes holds them too, as vLLM's does)."""
     cache = config.cache_config
     usable = int(device_bytes * cache.gpu_memory_utilization)
     if measures_device_memory(config) and others_bytes > 0 and usable > device_bytes - others_bytes:
@@ -80,12 +81,13 @@ def kv_budget(config: EngineConfig, device_bytes: int, weight_bytes: int, temp_b
     if cache.num_gpu_blocks_override is not None:
         blocks = cache.num_gpu_blocks_override
     elif cache.kv_cache_memory_bytes is not None:
-        blocks = cache.kv_cache_memory_bytes // bytes_per_block
+        blocks = (cache.kv_cache_memory_bytes - state_bytes) // bytes_per_block
         if blocks < 2:
+            states = f" beside the state slots' {state_bytes} bytes" if state_bytes else ""
             raise ValueError(f"--kv-cache-memory-bytes ({cache.kv_cache_memory_bytes}) holds fewer than 2 blocks of "
-                             f"{bytes_per_block} bytes; raise it or use a smaller --block-size")
+                             f"{bytes_per_block} bytes{states}; raise it or use a smaller --block-size")
     else:
-        budget = usable - weight_bytes - temp_headroom(temp_bytes)
+        budget = usable - weight_bytes - temp_headroom(temp_bytes) - state_bytes
         if budget < 2 * bytes_per_block:
             temps = f" and the compiled programs' temporaries ({temp_bytes / GiB:.2f} GiB)" if temp_bytes else ""
             raise ValueError(

@@ -23,6 +23,7 @@ import numpy as np
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.model.spec import DecoderSpec
+from vllm_jax.model.state_cache import HybridCache, StateLayout
 from vllm_jax.pallas_kernels.kv_layout import row_lanes
 from vllm_jax.utils import cdiv
 from vllm_jax.worker.kv_budget import kv_budget, measures_device_memory
@@ -53,6 +54,45 @@ class KVCacheShape:
         return jax.ShapeDtypeStruct(self.shape, jnp.dtype(self.dtype), sharding=sharding)
 
 
+@dataclass(frozen=True)
+class HybridCacheShape:
+    """A hybrid model's cache (model/state_cache.py): the attention layers' K/V blocks and `num_slots` state slots
+    (docs/architecture/17-state-cache.md, "The state cache")."""
+
+    kv: KVCacheShape
+    state: StateLayout
+    num_slots: int
+    conv_dtype: str
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    def abstract(self, sharding: HybridCache | None = None) -> HybridCache:
+        """The cache as a HybridCache of ShapeDtypeStructs (`sharding`: one per part)."""
+        part = (lambda name: None) if sharding is None else (lambda name: getattr(sharding, name))
+        state = self.state
+        return HybridCache(
+            kv=self.kv.abstract(part("kv")),
+            conv=jax.ShapeDtypeStruct((state.num_layers, self.num_slots, *state.conv_shape), jnp.dtype(self.conv_dtype),
+                                      sharding=part("conv")),
+            recurrent=jax.ShapeDtypeStruct((state.num_layers, self.num_slots, *state.recurrent_shape),
+                                           jnp.dtype(state.recurrent_dtype), sharding=part("recurrent")))
+
+
+def num_state_slots(config: EngineConfig) -> int:
+    """A hybrid model's state slots: one per request the scheduler may hold, and the null slot."""
+    return config.scheduler_config.max_num_seqs + 1
+
+
+def state_pool_bytes(config: EngineConfig, spec: DecoderSpec) -> int:
+    """The state slots' bytes (0 for a model without recurrent layers), taken from the budget before the blocks."""
+    layout = spec.state_layout
+    if layout is None:
+        return 0
+    return num_state_slots(config) * layout.bytes_per_slot(config.model_config.dtype)
+
+
 def device_memory(device: jax.Device) -> tuple[int, int]:
     """(the bytes `device`'s allocator may hold, the bytes in use on it now: the weights), from jax."""
     stats = device.memory_stats() or {}
@@ -77,6 +117,7 @@ def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp
     The budget is per device and per engine, like vLLM's: a cache sharded `num_shards` ways puts 1/num_shards
     of each block on each device."""
     mc, block_size = config.model_config, config.cache_config.block_size
+    state_bytes = state_pool_bytes(config, spec)
     per_block = (spec_bytes_per_block(spec, block_size, mc.kv_cache_dtype, lane_dense_cache(config, spec)) // num_shards
                  + extra_bytes_per_block)
     device = device or jax.devices()[0]  # a data-parallel replica's own devices, not replica 0's
@@ -84,8 +125,11 @@ def size_kv_cache(config: EngineConfig, spec: DecoderSpec, num_shards: int, temp
     device_bytes, in_use = read_memory(device) if measures_device_memory(config) else (0, 0)
     weight_bytes = in_use if own_weight_bytes is None else min(own_weight_bytes, in_use)
     num_blocks = kv_budget(config, device_bytes, weight_bytes, temp_bytes, per_block,
-                           others_bytes=in_use - weight_bytes).num_blocks
+                           others_bytes=in_use - weight_bytes, state_bytes=state_bytes).num_blocks
     log_capacity(config, num_blocks, per_block)
+    if state_bytes:
+        logger.info("State cache: %d slots of %.2f MiB (%.1f MiB; one per sequence, whatever its length)",
+                    num_state_slots(config), state_bytes / num_state_slots(config) / 2**20, state_bytes / 2**20)
     return cache_shape(config, spec, num_blocks)
 
 
@@ -106,13 +150,17 @@ def lane_dense_cache(config: EngineConfig, spec: DecoderSpec) -> bool:
     return config.resolved_attention_backend.lane_dense and spec.kv_cache_heads % 2 == 0
 
 
-def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape:
+def cache_shape(config: EngineConfig, spec: DecoderSpec, num_blocks: int) -> KVCacheShape | HybridCacheShape:
+    """The engine's cache: K/V blocks, and a hybrid model's state slots beside them."""
     mc = config.model_config
     # KV heads of the cache (Gemma 4: the most any layer has), each kv_cache_width wide
     pairs = spec.kv_cache_heads // 2 if spec.kv_cache_heads % 2 == 0 else spec.num_kv_heads
-    return KVCacheShape(spec.num_cache_layers, num_blocks, config.cache_config.block_size, pairs,
-                        spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads,
-                        lane_dense=lane_dense_cache(config, spec))
+    kv = KVCacheShape(spec.num_cache_layers, num_blocks, config.cache_config.block_size, pairs,
+                      spec.kv_cache_width, mc.kv_cache_dtype, cache_heads=spec.kv_cache_heads,
+                      lane_dense=lane_dense_cache(config, spec))
+    if spec.state_layout is None:
+        return kv
+    return HybridCacheShape(kv, spec.state_layout, num_state_slots(config), mc.dtype)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,
@@ -139,7 +187,10 @@ def log_capacity(config: EngineConfig, num_blocks: int, per_block: int) -> None:
                 tokens, config.model_config.max_model_len, concurrency)
 
 
-def allocate_kv_cache(shape: KVCacheShape, sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+def allocate_kv_cache(shape: KVCacheShape | HybridCacheShape,
+                      sharding: jax.sharding.Sharding | HybridCache | None = None) -> jax.Array | HybridCache:
     """Zeroed cache created on the device (no host copy of the whole array)."""
-    make = jax.jit(lambda: jnp.zeros(shape.shape, np.dtype(jnp.dtype(shape.dtype))), out_shardings=sharding)
+    abstract = shape.abstract()
+    make = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, np.dtype(a.dtype)), abstract),
+                   out_shardings=sharding)
     return make()

@@ -33,6 +33,7 @@ from flax import nnx
 
 from vllm_jax.config import EngineConfig
 from vllm_jax.lora.cache import AdapterCache
+from vllm_jax.model.state_cache import HybridCache
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.multi_step.chunk import ChunkInFlight, dispatch_chunk, finish_chunk
 from vllm_jax.sample.metadata import NO_LOGPROBS, build_sampling_tensors
@@ -54,6 +55,7 @@ from vllm_jax.worker.compilation_cache import use_compilation_cache
 from vllm_jax.worker.device_step import StepResult
 from vllm_jax.worker.engine_builder import MemoryProbe, build_engine
 from vllm_jax.worker.input_batch import InputBatch
+from vllm_jax.worker.kv_cache import num_state_slots
 from vllm_jax.worker.request_state import CachedRequestState, update_request_states
 from vllm_jax.worker.sleep import DeviceSleep
 from vllm_jax.worker.step_output import Logprobs, plain_tokens, prompt_logprobs, row_logprobs
@@ -131,7 +133,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         # The same requests as numpy rows, from which each step's arrays are gathered.
         self.input_batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.max_blocks_per_seq, self.vocab_size,
-                                      lora=lora is not None)
+                                      lora=lora is not None, states=self.num_state_slots > 0)
         self.broadcasts = jax.process_count() > 1  # this process leads a multi-host step
         self.share_proposal = broadcast_proposal if self.broadcasts else None  # a draft's / head's inputs too
         # vision-language models: the encoder, its cache and the steps' image rows (multimodal/device/encoder_step.py)
@@ -153,8 +155,13 @@ class ModelRunner:
         return self.device.params
 
     @property
-    def kv_cache(self) -> jax.Array:
+    def kv_cache(self) -> jax.Array | HybridCache:
         return self.device.kv_cache
+
+    @property
+    def num_state_slots(self) -> int:
+        """A hybrid model's state slots, the null slot included (0: no recurrent layers)."""
+        return num_state_slots(self.config) if self.spec.state_layout is not None else 0
 
     # --- weight updates and sleep mode (docs/architecture/05-worker.md, "Sleep and weight updates") ---
     def update_weights(self, weights: Weights) -> int:

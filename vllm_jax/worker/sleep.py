@@ -58,7 +58,7 @@ class DeviceSleep:
         embed_is_a_copy = embed is not None and embed is not nnx.to_pure_dict(self.device.params)["embed_tokens"]
         for variable in param_variables(self.device.params):
             variable.set_value(jax.tree.map(lambda a: self._drop(a, level == 1, host_kind), variable.get_value()))
-        self.device.kv_cache = self._drop(self.device.kv_cache, False, None)
+        self.device.kv_cache = jax.tree.map(lambda a: self._drop(a, False, None), self.device.kv_cache)
         if self.device.lora is not None:  # re-written from their adapters on waking
             self.device.lora.arrays = jax.tree.map(lambda a: self._drop(a, False, None), self.device.lora.arrays)
         if spec is not None:  # its weights to host memory at either level: updates cannot feed them
@@ -91,7 +91,8 @@ class DeviceSleep:
                 self.follow_target_embedding()
             self._host.clear()
         if KV_CACHE in tags and KV_CACHE in self.asleep:
-            self.device.kv_cache = self._restore(self.device.kv_cache)
+            self.device.kv_cache = jax.tree.map(self._restore, self.device.kv_cache,
+                                                is_leaf=lambda a: isinstance(a, jax.ShapeDtypeStruct))
             if self.speculator is not None:
                 self.speculator.kv_cache = self._restore(self.speculator.kv_cache)
         self.asleep -= set(tags)
