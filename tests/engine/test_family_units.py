@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,9 +19,9 @@ from transformers import AutoConfig
 
 from tests.helpers.parity import (
     BLOCK_SIZE,
-    MAX_BLOCKS,
     assert_logits_match_over_two_chunked_steps,
     load_forward,
+    pack_rows,
     ragged_sequences,
 )
 from tests.helpers.tiny_models import make_tiny_checkpoint, tiny_config
@@ -37,7 +38,7 @@ from vllm_jax.models.registry import (
     tiny_configs,
 )
 from vllm_jax.sharding.rules import param_partition_spec
-from vllm_jax.worker.batch import RowChunk, pack_step_inputs
+from vllm_jax.worker.batch import RowChunk
 
 REAL = real_configs()
 TINY = tiny_configs()
@@ -121,9 +122,8 @@ def test_a_sequences_logits_do_not_depend_on_what_shares_its_batch(name, tmp_pat
     seqs = ragged_sequences(seed=3)[:3]
 
     def logits_of_first(rows: list[RowChunk]) -> np.ndarray:
-        inputs = pack_step_inputs(rows, block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS, num_tokens_padded=32,
-                                  num_seqs_padded=8)
-        return np.asarray(forward(params, jnp.zeros_like(kv), inputs)[1])[0]
+        fresh = jax.tree.map(jnp.zeros_like, kv)
+        return np.asarray(forward(params, fresh, pack_rows(rows, fresh))[1])[0]
 
     first_blocks = list(range(1, 1 + -(-len(seqs[0]) // BLOCK_SIZE)))
     alone = logits_of_first([RowChunk(seqs[0], 0, first_blocks)])

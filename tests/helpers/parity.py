@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -13,6 +14,7 @@ from flax import nnx
 from tests.helpers.tiny_models import VOCAB_SIZE
 from vllm_jax.model.decoder import forward
 from vllm_jax.model.layers import unstack_layers
+from vllm_jax.model.state_cache import HybridCache
 from vllm_jax.model_loader.loader import build_model
 from vllm_jax.model_loader.source import load_hf_config, resolve_model_source
 from vllm_jax.models.registry import resolve_architecture
@@ -22,6 +24,7 @@ BLOCK_SIZE = 4
 MAX_BLOCKS = 16
 SEQ_LENS = (5, 23, 2, 14)
 SPLITS = (3, 11, 1, 13)
+STATE_SLOTS = 9  # a hybrid model's state slots in load_forward's cache: the null slot and one per row of 8
 
 
 def load_forward(path, layers: str = "stacked", attention_backend: str = "auto"):
@@ -39,7 +42,21 @@ def load_forward(path, layers: str = "stacked", attention_backend: str = "auto")
         unstack_layers(params)
     forward_step = jax.jit(partial(forward, graphdef), donate_argnums=1)
     kv = jnp.zeros((spec.num_cache_layers, 64, BLOCK_SIZE, spec.kv_cache_heads, spec.kv_cache_width), jnp.float32)
+    layout = spec.state_layout
+    if layout is not None:  # a hybrid model: state slots beside the blocks (row i of a step uses slot i + 1)
+        kv = HybridCache(kv, jnp.zeros((layout.num_layers, STATE_SLOTS, *layout.conv_shape), jnp.float32),
+                         jnp.zeros((layout.num_layers, STATE_SLOTS, *layout.recurrent_shape), jnp.float32))
     return spec, params, forward_step, kv
+
+
+def pack_rows(rows: list[RowChunk], kv, num_tokens_padded: int = 32, num_seqs_padded: int = 8):
+    """The step inputs of `rows` for load_forward's cache: a hybrid model's rows take state slots 1, 2, ... in order
+    (unless a row names its own)."""
+    hybrid = isinstance(kv, HybridCache)
+    if hybrid:
+        rows = [row if row.state_slot else dataclasses.replace(row, state_slot=i + 1) for i, row in enumerate(rows)]
+    return pack_step_inputs(rows, block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS,
+                            num_tokens_padded=num_tokens_padded, num_seqs_padded=num_seqs_padded, state_slots=hybrid)
 
 
 def ragged_sequences(seed: int = 1) -> list[list[int]]:
@@ -60,9 +77,7 @@ def assert_logits_match_over_two_chunked_steps(hf, path, seqs: list[list[int]], 
 
     def run(rows):
         nonlocal kv
-        inputs = pack_step_inputs(rows, block_size=BLOCK_SIZE, max_blocks_per_seq=MAX_BLOCKS,
-                                  num_tokens_padded=32, num_seqs_padded=8)
-        kv, logits = forward(params, kv, inputs)
+        kv, logits = forward(params, kv, pack_rows(rows, kv))
         return np.asarray(logits)
 
     first = run([RowChunk(s[:c], 0, b) for s, c, b in zip(seqs, SPLITS, blocks)])

@@ -113,6 +113,14 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * xf.astype(x.dtype)
 
 
+def zero_centred_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """The RMSNorm whose weight starts at zero (Gemma, Qwen3.5): normalize and scale by (1 + weight) in float32,
+    then cast back (transformers multiplies before the cast, unlike Llama's)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (xf * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+
+
 def rotary_tables(spec: DecoderSpec, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos and sin [T, head_dim] for each token's position, computed once per step for every layer."""
     inv_freq = jnp.asarray(np.array(spec.inv_freq, dtype=np.float32))

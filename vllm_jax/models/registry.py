@@ -7,7 +7,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_jax.model.spec import DecoderSpec
-from vllm_jax.models import deepseek, gemma, gemma4, gpt_oss, granite, llama, moe, olmo2, phi3, qwen2_5_vl, qwen3_vl
+from vllm_jax.models import (
+    deepseek,
+    gemma,
+    gemma4,
+    gpt_oss,
+    granite,
+    llama,
+    moe,
+    olmo2,
+    phi3,
+    qwen2_5_vl,
+    qwen3_5,
+    qwen3_vl,
+)
 from vllm_jax.models.family import ModelFamily
 from vllm_jax.models.fused_weights import with_fused_params
 from vllm_jax.models.gguf_family import GgufArch
@@ -25,6 +38,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     deepseek.FAMILY,
     qwen2_5_vl.FAMILY,
     qwen3_vl.FAMILY,
+    qwen3_5.FAMILY,
 )
 _BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
 _NOT_BUILT = {arch: reason for family in FAMILIES for arch, reason in family.not_built.items()}

@@ -29,12 +29,10 @@ def gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, bet
     past num_seqs are padding (their outputs are meaningless; padding rows, like rows with no tokens, keep their
     initial state).
 
-    When T == S a step may be all decodes, so the recurrent form runs when every row has at most one token and the
-    chunked one otherwise (a `lax.cond`: a (T, S) bucket with T == S also holds mixed steps, such as one two-token
-    prompt beside two decodes in a (4, 4) bucket). With T != S it is always the chunked form."""
+    The recurrent form runs when every row has at most one token (a decode step, whatever its token bucket: the
+    engine pads decode steps to token buckets larger than their rows), the chunked one otherwise: a `lax.cond`, since
+    one (T, S) bucket holds both kinds of step."""
     args = (q, k, v, g, beta, initial, query_start_loc, num_seqs)
-    if q.shape[0] != initial.shape[0]:
-        return chunked_gated_delta_rule(*args, chunk_size=chunk_size)
     all_single = jnp.all(query_lens(query_start_loc, num_seqs) <= 1)
     return jax.lax.cond(all_single, recurrent_gated_delta_rule,
                         lambda *a: chunked_gated_delta_rule(*a, chunk_size=chunk_size), *args)

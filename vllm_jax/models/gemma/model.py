@@ -26,20 +26,13 @@ from vllm_jax.model.layers import (
     linear,
     linear_params,
     project_qkv,
+    zero_centred_rms_norm,
 )
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.models.gemma.spec import GemmaSpec
 
 _ZERO_INIT_NORMS = ("input_norm", "post_attention_norm", "q_norm", "k_norm")
-
-
-def gemma_rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """Gemma's RMSNorm: normalize and scale by (1 + weight) in float32, then cast back (transformers multiplies
-    before the cast, unlike Llama's)."""
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (xf * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
@@ -96,8 +89,8 @@ def gemma_attention(spec: GemmaSpec, ctx: LayerContext, w: dict, x: jax.Array, k
     t, inputs = x.shape[0], ctx.inputs
     q, k, v = project_qkv(spec, w, x)
     if spec.qk_norm:
-        q = gemma_rms_norm(q, w["q_norm"], spec.rms_norm_eps)
-        k = gemma_rms_norm(k, w["k_norm"], spec.rms_norm_eps)
+        q = zero_centred_rms_norm(q, w["q_norm"], spec.rms_norm_eps)
+        k = zero_centred_rms_norm(k, w["k_norm"], spec.rms_norm_eps)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     kv_cache = ctx.kernels.write_kv_cache(kv_cache, k, v, inputs.slot_mapping, layer_index)
     attn = ctx.kernels.attention(q, kv_cache, inputs, sm_scale=spec.sm_scale, window=window,
@@ -114,11 +107,11 @@ def gemma_block(spec: GemmaSpec, ctx: GemmaContext, w: dict, hidden: jax.Array, 
     if spec.separate_local_rope:
         sliding = jnp.asarray(window) > 0
         cos, sin = jnp.where(sliding, ctx.local_cos, cos), jnp.where(sliding, ctx.local_sin, sin)
-    x = gemma_rms_norm(hidden, w["input_norm"], eps)
+    x = zero_centred_rms_norm(hidden, w["input_norm"], eps)
     attn, kv_cache = gemma_attention(spec, ctx, w, x, kv_cache, layer_index, window, cos, sin)
-    hidden = hidden + gemma_rms_norm(attn, w["post_attention_norm"], eps)
-    ffn = geglu_mlp(w, gemma_rms_norm(hidden, w["pre_feedforward_norm"], eps))
-    return hidden + gemma_rms_norm(ffn, w["post_feedforward_norm"], eps), kv_cache
+    hidden = hidden + zero_centred_rms_norm(attn, w["post_attention_norm"], eps)
+    ffn = geglu_mlp(w, zero_centred_rms_norm(hidden, w["pre_feedforward_norm"], eps))
+    return hidden + zero_centred_rms_norm(ffn, w["post_feedforward_norm"], eps), kv_cache
 
 
 class GemmaLM(DecoderLM):
@@ -134,7 +127,7 @@ class GemmaLM(DecoderLM):
         """DecoderLM.__call__ with Gemma's final norm and the final logit soft cap (float32)."""
         spec = self.spec
         kv_cache, hidden, aux = self.hidden_states(kv_cache, inputs, lora)
-        last = gemma_rms_norm(self._logits_rows(hidden, inputs), self.final_norm[...], spec.rms_norm_eps)
+        last = zero_centred_rms_norm(self._logits_rows(hidden, inputs), self.final_norm[...], spec.rms_norm_eps)
         logits = soft_cap(self._logits(last, inputs), spec.final_soft_cap)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 
