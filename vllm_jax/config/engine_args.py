@@ -28,7 +28,7 @@ from vllm_jax.config.flag_checks import (
     check_positive,
     resolve_platform,
 )
-from vllm_jax.config.hybrid_checks import check_hybrid_features, prefix_caching_for
+from vllm_jax.config.hybrid_checks import check_hybrid_features
 from vllm_jax.config.model_resolution import ModelFlags, draft_model_config, resolve_model_config
 from vllm_jax.config.platform_defaults import (
     ACCEL_BUCKET_GROWTH,
@@ -173,8 +173,7 @@ class EngineArgs:
             model_config=model_config,
             cache_config=CacheConfig(
                 block_size=self.block_size,
-                enable_prefix_caching=prefix_caching_for(
-                    hf_config, self.enable_prefix_caching and prefix_caching_allowed(pooler)),
+                enable_prefix_caching=self.enable_prefix_caching and prefix_caching_allowed(pooler),
                 gpu_memory_utilization=self.gpu_memory_utilization, kv_cache_memory_bytes=kv_bytes,
                 num_gpu_blocks_override=self.num_gpu_blocks_override),
             scheduler_config=scheduler_config,

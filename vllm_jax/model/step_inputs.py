@@ -31,9 +31,12 @@ class StepInputs:
     mrope_positions: jax.Array | None = None
     mm_embeds: jax.Array | None = None
     mm_mask: jax.Array | None = None
-    # Hybrid models (docs/architecture/17-state-cache.md, "The step's states"): [S] int32, each row's state slot
-    # (padding rows: the null slot 0). None for every other model.
+    # Hybrid models (docs/architecture/17-state-cache.md, "The step's states"): [S] int32 each, the slot a row's
+    # recurrent states are read from (its own, or a prefix hit's snapshot), the slot its end states are written to,
+    # and a snapshot slot they are also written to (0: none). Padding rows: the null slot 0. None for other models.
+    state_reads: jax.Array | None = None
     state_slots: jax.Array | None = None
+    state_snapshots: jax.Array | None = None
 
 
 def real_logits_rows(logits_indices: jax.Array) -> jax.Array:

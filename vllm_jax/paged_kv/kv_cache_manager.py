@@ -15,7 +15,7 @@ from typing import Protocol
 
 from vllm_jax.paged_kv.block_hash import BlockHash, extend_block_hashes
 from vllm_jax.paged_kv.block_pool import BlockPool, KVBlock
-from vllm_jax.paged_kv.state_slots import StateSlots
+from vllm_jax.paged_kv.recurrent_states import RecurrentStates
 from vllm_jax.utils import cdiv
 
 
@@ -43,7 +43,8 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int,
                  num_state_slots: int = 0) -> None:
         """`num_state_slots`: a hybrid model's state slots (the null slot included), handed out with a request's
-        first blocks and taken back with them (paged_kv/state_slots.py); 0: none."""
+        first blocks and taken back with them, and with prefix caching its snapshots at block boundaries
+        (paged_kv/recurrent_states.py); 0: none."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1; got {block_size}")
         self.num_blocks = num_blocks
@@ -51,7 +52,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.state_slots = StateSlots(num_state_slots) if num_state_slots else None
+        self.states = RecurrentStates(num_state_slots, enable_caching) if num_state_slots else None
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # per request: leading blocks already offered to the cache
         # Metrics (vLLM's prefix cache queries / hits, in tokens).
@@ -95,6 +96,8 @@ class KVCacheManager:
             if block is None:
                 break
             hit.append(block)
+        if self.states is not None:  # a hybrid model's hit ends where a block's end state is kept
+            hit = hit[:self.states.hit_blocks(hashes, len(hit))]
         num_hit_tokens = len(hit) * self.block_size
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_hit_tokens
@@ -126,13 +129,18 @@ class KVCacheManager:
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
             return None
-        if self.state_slots is not None and self.state_slots.allocate(req_id) is None:
-            return None  # every state slot held: the request waits as it would for blocks
+        if self.states is not None:
+            if new_computed_blocks:  # read first: taking a live slot may evict an unread snapshot
+                self.states.start_from(req_id, self.block_hashes(request)[len(new_computed_blocks) - 1])
+            if not self.states.acquire(req_id):
+                return None  # every state slot held: the request waits as it would for blocks
         num_full, num_cached = 0, 0  # full blocks after this step, and those already registered in the cache
         if self.enable_caching:
             num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
             num_cached = self._num_cached_blocks.get(req_id, 0)
-        if num_needed <= 0 and not new_computed_blocks and num_full <= num_cached:
+        keeps_state = (self.states is not None and self.enable_caching
+                       and (num_computed + num_new_tokens) % self.block_size == 0)
+        if num_needed <= 0 and not new_computed_blocks and num_full <= num_cached and not keeps_state:
             return []
 
         self.block_pool.touch(new_computed_blocks)
@@ -143,7 +151,34 @@ class KVCacheManager:
         if num_full > num_cached:
             self.block_pool.cache_full_blocks(req_blocks, self.block_hashes(request), num_cached, num_full)
             self._num_cached_blocks[req_id] = num_full
+        if self.states is not None and self.enable_caching:  # a boundary, or a block just registered (`bind`)
+            self._keep_states(request, num_computed + num_new_tokens)
         return [b.block_id for b in new_blocks]
+
+    def _keep_states(self, request: CacheRequest, end: int) -> None:
+        """A hybrid model's step ending on a block boundary keeps the state there (docs/architecture/
+        17-state-cache.md, "Prefix caching for hybrid models")."""
+        hashes, req_id = self.block_hashes(request), request.request_id
+        self.states.bind(req_id, hashes)
+        if end % self.block_size == 0 and end > 0:
+            index = end // self.block_size - 1
+            if index < len(hashes):
+                self.states.snapshot(req_id, hashes[index], end)
+            else:  # async scheduling: the block's last token is still being sampled
+                self.states.snapshot_pending(req_id, index, end)
+
+    def aligned_chunk(self, num_computed: int, num_new: int) -> int:
+        """A hybrid model with prefix caching: the tokens to compute this step cut to end on the last block
+        boundary they cross, so the step's end state can be kept there (the rest runs next step)."""
+        if self.states is None or not self.enable_caching:
+            return num_new
+        boundary = (num_computed + num_new) // self.block_size * self.block_size
+        return boundary - num_computed if num_computed < boundary < num_computed + num_new else num_new
+
+    def begin_step(self) -> None:
+        """A new step is being scheduled: the last step's state reads and writes are done with."""
+        if self.states is not None:
+            self.states.begin_step()
 
     def fits_unchanged(self, request: CacheRequest, num_new_tokens: int, num_lookahead_tokens: int = 0) -> bool:
         """allocate_slots' fast path, where it would return [] at once (the scheduler asks first, per request per
@@ -157,6 +192,8 @@ class KVCacheManager:
             return False
         if not self.enable_caching:
             return True
+        if self.states is not None and end % size == 0:
+            return False  # a hybrid model's step ending on a block boundary keeps its state (_keep_states)
         cached = self._num_cached_blocks.get(request.request_id, 0)
         # blocks full after this step: min(end, num_tokens) // size; end // size bounds it without the request's
         # token count, which only a block that may just have filled needs
@@ -171,8 +208,8 @@ class KVCacheManager:
         req_id = request.request_id
         blocks = self.req_to_blocks.pop(req_id, [])
         self._num_cached_blocks.pop(req_id, None)
-        if self.state_slots is not None:
-            self.state_slots.free(req_id)
+        if self.states is not None:
+            self.states.release(req_id, request.num_computed_tokens)
         first_uncomputed = request.num_computed_tokens // self.block_size
         for block in blocks[first_uncomputed:]:
             if block.ref_cnt == 1:
@@ -182,9 +219,16 @@ class KVCacheManager:
     def get_block_ids(self, req_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(req_id, [])]
 
-    def state_slot(self, req_id: str) -> int:
-        """The request's state slot (0: none, or a model without recurrent layers)."""
-        return 0 if self.state_slots is None else self.state_slots.slot_of(req_id)
+    def state_slots_of(self, req_id: str) -> tuple[int, int, int]:
+        """A hybrid model's slots for the request's step: (its live slot, the slot its step reads, the snapshot slot
+        its step also writes); zeros for a model without recurrent layers."""
+        states = self.states
+        if states is None:
+            return 0, 0, 0
+        return states.slot(req_id), states.source(req_id), states.snapshot_slot(req_id)
 
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        reset = self.block_pool.reset_prefix_cache()
+        if reset and self.states is not None:
+            self.states.clear_snapshots()
+        return reset

@@ -4,6 +4,8 @@ device's pool is indexed by these numbers."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 
 class StateSlots:
     """Slots 1..num_slots-1 (0 is the null slot padding rows write); the lowest free slot first."""
@@ -13,27 +15,32 @@ class StateSlots:
             raise ValueError(f"a state pool needs the null slot and at least one more; got {num_slots} slots")
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, 0, -1))
-        self._slot_of: dict[str, int] = {}
+        self._slot_of: dict[Hashable, int] = {}  # owner (a request id, or a snapshot's key) -> slot
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
-    def slot_of(self, req_id: str) -> int:
-        """The request's slot (0 when it holds none)."""
-        return self._slot_of.get(req_id, 0)
+    def slot_of(self, owner: Hashable) -> int:
+        """The owner's slot (0 when it holds none)."""
+        return self._slot_of.get(owner, 0)
 
-    def allocate(self, req_id: str) -> int | None:
-        """The request's slot, taken now if it holds none; None when every slot is held."""
-        slot = self._slot_of.get(req_id)
+    def allocate(self, owner: Hashable) -> int | None:
+        """The owner's slot, taken now if it holds none; None when every slot is held."""
+        slot = self._slot_of.get(owner)
         if slot is not None:
             return slot
         if not self._free:
             return None
-        slot = self._slot_of[req_id] = self._free.pop()
+        slot = self._slot_of[owner] = self._free.pop()
         return slot
 
-    def free(self, req_id: str) -> None:
-        slot = self._slot_of.pop(req_id, None)
+    def transfer(self, owner: Hashable, new_owner: Hashable) -> int:
+        """Hand the owner's slot to `new_owner` (who holds none); returns it."""
+        slot = self._slot_of[new_owner] = self._slot_of.pop(owner)
+        return slot
+
+    def free(self, owner: Hashable) -> None:
+        slot = self._slot_of.pop(owner, None)
         if slot is not None:
             self._free.append(slot)

@@ -30,7 +30,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     seed: int  # the request's sampling seed (random at arrival when the user gave none)
     lora_slot: int = 0  # the device LoRA slot its tokens read (0: no adapter)
-    state_slot: int = 0  # a hybrid model's state slot (paged_kv/state_slots.py; 0: none)
+    state_slot: int = 0  # a hybrid model's state slot (paged_kv/recurrent_states.py; 0: none)
+    state_source: int = 0  # the slot its first step reads states from: a prefix hit's snapshot (0: its own slot)
     mm_inputs: Any = None  # its images (multimodal/inputs.py MultiModalInputs), None: text only
 
 
@@ -69,6 +70,9 @@ class SchedulerOutput:
     # device; `step_limits`: req_id -> the most it samples (its KV slots are allocated). 1 / empty: one token.
     num_steps: int = 1
     step_limits: dict[str, int] = field(default_factory=dict)
+    # A hybrid model with prefix caching: req_id -> the snapshot slot its step also writes its end states to (the
+    # step ends on a block boundary: paged_kv/state_snapshots.py); absent: none
+    state_snapshots: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -171,12 +171,14 @@ class Scheduler:
         """Decide this step's batch (docs/architecture/03-scheduler.md, "Scheduling"): running requests first, then,
         only in a step that preempted nobody, waiting ones."""
         plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        self.kv_cache_manager.begin_step()
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
         limits = chunk_limits(plan, self.config.num_scheduler_steps, self.max_model_len, self.kv_cache_manager)
-        output = plan.scheduler_output(self.kv_cache_manager.get_block_ids, self.finished_req_ids,
-                                       self.kv_cache_manager.state_slot)
+        manager = self.kv_cache_manager
+        output = plan.scheduler_output(manager.get_block_ids, self.finished_req_ids,
+                                       manager.state_slots_of if manager.states is not None else None)
         if limits is not None:  # a multi-step chunk (scheduler/multi_step.py)
             output.num_steps, output.step_limits = self.config.num_scheduler_steps, limits
         output.grammar_bitmask = grammar_bitmasks(plan.running + plan.new, plan.num_scheduled, plan.spec_tokens)
@@ -221,6 +223,8 @@ class Scheduler:
                           max_model_len - num_computed)  # (num_tokens without the property's call)
             if num_new <= 0:
                 continue
+            if num_new > 1:  # a prompt chunk: a hybrid model's may end on a block boundary (KVCacheManager)
+                num_new = manager.aligned_chunk(num_computed, num_new)
             spec = []
             if request.spec_token_ids:
                 if speculates:  # a token of the budget stays for each request after it
@@ -305,6 +309,7 @@ class Scheduler:
         num_new = self._admission_chunk(request.num_tokens - num_hit, plan.budget)
         if num_new is None:
             return False
+        num_new = self.kv_cache_manager.aligned_chunk(num_hit, num_new)
         if self._allocate(request, num_new, num_hit, hit_blocks) is None:
             return False
         self.waiting.remove(request)

@@ -49,15 +49,18 @@ class StepPlan:
         self.budget += num_tokens
 
     def scheduler_output(self, block_ids: Callable[[str], list[int]], finished_req_ids: set[str],
-                         state_slot: Callable[[str], int] = lambda req_id: 0) -> SchedulerOutput:
-        """The step's message to the runner (`block_ids`: a newcomer's blocks by request id, `state_slot` its state
-        slot); `num_computed_tokens` are the values before this step's tokens."""
+                         state_slots: Callable[[str], tuple[int, int, int]] | None = None) -> SchedulerOutput:
+        """The step's message to the runner (`block_ids`: a newcomer's blocks by request id; `state_slots`: a hybrid
+        model's (live, read, snapshot) slots of a request's step, KVCacheManager.state_slots_of);
+        `num_computed_tokens` are the values before this step's tokens."""
+        slots = state_slots or (lambda req_id: (0, 0, 0))
         return SchedulerOutput(
             scheduled_new_reqs=[NewRequestData(
                 req_id=r.request_id, token_ids=list(r.all_token_ids), num_prompt_tokens=r.num_prompt_tokens,
                 block_ids=block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens, sampling_params=r.sampling_params, seed=r.seed,
-                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs, state_slot=state_slot(r.request_id))
+                lora_slot=r.lora_slot, mm_inputs=r.mm_inputs, state_slot=(states := slots(r.request_id))[0],
+                state_source=states[1])
                 for r in self.new],
             scheduled_cached_reqs=CachedRequestData(
                 req_ids=(cached_ids := [r.request_id for r in self.running]),
@@ -69,6 +72,8 @@ class StepPlan:
             preempted_req_ids={r.request_id for r in self.preempted},
             scheduled_spec_decode_tokens=self.spec_tokens,
             lora_loads=self.lora_loads,
+            state_snapshots={} if state_slots is None else {
+                r.request_id: snapshot for r in self.running + self.new if (snapshot := slots(r.request_id)[2])},
         )
 
     def _take(self, request: Request, num_tokens: int) -> None:

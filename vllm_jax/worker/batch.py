@@ -52,10 +52,11 @@ def pack_step_inputs(rows: list[RowChunk], *, block_size: int, max_blocks_per_se
         slot_mapping[start:start + n] = blocks[pos // block_size] * block_size + pos % block_size
         seq_lens[i] = row.num_computed + n
         logits_indices[i] = start + n - 1
-    slots = None
-    if state_slots:
-        slots = np.zeros(num_seqs_padded, np.int32)
+    slots = zeros = None
+    if state_slots:  # each row reads and writes its own slot; no snapshots
+        slots, zeros = np.zeros(num_seqs_padded, np.int32), np.zeros(num_seqs_padded, np.int32)
         slots[:num_seqs] = [row.state_slot for row in rows]
     return StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                       block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                      num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices, state_slots=slots)
+                      num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices, state_reads=slots,
+                      state_slots=slots, state_snapshots=zeros)

@@ -31,7 +31,11 @@ class InputBatch:
         self.vocab_size = vocab_size
         self.lora = lora
         self.states = states
-        self.state_slot = np.zeros(max_num_reqs, np.int32)  # each row's state slot (0: none)
+        # each row's state slot (0: none), the slot its next step reads (a hit's snapshot at first), and the snapshot
+        # slot this step also writes (0: none)
+        self.state_slot = np.zeros(max_num_reqs, np.int32)
+        self.state_read = np.zeros(max_num_reqs, np.int32)
+        self.state_snapshot = np.zeros(max_num_reqs, np.int32)
         self.lora_slot = np.zeros(max_num_reqs, np.int32)  # each row's LoRA slot (0: no adapter)
         # +1: the token sampled after the last position a request may compute is appended before it stops
         self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), np.int32)
@@ -65,8 +69,10 @@ class InputBatch:
             self.remove(req_id)
         for new in sched.scheduled_new_reqs:
             self.add(new.req_id, new.token_ids, new.block_ids, new.num_computed_tokens, new.sampling_params,
-                     new.seed, new.lora_slot, new.state_slot)
+                     new.seed, new.lora_slot, new.state_slot, new.state_source)
         cached = sched.scheduled_cached_reqs
+        if self.states:
+            self._update_states(cached.req_ids, sched.state_snapshots)
         if not cached.req_ids:
             return
         slots = self.slots(cached.req_ids)
@@ -75,8 +81,17 @@ class InputBatch:
             if block_ids:
                 self.append_blocks(slot, block_ids)
 
+    def _update_states(self, cached_req_ids: list[str], snapshots: dict[str, int]) -> None:
+        """Rows past their first step read their own slot; this step's snapshot slots."""
+        if cached_req_ids:
+            rows = self.slots(cached_req_ids)
+            self.state_read[rows] = self.state_slot[rows]
+        self.state_snapshot[:] = 0
+        for req_id, slot in snapshots.items():
+            self.state_snapshot[self.slot_of[req_id]] = slot
+
     def add(self, req_id: str, token_ids: Sequence[int], block_ids: Sequence[int], num_computed: int,
-            params: SamplingParams, seed: int, lora_slot: int = 0, state_slot: int = 0) -> int:
+            params: SamplingParams, seed: int, lora_slot: int = 0, state_slot: int = 0, state_source: int = 0) -> int:
         if req_id in self.slot_of:
             raise ValueError(f"request {req_id!r} already has a row")
         if not self._free:
@@ -103,6 +118,7 @@ class InputBatch:
         self.wants_prompt_logprobs[slot] = params.prompt_logprobs is not None
         self.lora_slot[slot] = lora_slot
         self.state_slot[slot] = state_slot
+        self.state_read[slot] = state_source or state_slot
         return slot
 
     def remove(self, req_id: str) -> None:
@@ -181,14 +197,15 @@ class InputBatch:
         if self.lora:  # padding tokens: slot 0 (no adapter)
             lora_slots = np.zeros(num_tokens_padded, np.int32)
             lora_slots[:total] = self.lora_slot[token_slot]
-        state_slots = None
+        reads = writes = snapshots = None
         if self.states:  # padding rows: the null slot
-            state_slots = np.zeros(num_seqs_padded, np.int32)
-            state_slots[:num_seqs] = self.state_slot[slots]
+            reads, writes, snapshots = (np.zeros(num_seqs_padded, np.int32) for _ in range(3))
+            reads[:num_seqs], writes[:num_seqs] = self.state_read[slots], self.state_slot[slots]
+            snapshots[:num_seqs] = self.state_snapshot[slots]
         return StepInputs(input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                           block_tables=block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
                           num_seqs=np.array([num_seqs], np.int32), logits_indices=logits_indices,
-                          lora_slots=lora_slots, state_slots=state_slots)
+                          lora_slots=lora_slots, state_reads=reads, state_slots=writes, state_snapshots=snapshots)
 
     def sampling_tensors(self, slots: np.ndarray, counts: np.ndarray, num_seqs_padded: int,
                          num_drafts: np.ndarray | None = None) -> tuple[SamplingTensors, int]:

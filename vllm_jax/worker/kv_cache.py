@@ -81,8 +81,10 @@ class HybridCacheShape:
 
 
 def num_state_slots(config: EngineConfig) -> int:
-    """A hybrid model's state slots: one per request the scheduler may hold, and the null slot."""
-    return config.scheduler_config.max_num_seqs + 1
+    """A hybrid model's state slots: one per request the scheduler may hold, as many again for the snapshots of
+    prefix caching when it is on (paged_kv/state_snapshots.py), and the null slot."""
+    per_request = 2 if config.cache_config.enable_prefix_caching else 1
+    return per_request * config.scheduler_config.max_num_seqs + 1
 
 
 def state_pool_bytes(config: EngineConfig, spec: DecoderSpec) -> int:

@@ -37,6 +37,10 @@ def read_states(pool: jax.Array, slots: jax.Array, fresh: jax.Array) -> jax.Arra
     return jnp.where(fresh.reshape((-1,) + (1,) * (states.ndim - 1)), jnp.zeros_like(states), states)
 
 
-def write_states(pool: jax.Array, slots: jax.Array, states: jax.Array) -> jax.Array:
-    """The pool with each sequence's end-of-step state in its slot (padding rows write the null slot 0)."""
-    return pool.at[slots].set(states.astype(pool.dtype))
+def write_states(pool: jax.Array, layer: int, slot_sets: tuple[jax.Array, ...], states: jax.Array) -> jax.Array:
+    """The pool [layers, slots, ...] with each sequence's end-of-step state of `layer` in its slot of each of
+    `slot_sets` ([S] each: the row's own slot, then its snapshot slot; 0, the null slot, for none and padding)."""
+    states = states.astype(pool.dtype)
+    for slots in slot_sets:
+        pool = pool.at[layer, slots].set(states)
+    return pool

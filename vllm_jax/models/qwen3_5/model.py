@@ -33,7 +33,7 @@ from vllm_jax.model.layers import (
 )
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.ssm.gated_deltanet import gated_deltanet
-from vllm_jax.model.ssm.ragged import read_states, starts_fresh
+from vllm_jax.model.ssm.ragged import read_states, starts_fresh, write_states
 from vllm_jax.model.state_cache import HybridCache
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model.weight_forms.bundle import bundle_quantized
@@ -125,7 +125,7 @@ class Qwen3_5LM(DecoderLM):
         spec, inputs = self.spec, ctx.inputs
         weights = layer_param_values(self.layers)
         fresh = starts_fresh(inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
-        slots = inputs.state_slots
+        reads, writes, snapshots = inputs.state_reads, inputs.state_slots, inputs.state_snapshots
         kv, conv, recurrent = cache.kv, cache.conv, cache.recurrent
         order = {kind: {layer: k for k, layer in enumerate(layers)}
                  for kind, layers in ((FULL, spec.attention_layers), ("linear", spec.linear_layers))}
@@ -141,10 +141,10 @@ class Qwen3_5LM(DecoderLM):
                          "in_proj_a": w["in_proj_a"], "conv1d": w["conv1d"][:, 0, :], "dt_bias": w["dt_bias"],
                          "A_log": w["A_log"], "norm": w["gated_norm"], "out_proj": w["out_proj"]}
                 out, conv_end, recurrent_end = gated_deltanet(
-                    spec.deltanet, mixer, x, read_states(conv[k], slots, fresh),
-                    read_states(recurrent[k], slots, fresh), inputs.query_start_loc, inputs.num_seqs)
-                conv = conv.at[k, slots].set(conv_end.astype(conv.dtype))
-                recurrent = recurrent.at[k, slots].set(recurrent_end.astype(recurrent.dtype))
+                    spec.deltanet, mixer, x, read_states(conv[k], reads, fresh),
+                    read_states(recurrent[k], reads, fresh), inputs.query_start_loc, inputs.num_seqs)
+                conv = write_states(conv, k, (writes, snapshots), conv_end)
+                recurrent = write_states(recurrent, k, (writes, snapshots), recurrent_end)
             hidden = hidden + out
             hidden = hidden + gated_mlp(w, zero_centred_rms_norm(hidden, w["post_attention_norm"], spec.rms_norm_eps))
         return hidden, HybridCache(kv, conv, recurrent), aux
