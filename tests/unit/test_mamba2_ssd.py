@@ -100,6 +100,11 @@ def test_chunk_sizes_agree_and_a_split_sequence_equals_one_call():
     np.testing.assert_allclose(end[0], final4[0], rtol=1e-4, atol=1e-4)
 
 
+def _per_channel(v: np.ndarray) -> torch.Tensor:
+    """[..., H] -> [..., H, P]: the per-channel form transformers' state update takes."""
+    return torch.tensor(v)[..., None].expand(*v.shape, HEAD_DIM)
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 def test_recurrent_equals_transformers_state_update(groups):
     rng = np.random.default_rng(10 + groups)
@@ -111,11 +116,10 @@ def test_recurrent_equals_transformers_state_update(groups):
     live = [s for s in range(num_seqs) if lens[s] == 1]
     tokens = [starts[s] for s in live]
     state = torch.tensor(a["initial"][live])
-    expand = (lambda v: torch.tensor(v)[..., None].expand(*v.shape, HEAD_DIM))
     out = mamba2_selective_state_update(
-        state, torch.tensor(a["x"][tokens]), expand(a["dt"][tokens]),
+        state, torch.tensor(a["x"][tokens]), _per_channel(a["dt"][tokens]),
         torch.tensor(a["A"])[:, None, None].expand(HEADS, HEAD_DIM, D_STATE),
-        torch.tensor(a["B"][tokens]), torch.tensor(a["C"][tokens]), expand(a["D"]))
+        torch.tensor(a["B"][tokens]), torch.tensor(a["C"][tokens]), _per_channel(a["D"]))
     np.testing.assert_allclose(y[tokens], out.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(final[live], state.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(final[[2, 5]], a["initial"][[2, 5]])
