@@ -89,3 +89,19 @@ def test_a_continued_sequence_equals_one_call_and_transformers():
     with torch.no_grad():
         ref = layer(torch.tensor(x[None]))[0].numpy()
     np.testing.assert_allclose(whole, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_spec_of_a_real_size_config_matches_the_transformers_layer_shapes():
+    """Granite 4.0-H Small's mixer fields (mamba_d_head left "auto"): our sizes equal the torch layer's tensors
+    (built on the meta device, no memory)."""
+    config = GraniteMoeHybridConfig(hidden_size=4096, num_hidden_layers=1, num_attention_heads=32, vocab_size=32,
+                                    num_local_experts=0, mamba_n_heads=128, mamba_n_groups=1, mamba_d_state=128,
+                                    mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256)
+    spec = Mamba2Spec.from_config(config)
+    with torch.device("meta"):
+        layer = GraniteMoeHybridMambaLayer(config, 0)
+    assert spec.head_dim == layer.head_dim == 64
+    assert (spec.in_proj_size, spec.hidden_size) == tuple(layer.in_proj.weight.shape)
+    assert (spec.conv_dim, 1, spec.conv_kernel) == tuple(layer.conv1d.weight.shape)
+    assert spec.norm_group_size == layer.norm.group_size
+    assert spec.chunk_size == 64  # capped

@@ -17,6 +17,11 @@ from vllm_jax.model.layers import linear
 from vllm_jax.model.ssm.causal_conv import causal_conv1d
 from vllm_jax.model.ssm.mamba2_ssd import ssd
 
+# The SSD's result does not depend on the chunk size (up to rounding); the cost does: each chunk's within-chunk part
+# is quadratic in it, and a ragged step gives every sequence row its own chunks (a decode row in a mixed step takes
+# a whole chunk), so the chunk is capped below Granite's 256.
+MAX_CHUNK_SIZE = 64
+
 
 @dataclass(frozen=True)
 class Mamba2Spec:
@@ -29,7 +34,7 @@ class Mamba2Spec:
     d_state: int
     conv_kernel: int
     intermediate_size: int  # num_heads * head_dim
-    chunk_size: int
+    chunk_size: int  # the SSD's chunk: the config's, at most MAX_CHUNK_SIZE
     time_step_limit: tuple[float, float]
     rms_norm_eps: float
     use_conv_bias: bool
@@ -38,7 +43,7 @@ class Mamba2Spec:
     @classmethod
     def from_config(cls, config: Any) -> Mamba2Spec:
         """From a transformers GraniteMoeHybridConfig (its `mamba_*` fields; `mamba_d_head` "auto" is resolved
-        by the config itself to intermediate // heads)."""
+        by the config itself to intermediate // heads; the chunk capped at MAX_CHUNK_SIZE)."""
         intermediate = int(config.mamba_expand * config.hidden_size)
         heads = config.mamba_n_heads
         head_dim = config.mamba_d_head
@@ -47,7 +52,8 @@ class Mamba2Spec:
         limit = config.time_step_limit
         return cls(hidden_size=config.hidden_size, num_heads=heads, head_dim=int(head_dim),
                    n_groups=config.mamba_n_groups, d_state=config.mamba_d_state, conv_kernel=config.mamba_d_conv,
-                   intermediate_size=intermediate, chunk_size=config.mamba_chunk_size,
+                   intermediate_size=intermediate,
+                   chunk_size=min(config.mamba_chunk_size, MAX_CHUNK_SIZE),
                    time_step_limit=(0.0, math.inf) if limit is None else (float(limit[0]), float(limit[1])),
                    rms_norm_eps=config.rms_norm_eps, use_conv_bias=bool(config.mamba_conv_bias),
                    use_proj_bias=bool(config.mamba_proj_bias))
