@@ -15,7 +15,7 @@ from transformers.models.granitemoehybrid.modeling_granitemoehybrid import (
     mamba2_selective_state_update,
 )
 
-from vllm_jax.model.ssm.mamba2_ssd import ssd
+from vllm_jax.model.ssm.mamba2_ssd import ssd, ssd_recurrent
 
 HEADS, HEAD_DIM, D_STATE = 4, 3, 5
 
@@ -105,14 +105,15 @@ def _per_channel(v: np.ndarray) -> torch.Tensor:
     return torch.tensor(v)[..., None].expand(*v.shape, HEAD_DIM)
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_recurrent_equals_transformers_state_update(groups):
+@pytest.mark.parametrize("groups,bucket_padding", [(1, 0), (2, 3)])
+def test_recurrent_equals_transformers_state_update(groups, bucket_padding):
     rng = np.random.default_rng(10 + groups)
-    lens = [1, 1, 0, 1, 1, 0]  # decodes, a row with no token, then a padding row
+    lens = [1, 1, 0, 1, 1, 0]  # decodes, a row with no token, then a padding row: the recurrent form
     num_seqs = 5
-    a = _inputs(rng, len(lens), len(lens), groups)  # T == S: the recurrent form
+    a = _inputs(rng, len(lens) + bucket_padding, len(lens), groups)  # a token bucket of S or more
     qsl, starts = _layout(lens, num_seqs, len(lens))
     y, final = _run(a, qsl, num_seqs, 4)
+    assert np.isfinite(y).all()
     live = [s for s in range(num_seqs) if lens[s] == 1]
     tokens = [starts[s] for s in live]
     state = torch.tensor(a["initial"][live])
@@ -123,9 +124,14 @@ def test_recurrent_equals_transformers_state_update(groups):
     np.testing.assert_allclose(y[tokens], out.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(final[live], state.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(final[[2, 5]], a["initial"][[2, 5]])
+    # the step took the recurrent form: it gives the same numbers
+    y_rec, final_rec = jax.jit(ssd_recurrent)(*(jnp.asarray(a[k]) for k in ("x", "dt", "A", "B", "C", "D", "initial")),
+                                              jnp.asarray(qsl), jnp.asarray([num_seqs], jnp.int32))
+    np.testing.assert_array_equal(y[tokens], np.asarray(y_rec)[tokens])
+    np.testing.assert_array_equal(final, np.asarray(final_rec))
 
 
-def test_a_mixed_step_in_a_decode_sized_bucket_takes_the_chunked_form():
+def test_a_prefill_in_a_decode_sized_bucket_takes_the_chunked_form():
     rng = np.random.default_rng(7)
     lens = [3, 1, 0, 0]  # T == S == 4, but the first row is a prefill
     a = _inputs(rng, 4, 4, groups=1)

@@ -7,7 +7,7 @@ from its initial state. Two forms of the same recurrence:
 - chunked (prefills): the tokens laid out as chunks of `chunk_size` that each belong to one sequence (the chunk
   boundaries counted from the row's first new token), the within-chunk parts for every chunk at once, and one
   `lax.scan` over the chunks carrying the sequences' states;
-- recurrent (decodes, one token per row): one update per row, vectorised over the rows.
+- recurrent (decode steps, at most one token per row): one update per row, vectorised over the rows.
 Padding (rows past `num_seqs`, tokens past `query_start_loc[num_seqs]`, chunk positions past a sequence's end) is
 laid out with dt = 0 and x = 0, which leaves a state exactly as it was.
 """
@@ -26,12 +26,10 @@ def ssd(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array, D
         query_start_loc: jax.Array, num_seqs: jax.Array, *, chunk_size: int) -> tuple[jax.Array, jax.Array]:
     """x [T, H, P], dt [T, H] (after the bias, softplus and the time-step clamp), A [H] (negative), B / C
     [T, G, N], D [H], initial [S, H, P, N] float32 -> (y [T, H, P] in x's dtype, final [S, H, P, N] float32).
-    T != S: the chunked form. T == S (a decode-sized bucket): the recurrent form when every row has at most one
-    token this step, else the chunked one (a mixed step can land in a bucket with T == S)."""
-    num_tokens, num_rows = x.shape[0], initial.shape[0]
+    The recurrent form runs when every row has at most one token (a decode step, whatever its token bucket: the
+    engine pads decode steps to token buckets larger than their rows), the chunked one otherwise: a `lax.cond`, as
+    model/ssm/gated_delta.py picks its forms."""
     args = (x, dt, A, B, C, D, initial, query_start_loc, num_seqs)
-    if num_tokens != num_rows:
-        return ssd_chunked(*args, chunk_size=chunk_size)
     one_token_rows = jnp.all(query_lens(query_start_loc, num_seqs) <= 1)
     return jax.lax.cond(one_token_rows, ssd_recurrent, lambda *a: ssd_chunked(*a, chunk_size=chunk_size), *args)
 
