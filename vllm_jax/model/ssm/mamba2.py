@@ -1,8 +1,8 @@
 """The Mamba2 mixer as Granite 4.0-H defines it (transformers' GraniteMoeHybridMambaLayer): in_proj into the gate, the
 conv's x / B / C and dt; the causal conv with SiLU; the SSD scan with groups, the D skip, dt's bias, softplus and
 limits; the gated RMSNorm per group; out_proj. One pure function over one layer's weights and a step's ragged
-batch, each sequence continuing from its conv and SSM states (docs/architecture/17-state-cache.md, "The step's
-states")."""
+batch, each sequence continuing from its conv and SSM states (docs/architecture/17-state-cache.md, "Mamba2
+(Granite 4.0-H)")."""
 
 from __future__ import annotations
 
