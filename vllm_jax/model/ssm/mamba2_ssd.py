@@ -38,17 +38,20 @@ def ssd_recurrent(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: ja
                   initial: jax.Array, query_start_loc: jax.Array,
                   num_seqs: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`ssd` when each row has at most one token: row s's token sits at query_start_loc[s]."""
-    num_tokens, heads = x.shape[0], x.shape[1]
+    num_tokens, heads, head_dim = x.shape
+    rows, groups = initial.shape[0], B.shape[1]
     lens = query_lens(query_start_loc, num_seqs)
     token = jnp.clip(query_start_loc[:-1], 0, num_tokens - 1)
     live = lens == 1  # [S]
     xs = jnp.where(live[:, None, None], x[token].astype(jnp.float32), 0.0)  # [S, H, P]
     dts = jnp.where(live[:, None], dt[token].astype(jnp.float32), 0.0)  # [S, H]
-    bs, cs = _per_head(B[token], heads), _per_head(C[token], heads)  # [S, H, N]
+    bs, cs = B[token].astype(jnp.float32), C[token].astype(jnp.float32)  # [S, G, N]
     decay = jnp.exp(dts * A.astype(jnp.float32))  # [S, H]
+    dx = _grouped(dts[..., None] * xs, groups)  # [S, G, R, P]
     state = (initial.astype(jnp.float32) * decay[..., None, None]
-             + (dts[..., None] * xs)[..., None] * bs[:, :, None, :])
-    y = jnp.einsum("shpn,shn->shp", state, cs) + D.astype(jnp.float32)[:, None] * xs
+             + (dx[..., None] * bs[:, :, None, None, :]).reshape(initial.shape))
+    y = jnp.einsum("sgrpn,sgn->sgrp", _grouped(state, groups), cs).reshape(rows, heads, head_dim)
+    y = y + D.astype(jnp.float32)[:, None] * xs
     seq, index = token_sequences(query_start_loc, num_tokens)
     out = jnp.where((index < lens[seq])[:, None, None], y[seq], 0.0)
     return out.astype(x.dtype), state
@@ -58,33 +61,36 @@ def ssd_chunked(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.
                 initial: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array, *,
                 chunk_size: int) -> tuple[jax.Array, jax.Array]:
     """`ssd` in the chunked form: at most T // chunk_size + S chunks, each one sequence's run of up to
-    `chunk_size` tokens."""
-    num_tokens, heads = x.shape[0], x.shape[1]
+    `chunk_size` tokens. Heads are laid out as [G, R] (R = H / G heads per group), so each group's C . B products
+    are computed once for its R heads."""
+    num_tokens, heads, head_dim = x.shape
+    groups = B.shape[1]
     layout = _ChunkLayout.of(query_start_loc, num_seqs, num_tokens, initial.shape[0], chunk_size)
     xc = layout.gather(x.astype(jnp.float32))  # [NC, c, H, P]
     dtc = layout.gather(dt.astype(jnp.float32))  # [NC, c, H]
-    bc, cc = _per_head(layout.gather(B.astype(jnp.float32)), heads), _per_head(layout.gather(C.astype(jnp.float32)),
-                                                                                 heads)  # [NC, c, H, N]
-    seg = _segment_sums(dtc * A.astype(jnp.float32))  # [NC, H, c (to), c (from)]
-    dx = dtc[..., None] * xc  # [NC, c, H, P]: each token's input, discretised
+    bc, cc = layout.gather(B.astype(jnp.float32)), layout.gather(C.astype(jnp.float32))  # [NC, c, G, N]
+    dA = dtc * A.astype(jnp.float32)  # [NC, c, H]
+    seg = _grouped(_segment_sums(dA), groups, axis=1)  # [NC, G, R, c (to), c (from)]
+    dx = _grouped(dtc[..., None] * xc, groups, axis=2)  # [NC, c, G, R, P]: each token's input, discretised
     # within the chunk: y_l += sum_{s <= l} (C_l . B_s) exp(dA_{s+1..l}) dt_s x_s
-    weights = jnp.einsum("jlhn,jshn->jhls", cc, bc) * jnp.exp(seg)
-    y = jnp.einsum("jhls,jshp->jlhp", weights, dx)
+    weights = jnp.einsum("jlgn,jsgn->jgls", cc, bc)[:, :, None] * jnp.exp(seg)
+    y = jnp.einsum("jgrls,jsgrp->jlgrp", weights, dx)
     # what each chunk adds to its sequence's state, and how much it decays the state it starts from
-    to_end = jnp.exp(seg[:, :, -1, :])  # [NC, H, c]: decay from after token l to the chunk's end
-    added = jnp.einsum("jhl,jlhp,jlhn->jhpn", to_end, dx, bc)
-    chunk_decay = jnp.exp(jnp.sum(dtc * A.astype(jnp.float32), axis=1))  # [NC, H]
+    to_end = jnp.exp(seg[..., -1, :])  # [NC, G, R, c]: decay from after token l to the chunk's end
+    added = jnp.einsum("jgrl,jlgrp,jlgn->jgrpn", to_end, dx, bc).reshape(-1, heads, head_dim, B.shape[2])
+    chunk_decay = jnp.exp(jnp.sum(dA, axis=1))  # [NC, H]
     starts, final = _scan_chunks(initial.astype(jnp.float32), layout.seq, chunk_decay, added)
     # from the state the chunk started with: y_l += exp(dA_{0..l}) C_l . start
-    from_start = jnp.exp(jnp.cumsum(dtc * A.astype(jnp.float32), axis=1))  # [NC, c, H]
-    y = y + from_start[..., None] * jnp.einsum("jlhn,jhpn->jlhp", cc, starts)
-    y = y + D.astype(jnp.float32)[:, None] * xc
+    from_start = _grouped(jnp.exp(jnp.cumsum(dA, axis=1)), groups, axis=2)  # [NC, c, G, R]
+    y = y + from_start[..., None] * jnp.einsum("jlgn,jgrpn->jlgrp", cc, _grouped(starts, groups, axis=1))
+    y = y.reshape(xc.shape) + D.astype(jnp.float32)[:, None] * xc
     return layout.scatter(y).astype(x.dtype), final
 
 
-def _per_head(bc: jax.Array, heads: int) -> jax.Array:
-    """[..., G, N] -> [..., H, N]: each group's B (or C) for the H / G heads it serves."""
-    return jnp.repeat(bc, heads // bc.shape[-2], axis=-2)
+def _grouped(a: jax.Array, groups: int, axis: int = 1) -> jax.Array:
+    """The head axis `axis` (H) split into [G, R]: head h is group h // R's r-th head, as transformers'
+    repeat_interleave of B / C over the heads pairs them."""
+    return a.reshape(*a.shape[:axis], groups, a.shape[axis] // groups, *a.shape[axis + 1:])
 
 
 def _segment_sums(dA: jax.Array) -> jax.Array:
