@@ -1,11 +1,11 @@
 """A file server on a free loopback port, for run-batch's http(s) input and output: GET answers a stored file
 (404 otherwise), PUT stores the body it is sent (read by its Content-Length: a chunked upload stores nothing and
-the test sees it) and answers `put_status`. Every request is recorded as (method, path)."""
+the test sees it), calls `on_put` and answers `put_status`. Every request is recorded as (method, path)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +17,7 @@ class FileServer:
     files: dict[str, bytes] = field(default_factory=dict)
     put_status: int = 200
     requests: list[tuple[str, str]] = field(default_factory=list)
+    on_put: Callable[[], None] | None = None  # called before a PUT is answered
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -36,6 +37,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self.state.requests.append(("PUT", self.path))
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.state.on_put is not None:
+            self.state.on_put()
         if self.state.put_status < 300:
             self.state.files[self.path] = body
         self.send_response(self.state.put_status)

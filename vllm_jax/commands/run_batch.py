@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import uuid
@@ -138,13 +139,16 @@ def _build_engine(ns: argparse.Namespace) -> tuple[Any, Any, Any]:
     return engine, app, metrics
 
 
-async def _run(ns: argparse.Namespace, texts: list[str], out: IO[str]) -> int:
+async def _run(ns: argparse.Namespace, texts: list[str], out: IO[str], cleanup: contextlib.ExitStack) -> int:
+    """Build and start the engine, run the lines, shut it down. The metrics server (--enable-metrics) is left
+    to `cleanup`, which closes it after the output is uploaded, so a scrape sees the finished batch."""
     engine, app, metrics = _build_engine(ns)
-    metrics_server = None
     if metrics is not None:
         from prometheus_client import start_http_server
 
         metrics_server, _ = start_http_server(ns.port, addr=ns.host, registry=metrics.registry)
+        cleanup.callback(metrics_server.server_close)
+        cleanup.callback(metrics_server.shutdown)
         print(f"run-batch: metrics at http://{ns.host}:{ns.port}/metrics", file=sys.stderr)
     engine.start()
     try:
@@ -159,8 +163,6 @@ async def _run(ns: argparse.Namespace, texts: list[str], out: IO[str]) -> int:
             errors = await run_lines(app, texts, write, bar, max_inflight=ns.max_inflight)
     finally:
         await engine.shutdown()
-        if metrics_server is not None:
-            metrics_server.shutdown()
     print(f"run-batch: {len(texts)} lines, {len(texts) - errors} answered, {errors} errors", file=sys.stderr)
     return 0
 
@@ -175,8 +177,8 @@ def run(ns: argparse.Namespace) -> int:
         print(f"ERROR: --max-inflight must be at least 1; got {ns.max_inflight}", file=sys.stderr)
         return 2
     try:
-        with output_stream(ns.output_file, ns.output_tmp_dir) as out:
-            return asyncio.run(_run(ns, texts, out))
+        with contextlib.ExitStack() as cleanup, output_stream(ns.output_file, ns.output_tmp_dir) as out:
+            return asyncio.run(_run(ns, texts, out, cleanup))
     except ValueError as exc:  # a bad flag or model: one line, not a traceback
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
