@@ -93,12 +93,13 @@ def test_run_batch_keeps_the_staged_output_when_the_upload_fails(tmp_path, monke
     monkeypatch.setattr(batch_io, "UPLOAD_RETRY_DELAY_S", 0.0)
     with file_server() as server:
         server.put_status = 500
-        with pytest.raises(batch_io.UploadError, match="kept in") as failure:
-            with output_stream(server.url + "/out.jsonl", str(tmp_path)) as out:
+        with pytest.raises(batch_io.UploadError, match="HTTP 500") as failure:
+            with output_stream(server.url + "/out.jsonl?signature=SECRET", str(tmp_path)) as out:
                 out.write("finished line\n")
-        assert server.requests == [("PUT", "/out.jsonl")] * batch_io.UPLOAD_ATTEMPTS
+        assert server.requests == [("PUT", "/out.jsonl?signature=SECRET")] * batch_io.UPLOAD_ATTEMPTS
         [staged] = tmp_path.iterdir()
         assert str(staged) in str(failure.value) and staged.read_text() == "finished line\n"
+        assert "SECRET" not in str(failure.value)  # a pre-signed URL's credentials are never printed
         with pytest.raises(RuntimeError):  # a run that stops early uploads nothing and keeps what it wrote
             with output_stream(server.url + "/early.jsonl", str(tmp_path)) as out:
                 out.write("partial\n")
@@ -108,5 +109,7 @@ def test_run_batch_keeps_the_staged_output_when_the_upload_fails(tmp_path, monke
 
 def test_run_batch_refuses_an_unreadable_input_url_before_building_an_engine(capsys):
     with file_server() as server:
-        assert main(["run-batch", "-i", server.url + "/nothing.jsonl", "-o", "-"]) == 2
-    assert "cannot read" in capsys.readouterr().err and server.requests == [("GET", "/nothing.jsonl")]
+        assert main(["run-batch", "-i", server.url + "/nothing.jsonl?signature=SECRET", "-o", "-"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read {server.url}/nothing.jsonl?…: GET failed (HTTP 404 Not Found)" in err, err
+    assert "SECRET" not in err and server.requests == [("GET", "/nothing.jsonl?signature=SECRET")]

@@ -3,7 +3,8 @@ stdin / stdout (`-`), or an http(s) URL. An input URL is fetched with a GET. An 
 file in one PUT once the batch is done (vLLM's behaviour: an object store takes a file, not a stream of lines);
 until then the lines are written, as they complete, to a staging file in `--output-tmp-dir` (default: the
 system's temporary directory), which is deleted once uploaded and kept, with its path printed, when the upload
-fails or the run stops early, so finished lines are never lost."""
+fails or the run stops early, so finished lines are never lost. A URL is printed without its query string: a
+pre-signed URL carries its credentials there."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -35,6 +37,21 @@ def is_url(path: str) -> bool:
     return path.startswith(URL_PREFIXES)
 
 
+def shown(path: str) -> str:
+    """`path` as messages print it: a URL without its query string and fragment (where signatures live)."""
+    if not is_url(path):
+        return path
+    parts = urlsplit(path)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")) + ("?…" if parts.query else "")
+
+
+def _why(exc: httpx.HTTPError) -> str:
+    """What went wrong, without the URL httpx puts in a status error's message."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code} {exc.response.reason_phrase}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def read_input_lines(path: str) -> list[str]:
     """The non-blank lines of a local file, of stdin (`-`) or of an http(s) URL's body; OSError when it cannot be
     read (a missing file, a refused connection, a status other than 2xx)."""
@@ -45,7 +62,7 @@ def read_input_lines(path: str) -> list[str]:
             reply = httpx.get(path, follow_redirects=True, timeout=DOWNLOAD_TIMEOUT_S)
             reply.raise_for_status()
         except httpx.HTTPError as exc:
-            raise OSError(f"GET {path} failed: {exc}") from exc
+            raise OSError(f"GET failed ({_why(exc)})") from exc
         text = reply.content.decode("utf-8")
     else:
         with open(path, encoding="utf-8") as f:
@@ -70,19 +87,20 @@ def output_stream(path: str, tmp_dir: str | None = None) -> Iterator[IO[str]]:
             yield f
     except BaseException:
         if os.path.getsize(staged):
-            print(f"run-batch: stopped before uploading to {path}; the lines written so far are in {staged}",
-                  file=sys.stderr)
+            print(f"run-batch: stopped before uploading to {shown(path)}; the lines written so far are in "
+                  f"{staged}", file=sys.stderr)
         else:
             os.unlink(staged)
         raise
     upload(staged, path)
     os.unlink(staged)
+    print(f"run-batch: output uploaded to {shown(path)}", file=sys.stderr)
 
 
 def upload(staged: str, url: str) -> None:
     """PUT the staged file to `url`, trying UPLOAD_ATTEMPTS times; UploadError if every try fails. httpx sends a
     file's length (Content-Length), not a chunked body, which object stores refuse."""
-    problem: Exception | None = None
+    problem = ""
     for attempt in range(1, UPLOAD_ATTEMPTS + 1):
         try:
             with open(staged, "rb") as f:
@@ -91,9 +109,9 @@ def upload(staged: str, url: str) -> None:
             reply.raise_for_status()
             return
         except httpx.HTTPError as exc:
-            problem = exc
+            problem = _why(exc)
             if attempt < UPLOAD_ATTEMPTS:
-                logger.warning("PUT %s failed (attempt %d of %d: %s); retrying in %.0f s", url, attempt,
-                               UPLOAD_ATTEMPTS, exc, UPLOAD_RETRY_DELAY_S)
+                logger.warning("PUT %s failed (attempt %d of %d: %s); retrying in %.0f s", shown(url), attempt,
+                               UPLOAD_ATTEMPTS, problem, UPLOAD_RETRY_DELAY_S)
                 time.sleep(UPLOAD_RETRY_DELAY_S)
-    raise UploadError(f"PUT {url} failed {UPLOAD_ATTEMPTS} times ({problem}); the output is kept in {staged}")
+    raise UploadError(f"PUT failed {UPLOAD_ATTEMPTS} times ({problem}); the output is kept in {staged}")

@@ -25,7 +25,7 @@ from typing import IO, Any
 import httpx
 from tqdm import tqdm
 
-from vllm_jax.commands.batch_io import output_stream, read_input_lines
+from vllm_jax.commands.batch_io import output_stream, read_input_lines, shown
 from vllm_jax.config import add_engine_args, engine_args_from_namespace
 
 BATCH_URLS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score",
@@ -171,7 +171,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         texts = read_input_lines(ns.input_file)
     except OSError as exc:
-        print(f"ERROR: cannot read {ns.input_file}: {exc}", file=sys.stderr)
+        print(f"ERROR: cannot read {shown(ns.input_file)}: {exc}", file=sys.stderr)
         return 2
     if ns.max_inflight < 1:
         print(f"ERROR: --max-inflight must be at least 1; got {ns.max_inflight}", file=sys.stderr)
@@ -183,7 +183,7 @@ def run(ns: argparse.Namespace) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the output cannot be written or uploaded
-        print(f"ERROR: {ns.output_file}: {exc}", file=sys.stderr)
+        print(f"ERROR: {shown(ns.output_file)}: {exc}", file=sys.stderr)
         return 1
 
 
