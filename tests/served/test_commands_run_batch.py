@@ -1,17 +1,21 @@
 """`vllm-jax run-batch`: one output line per input line, a good line's body as the server answers the same body,
-a bad line (not JSON, an unknown url, a bad body) an error line while the rest of the file still runs."""
+a bad line (not JSON, an unknown url, a bad body) an error line while the rest of the file still runs; the input
+and output as http(s) URLs, with the engine's metrics served until the output is uploaded."""
 
 from __future__ import annotations
 
 import io
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.engine_flags import tiny_engine_flags
+from tests.helpers.file_server import file_server
 from tests.helpers.live_server import MODEL, TEMPLATE, Served, start_server, tiny_checkpoint
 from vllm_jax.cli import main
 
@@ -95,3 +99,42 @@ def test_run_batch_reads_stdin_and_writes_only_output_lines_to_stdout(checkpoint
     [result] = [json.loads(t) for t in captured.out.splitlines()]
     assert result["custom_id"] == "only" and result["response"]["body"]["usage"]["completion_tokens"] == 2
     assert "1 lines, 1 answered, 0 errors" in captured.err and "run-batch:" not in captured.out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sample_sum(metrics_text: str, name: str) -> float:
+    return sum(sample.value for family in text_string_to_metric_families(metrics_text)
+               for sample in family.samples if sample.name == name)
+
+
+def test_run_batch_reads_and_writes_urls_and_serves_metrics_until_the_upload(checkpoint, tmp_path):
+    """vLLM's `-i URL` / `-o URL`: the input fetched with GET, the output staged in --output-tmp-dir and PUT once
+    the batch is done (the staging file then removed). With --enable-metrics the engine's Prometheus series are
+    served until then: a scrape at the PUT counts every answered line and every token they generated."""
+    lines = [json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
+             for cid, (url, body) in GOOD.items()] + ["{not json"]
+    port, scraped, stage = _free_port(), [], tmp_path / "stage"
+    stage.mkdir()
+    with file_server() as files:
+        files.files["/batch/in.jsonl"] = ("\n".join(lines) + "\n").encode()
+        files.on_put = lambda: scraped.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+        assert main(["run-batch", "-i", files.url + "/batch/in.jsonl", "-o", files.url + "/batch/out.jsonl",
+                     "--output-tmp-dir", str(stage), "--enable-metrics", "--port", str(port),
+                     *tiny_engine_flags(checkpoint), "--served-model-name", MODEL, "--chat-template", TEMPLATE,
+                     "--disable-progress-bar"]) == 0
+        assert files.requests == [("GET", "/batch/in.jsonl"), ("PUT", "/batch/out.jsonl")]
+    results = {r["custom_id"]: r for r in map(json.loads, files.files["/batch/out.jsonl"].decode().splitlines())}
+    assert set(results) == {*GOOD, None} and "not JSON" in results[None]["error"]["error"]["message"]
+    assert all(results[cid]["response"]["status_code"] == 200 for cid in GOOD)
+    assert not list(stage.iterdir())
+    [metrics] = scraped
+    assert _sample_sum(metrics, "vllm:request_success_total") == len(GOOD)
+    generated = sum(results[cid]["response"]["body"]["usage"]["completion_tokens"] for cid in GOOD)
+    assert _sample_sum(metrics, "vllm:generation_tokens_total") == generated > 0
+    with pytest.raises(httpx.ConnectError):  # the metrics server is gone once the command returns
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)

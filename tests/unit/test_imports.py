@@ -20,7 +20,7 @@ ALLOWED = {
     # the `vllm-jax` commands (cli.py only dispatches to them): each drives a public entry point (the server's
     # launcher and app, the engine, LLM, the loader's convert, the aot report, a multi-host follower) and reads the
     # config; nothing but cli.py imports them
-    "commands": {"config", "engine", "server", "llm", "model_loader", "aot", "worker"},
+    "commands": {"config", "engine", "server", "llm", "model_loader", "aot", "worker", "metrics"},
     "engine": {"config", "scheduler", "paged_kv", "worker", "model_loader", "metrics", "sharding", "structured_output",
                "reasoning", "lora", "multimodal", "pooling", "pooling.device"},
     "multimodal": {"model", "models"},
