@@ -10,8 +10,7 @@ What differs from the Llama decoder:
   indexed by the attention layers' own order;
 - every RMSNorm but the DeltaNet output's scales by (1 + weight) (`zero_centred_rms_norm`).
 
-The layers run as a Python loop (the two layer kinds have different params); each param group is stacked over the
-layers that have it.
+The loop over the two kinds of layer is model/hybrid_decoder.py's.
 """
 
 from __future__ import annotations
@@ -20,24 +19,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vllm_jax.model.aux_hidden import AuxHiddenStates
-from vllm_jax.model.decoder import DecoderLM
+from vllm_jax.model.hybrid_decoder import HybridDecoderLM
 from vllm_jax.model.layers import (
     LayerContext,
     apply_rotary,
     gated_mlp,
-    layer_param_values,
     linear,
     linear_params,
     zero_centred_rms_norm,
 )
 from vllm_jax.model.quantization import Quantization
 from vllm_jax.model.ssm.gated_deltanet import gated_deltanet
-from vllm_jax.model.ssm.ragged import read_states, starts_fresh, write_states
 from vllm_jax.model.state_cache import HybridCache
 from vllm_jax.model.step_inputs import StepInputs
-from vllm_jax.model.weight_forms.bundle import bundle_quantized
-from vllm_jax.models.qwen3_5.spec import FULL, Qwen3_5Spec
+from vllm_jax.models.qwen3_5.spec import Qwen3_5Spec
 from vllm_jax.models.qwen3_5.weights import ATTENTION_LAYERS, DELTANET_LAYERS
 
 
@@ -48,7 +43,7 @@ class Qwen3_5Layers(nnx.Module):
     def __init__(self, spec: Qwen3_5Spec, dtype, rngs: nnx.Rngs, quant: Quantization | None = None,
                  fuse_qkv: bool = False):
         n, h, i, d = spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.deltanet
-        na, nl = len(spec.attention_layers), len(spec.linear_layers)
+        na, nl = len(spec.attention_layers), len(spec.recurrent_layers)
         params = {**linear_params(rngs, "gate_proj", (n, h, i), dtype, quant),
                   **linear_params(rngs, "up_proj", (n, h, i), dtype, quant),
                   **linear_params(rngs, "down_proj", (n, i, h), dtype, quant),
@@ -102,12 +97,12 @@ def gated_attention(spec: Qwen3_5Spec, ctx: LayerContext, w: dict, x: jax.Array,
     return linear(gated, w["o_proj"], w.get("o_bias")), kv_cache
 
 
-class Qwen3_5LM(DecoderLM):
+class Qwen3_5LM(HybridDecoderLM):
     """Qwen3_5ForCausalLM: `(HybridCache, StepInputs) -> (HybridCache, logits)`."""
 
     layers_class = Qwen3_5Layers
-    fuses_projections = False
-    switched_scan = False
+    attention_params = frozenset(ATTENTION_LAYERS)
+    recurrent_params = frozenset(DELTANET_LAYERS)
 
     def __init__(self, spec: Qwen3_5Spec, *args, **kwargs):
         super().__init__(spec, *args, **kwargs)
@@ -120,40 +115,22 @@ class Qwen3_5LM(DecoderLM):
         logits = self._logits(last, inputs)
         return (kv_cache, logits) if aux is None else (kv_cache, logits, aux)
 
-    def _run_layers(self, ctx: LayerContext, hidden: jax.Array, cache: HybridCache,
-                    aux: AuxHiddenStates) -> tuple[jax.Array, HybridCache, AuxHiddenStates]:
-        spec, inputs = self.spec, ctx.inputs
-        weights = layer_param_values(self.layers)
-        fresh = starts_fresh(inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
-        reads, writes, snapshots = inputs.state_reads, inputs.state_slots, inputs.state_snapshots
-        kv, conv, recurrent = cache.kv, cache.conv, cache.recurrent
-        order = {kind: {layer: k for k, layer in enumerate(layers)}
-                 for kind, layers in ((FULL, spec.attention_layers), ("linear", spec.linear_layers))}
-        for layer, kind in enumerate(spec.layer_types):
-            aux = aux.record(layer, hidden)
-            w = self._layer_weights(weights, layer, order[FULL].get(layer), order["linear"].get(layer))
-            x = zero_centred_rms_norm(hidden, w["input_norm"], spec.rms_norm_eps)
-            if kind == FULL:
-                out, kv = gated_attention(spec, ctx, w, x, kv, order[FULL][layer])
-            else:
-                k = order["linear"][layer]
-                mixer = {"in_proj_qkv": w["in_proj_qkv"], "in_proj_z": w["in_proj_z"], "in_proj_b": w["in_proj_b"],
-                         "in_proj_a": w["in_proj_a"], "conv1d": w["conv1d"][:, 0, :], "dt_bias": w["dt_bias"],
-                         "A_log": w["A_log"], "norm": w["gated_norm"], "out_proj": w["out_proj"]}
-                out, conv_end, recurrent_end = gated_deltanet(
-                    spec.deltanet, mixer, x, read_states(conv[k], reads, fresh),
-                    read_states(recurrent[k], reads, fresh), inputs.query_start_loc, inputs.num_seqs)
-                conv = write_states(conv, k, (writes, snapshots), conv_end)
-                recurrent = write_states(recurrent, k, (writes, snapshots), recurrent_end)
-            hidden = hidden + out
-            hidden = hidden + gated_mlp(w, zero_centred_rms_norm(hidden, w["post_attention_norm"], spec.rms_norm_eps))
-        return hidden, HybridCache(kv, conv, recurrent), aux
+    def _attention_layer(self, ctx: LayerContext, w: dict, hidden: jax.Array, kv: jax.Array,
+                         cache_layer: int) -> tuple[jax.Array, jax.Array]:
+        out, kv = gated_attention(self.spec, ctx, w, self._input_norm(w, hidden), kv, cache_layer)
+        return self._mlp(w, hidden + out), kv
 
-    def _layer_weights(self, weights: dict, layer: int, attention: int | None, linear_index: int | None) -> dict:
-        """Layer `layer`'s weights: each param group indexed by the layer's place in the group's stack."""
-        w = {}
-        for name, values in weights.items():
-            index = attention if name in ATTENTION_LAYERS else linear_index if name in DELTANET_LAYERS else layer
-            if index is not None:
-                w[name] = values[index]
-        return bundle_quantized(w, self.quantization)
+    def _recurrent_layer(self, w: dict, hidden: jax.Array, conv: jax.Array, recurrent: jax.Array,
+                         inputs: StepInputs) -> tuple[jax.Array, jax.Array, jax.Array]:
+        mixer = {"in_proj_qkv": w["in_proj_qkv"], "in_proj_z": w["in_proj_z"], "in_proj_b": w["in_proj_b"],
+                 "in_proj_a": w["in_proj_a"], "conv1d": w["conv1d"][:, 0, :], "dt_bias": w["dt_bias"],
+                 "A_log": w["A_log"], "norm": w["gated_norm"], "out_proj": w["out_proj"]}
+        out, conv_end, recurrent_end = gated_deltanet(self.spec.deltanet, mixer, self._input_norm(w, hidden), conv,
+                                                      recurrent, inputs.query_start_loc, inputs.num_seqs)
+        return self._mlp(w, hidden + out), conv_end, recurrent_end
+
+    def _input_norm(self, w: dict, hidden: jax.Array) -> jax.Array:
+        return zero_centred_rms_norm(hidden, w["input_norm"], self.spec.rms_norm_eps)
+
+    def _mlp(self, w: dict, hidden: jax.Array) -> jax.Array:
+        return hidden + gated_mlp(w, zero_centred_rms_norm(hidden, w["post_attention_norm"], self.spec.rms_norm_eps))

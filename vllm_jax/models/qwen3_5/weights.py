@@ -45,7 +45,7 @@ def qwen3_5_param_sources(spec: Qwen3_5Spec) -> dict[tuple[str, ...], ParamSourc
         ("lm_head",): single("lm_head.weight", transpose=True),
     }
     for table, layers in ((EVERY_LAYER, spec.num_layers), (ATTENTION_LAYERS, spec.attention_layers),
-                          (DELTANET_LAYERS, spec.linear_layers)):
+                          (DELTANET_LAYERS, spec.recurrent_layers)):
         for name, (suffix, transpose) in table.items():
             sources[("layers", name)] = per_layer(f"model.layers.{{layer}}.{suffix}", layers, transpose)
     return sources
