@@ -13,6 +13,7 @@ from vllm_jax.models import (
     gemma4,
     gpt_oss,
     granite,
+    granite_hybrid,
     llama,
     moe,
     olmo2,
@@ -39,6 +40,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     qwen2_5_vl.FAMILY,
     qwen3_vl.FAMILY,
     qwen3_5.FAMILY,
+    granite_hybrid.FAMILY,
 )
 _BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
 _NOT_BUILT = {arch: reason for family in FAMILIES for arch, reason in family.not_built.items()}

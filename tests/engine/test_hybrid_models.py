@@ -1,5 +1,6 @@
-"""Qwen3.5 (gated DeltaNet + gated attention, a state per sequence: docs/architecture/17-state-cache.md) through the
-engine, against transformers' own torch code on a tiny random checkpoint: greedy continuations through a cache small
+"""The hybrid families (Qwen3.5: gated DeltaNet + gated attention; Granite 4.0-H: Mamba2 + attention; a state per
+sequence: docs/architecture/17-state-cache.md) through the engine, against transformers' own torch code on tiny
+random checkpoints: greedy continuations through a cache small
 enough to preempt, with prompts chunked over several steps, batched equal to one by one; the features a recurrent
 state cannot run with yet refused by name. (Its logits on ragged chunked batches, its batch invariance: the family
 tests, tests/engine/test_family_units.py.)"""
@@ -12,6 +13,7 @@ import pytest
 from tests.helpers.tiny_models import VOCAB_SIZE, hf_greedy, make_tiny_checkpoint
 from vllm_jax import EngineArgs, SamplingParams
 from vllm_jax.engine.llm_engine import LLMEngine
+from vllm_jax.models.registry import FAMILIES
 
 MAX_TOKENS = 24
 # 8-token blocks, at most 6 per request (48 tokens); 10 blocks hold a request and a half, so five prompts of up to
@@ -20,10 +22,14 @@ ENGINE = dict(max_model_len=48, block_size=8, max_num_seqs=4, max_num_batched_to
               min_token_bucket=16, min_seq_bucket=4)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen3_5")
-    return make_tiny_checkpoint("qwen3_5", path, randomize_norms=True), path
+HYBRID = sorted(name for family in FAMILIES if family.recurrent_state for name in family.tiny_configs
+                if not name.endswith("_rope"))  # the rope variant differs only in the layer math (family tests)
+
+
+@pytest.fixture(scope="module", params=HYBRID)
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return make_tiny_checkpoint(request.param, path, randomize_norms=True), path
 
 
 def greedy(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
