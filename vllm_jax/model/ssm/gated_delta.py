@@ -11,6 +11,7 @@ solve per chunk), and one scan over the chunks carries the states from chunk to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -53,23 +54,38 @@ def normalized_qk(q: jax.Array, k: jax.Array, num_v_heads: int) -> tuple[jax.Arr
 
 
 def recurrent_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
-                               initial: jax.Array, query_start_loc: jax.Array,
-                               num_seqs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`gated_delta_rule` when every row has at most one token (decode): each row's token (at its
-    query_start_loc) updates its state once, all rows at once. Rows with no token keep their state."""
-    num_tokens = q.shape[0]
-    has_token = query_lens(query_start_loc, num_seqs) > 0  # [S]
-    row_token = jnp.clip(query_start_loc[:-1], 0, num_tokens - 1)
-    qr, kr = normalized_qk(q[row_token], k[row_token], v.shape[1])  # [S, Hv, dk]
-    vr = v[row_token].astype(jnp.float32)  # [S, Hv, dv]
-    state = initial.astype(jnp.float32) * jnp.exp(g[row_token].astype(jnp.float32))[..., None, None]
-    predicted = jnp.einsum("shk,shkv->shv", kr, state)
-    delta = (vr - predicted) * beta[row_token].astype(jnp.float32)[..., None]
-    state = state + kr[..., :, None] * delta[..., None, :]
-    out = jnp.einsum("shk,shkv->shv", qr, state)
-    final = jnp.where(has_token[:, None, None, None], state, initial.astype(jnp.float32))
-    seq, _ = token_sequences(query_start_loc, num_tokens)
+                               initial: jax.Array, query_start_loc: jax.Array, num_seqs: jax.Array, *,
+                               step: Callable | None = None) -> tuple[jax.Array, jax.Array]:
+    """`gated_delta_rule` when every row has at most one token (decode): each row's token updates its state once,
+    all rows at once. Rows with no token keep their state. `step`: the update itself, `decode_step` or a kernel
+    with its signature (pallas_kernels/gated_delta_decode.py)."""
+    rows = decode_rows(q, k, v, g, beta, query_start_loc, num_seqs)
+    out, final = (step or decode_step)(*rows, initial.astype(jnp.float32))
+    seq, _ = token_sequences(query_start_loc, q.shape[0])
     return out[seq].astype(v.dtype), final
+
+
+def decode_rows(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+                query_start_loc: jax.Array, num_seqs: jax.Array) -> tuple[jax.Array, ...]:
+    """Each row's one token (at its query_start_loc) ready for `decode_step`, float32: q, k [S, Hv, dk]
+    normalised, v [S, Hv, dv], g, beta [S, Hv]. A row with no token gets g = beta = 0, which leaves its state
+    exactly as it was (times exp(0), plus k times a zero delta)."""
+    num_tokens = q.shape[0]
+    has_token = (query_lens(query_start_loc, num_seqs) > 0)[:, None]  # [S, 1]
+    row_token = jnp.clip(query_start_loc[:-1], 0, num_tokens - 1)
+    qr, kr = normalized_qk(q[row_token], k[row_token], v.shape[1])
+    gr = jnp.where(has_token, g[row_token].astype(jnp.float32), 0.0)
+    br = jnp.where(has_token, beta[row_token].astype(jnp.float32), 0.0)
+    return qr, kr, v[row_token].astype(jnp.float32), gr, br
+
+
+def decode_step(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+                state: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One token per row (`decode_rows`' arrays) through the recurrence: (o [S, Hv, dv], new state)."""
+    state = state * jnp.exp(g)[..., None, None]
+    predicted = jnp.einsum("shk,shkv->shv", k, state)
+    state = state + k[..., :, None] * ((v - predicted) * beta[..., None])[..., None, :]
+    return jnp.einsum("shk,shkv->shv", q, state), state
 
 
 @dataclass(frozen=True)
