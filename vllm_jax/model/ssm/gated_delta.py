@@ -1,5 +1,5 @@
 """The gated delta rule (gated DeltaNet's recurrence: Qwen3.5, Qwen3-Next) over a step's ragged batch, one
-[Hv, dk, dv] float32 state per sequence (docs/architecture/17-state-cache.md, "The step's states").
+[Hv, dk, dv] float32 state per sequence (docs/architecture/17-state-cache.md, "Gated DeltaNet").
 
 Per token, with q and k L2-normalised (q also scaled by dk**-0.5) and each key head shared by Hv // Hk value heads:
     S <- exp(g) * S;   S <- S + k (beta * (v - k^T S))^T;   o = q^T S
