@@ -1,6 +1,6 @@
 """Gated DeltaNet, the recurrent mixer of Qwen3.5 and Qwen3-Next, as one pure function of one layer's weights over a
 step's ragged batch: input projections, the causal conv with SiLU over q/k/v, the gated delta rule, a gated RMSNorm
-and the output projection (docs/architecture/17-state-cache.md, "The step's states"). Qwen3-Next's fused input
+and the output projection (docs/architecture/17-state-cache.md, "Gated DeltaNet"). Qwen3-Next's fused input
 projections are split into Qwen3.5's four at load time (gated_deltanet_weights.py), so one mixer serves both."""
 
 from __future__ import annotations
