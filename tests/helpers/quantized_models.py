@@ -35,9 +35,10 @@ def prompt_logits(runner) -> np.ndarray:
     """float32 logits [2, vocab] of the last token of each of PROMPTS (one 16-token prefill step)."""
     from vllm_jax.worker.batch import RowChunk, pack_step_inputs
 
-    rows = [RowChunk(token_ids=p, num_computed=0, block_ids=[1 + i]) for i, p in enumerate(PROMPTS)]
+    rows = [RowChunk(token_ids=p, num_computed=0, block_ids=[1 + i], state_slot=1 + i) for i, p in enumerate(PROMPTS)]
     inputs = pack_step_inputs(rows, block_size=runner.block_size, max_blocks_per_seq=runner.max_blocks_per_seq,
-                              num_tokens_padded=16, num_seqs_padded=runner.seq_bucket(16))
+                              num_tokens_padded=16, num_seqs_padded=runner.seq_bucket(16),
+                              state_slots=runner.num_state_slots > 0)  # a hybrid model's rows: slots 1, 2
     return np.asarray(runner.step(inputs))[:len(PROMPTS)]
 
 

@@ -61,6 +61,9 @@ class HybridDecoderLM(DecoderLM):
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, cache: HybridCache,
                     aux: AuxHiddenStates) -> tuple[jax.Array, HybridCache, AuxHiddenStates]:
         spec, inputs = self.spec, ctx.inputs
+        if inputs.state_slots is None:
+            raise ValueError("a hybrid model's step needs its rows' state slots (StepInputs.state_reads / state_slots "
+                             "/ state_snapshots: pack_step_inputs(..., state_slots=True))")
         weights = layer_param_values(self.layers)
         fresh = starts_fresh(inputs.seq_lens, inputs.query_start_loc, inputs.num_seqs)
         reads, writes = inputs.state_reads, (inputs.state_slots, inputs.state_snapshots)
