@@ -33,7 +33,8 @@ class StructuredOutputsParams:
     choice (a list of strings), grammar (EBNF / GBNF or Lark), json_object (any JSON object).
 
     The engine compiles it with llguidance (docs/architecture/08-sampling.md, "Structured outputs"); the compiled
-    grammar is kept in `_grammar` so that a request cloned for n > 1 or retried compiles nothing again.
+    grammar is kept in `compiled_grammar` (set by the engine's grammar compiler, never by a caller) so that a
+    request cloned for n > 1 or retried compiles nothing again.
     """
 
     json: str | dict | None = None
@@ -46,7 +47,7 @@ class StructuredOutputsParams:
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
     disable_fallback: bool = False
-    _grammar: str | None = field(default=None, init=False, repr=False, compare=False)
+    compiled_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         given = [k for k in _CONSTRAINT_KINDS if getattr(self, k) is not None and getattr(self, k) is not False]
@@ -73,8 +74,9 @@ class StructuredOutputsParams:
 
     @property
     def is_compiled(self) -> bool:
-        """Whether the engine's grammar compiler already filled `_grammar` (then compiling again is a no-op)."""
-        return self._grammar is not None
+        """Whether the engine's grammar compiler already filled `compiled_grammar` (then compiling again is a
+        no-op)."""
+        return self.compiled_grammar is not None
 
     @property
     def kind(self) -> str:

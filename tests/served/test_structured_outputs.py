@@ -311,7 +311,7 @@ def test_server_compiles_grammars_off_the_engine_thread(server, monkeypatch):
     compile_on = compiler.compile
 
     def recording(params):
-        if params._grammar is None:  # a real compile (the engine thread only finds the grammar already set)
+        if params.compiled_grammar is None:  # a real compile (the engine thread only finds the grammar already set)
             threads.append(threading.current_thread().name)
         return compile_on(params)
 

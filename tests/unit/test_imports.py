@@ -347,3 +347,84 @@ def test_a_feature_host_side_may_not_import_its_device_side(tmp_path):
     finally:
         PACKAGE = saved
     assert len(problems) == 1 and "spec_decode/ imports vllm_jax.spec_decode.device" in problems[0], problems
+
+
+# ---- no module reaches into another's private attributes ----------------------------------------------------
+
+# private name -> why a module outside the one defining it may still name it (`x._name`, or `from m import _name`)
+PRIVATE_REACHES_ALLOWED = {
+    "_SubParsersAction": "argparse's type of add_subparsers()'s result, named in the commands' annotations: the "
+                         "stdlib has no public name for it",
+    # the Pallas kernels (pallas_kernels/, not this check's slice) share these helpers with their sibling kernels
+    **dict.fromkeys(("_CompilerParams", "_next_pow2", "_ANY", "_div", "_plgpu"),
+                    "a Pallas kernel's helper its sibling kernel imports: to make public in pallas_kernels/"),
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined_privates(tree: ast.Module) -> set[str]:
+    """The private names a module defines itself: its functions, classes, module and class-level assignments and
+    attributes it sets on `self` / `cls` (setting one on another module's object defines nothing)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AnnAssign, ast.For)) else []
+        for target in targets:
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Name):
+                    names.add(leaf.id)
+                elif isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) \
+                        and leaf.value.id in ("self", "cls"):
+                    names.add(leaf.attr)
+    return {name for name in names if _private(name)}
+
+
+def _private_reaches() -> list[str]:
+    """`x._name` where `_name` is not this module's own (x not self / cls / super()), and `from vllm_jax... import
+    _name`, outside PRIVATE_REACHES_ALLOWED."""
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        own, where = _defined_privates(tree), path.relative_to(PACKAGE.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm_jax"):
+                names = [alias.name for alias in node.names if _private(alias.name)]
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+                value = node.value
+                mine = isinstance(value, ast.Name) and value.id in ("self", "cls") or isinstance(value, ast.Call) \
+                    and isinstance(value.func, ast.Name) and value.func.id == "super"
+                names = [] if mine else [node.attr]
+            else:
+                continue
+            problems += [f"{where}:{node.lineno}: {ast.unparse(node).splitlines()[0]} reaches into another module's "
+                         f"private {name}" for name in names if name not in PRIVATE_REACHES_ALLOWED]
+    return problems
+
+
+def test_no_module_reaches_into_another_modules_private_attributes():
+    """House style: a module uses another's public side (a property, a method, a public field), never its `_name`s
+    (where the scheduler reads one per request per step, a public attribute: a property would be a call)."""
+    assert _private_reaches() == []
+
+
+def test_the_private_check_names_a_reach(tmp_path):
+    """The check itself can fail: another object's `_secret` and an imported `_helper` are reported; the module's
+    own `_count` on another instance, `self._x` and `super()._y` are not."""
+    fake = tmp_path / "vllm_jax"
+    fake.mkdir()
+    (fake / "a.py").write_text("from vllm_jax.b import _helper\n\n\nclass A:\n    _count = 0\n\n"
+                               "    def f(self, other, b):\n        self._x = other._count + super()._y\n"
+                               "        return b._secret\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, fake
+    try:
+        problems = _private_reaches()
+    finally:
+        PACKAGE = saved
+    assert [p.split(": ")[0] for p in problems] == ["vllm_jax/a.py:1", "vllm_jax/a.py:9"], problems
+    assert "private _helper" in problems[0] and "private _secret" in problems[1]

@@ -1,6 +1,8 @@
 """model/weight_forms: every weight form is a `WeightForm` whose product equals x times the float matrix it stands
 for (dequantized here with numpy, independently of the form's own dot), through `jit` (the forms are pytrees),
-`layers.linear` and the joined `layers.linears` (docs/architecture/06-model.md, "Weight forms")."""
+`layers.linear` and the joined `layers.linears`; every MoE expert stack (`ExpertStack`) gives each grouped row
+times its own expert's matrix; every embedding table (`EmbeddingTable`) its rows and the tied head's logits
+(docs/architecture/06-model.md, "Weight forms")."""
 
 from __future__ import annotations
 
@@ -12,15 +14,19 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import vllm_jax.model.weight_forms as weight_forms_package
 from vllm_jax.model.grouped_quant import FORMATS, dequantize_grouped, grouped_shapes
 from vllm_jax.model.layers import linear, linears
-from vllm_jax.model.quantization import KeptFormats, Quantization, dequantize, quantize
+from vllm_jax.model.quantization import KeptFormats, Quantization, dequantize, quantize, quantize_table
 from vllm_jax.model.weight_forms.base import WeightForm
-from vllm_jax.model.weight_forms.bundle import bundle_quantized, switched_forms
+from vllm_jax.model.weight_forms.bundle import bundle_experts, bundle_quantized, switched_forms
 from vllm_jax.model.weight_forms.channel_scaled import ChannelScaledWeight
 from vllm_jax.model.weight_forms.dense import DenseWeight
+from vllm_jax.model.weight_forms.embedding_tables import DenseTable, EmbeddingTable, GGUFBlocksTable, RowScaledTable
+from vllm_jax.model.weight_forms.expert_lora import LoRAExperts
+from vllm_jax.model.weight_forms.experts import ChannelScaledExperts, DenseExperts, ExpertGroups, ExpertStack
 from vllm_jax.model.weight_forms.gguf_blocks import GGUFBlocksWeight
 from vllm_jax.model.weight_forms.group_scaled import GroupScaledWeight
 from vllm_jax.model.weight_forms.layer_switch import LayerSwitch
@@ -195,3 +201,129 @@ def test_the_switched_scan_switches_kept_blocks_with_their_scales():
     assert set(out) == {"q_proj", "o_proj"}
     assert all(type(f) is GGUFBlocksWeight and f.fmt == "q4_1" for f in out["q_proj"].forms)
     assert all(type(f) is DenseWeight for f in out["o_proj"].forms)
+
+
+# ---- MoE expert stacks -------------------------------------------------------------------------------------
+
+EXPERTS, TOKENS, TOP_K, RANK = 4, 7, 2, 3
+
+
+def _expert_floats(rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal((EXPERTS, IN, OUT)).astype(np.float32) * 0.1
+
+
+def _expert_lora(rng: np.random.Generator, base: ExpertStack, want: np.ndarray) -> tuple[ExpertStack, np.ndarray]:
+    """Every token on adapter slot 1 of 3 (slot 0 zeros): expert e's matrix is W[e] + a[1, e] @ b[1, e]."""
+    a = rng.standard_normal((1, 3, EXPERTS, IN, RANK)).astype(np.float32) * 0.1
+    b = rng.standard_normal((1, 3, EXPERTS, RANK, OUT)).astype(np.float32) * 0.1
+    a[:, 0], b[:, 0] = 0, 0
+    mask = LoRAMask.of(jnp.ones((TOKENS,), jnp.int32), 3)
+    form = LoRAExperts.of(base, jnp.asarray(a), jnp.asarray(b), 0, mask)
+    return form, want + np.einsum("eir,ero->eio", a[0, 1], b[0, 1])
+
+
+def _scaled_experts(rng: np.random.Generator) -> tuple[ChannelScaledExperts, np.ndarray]:
+    values, scale = quantize(_expert_floats(rng), "int8")
+    return ChannelScaledExperts(jnp.asarray(values), jnp.asarray(scale)), dequantize(values, scale)
+
+
+EXPERT_CASES = {
+    "dense": lambda rng: (DenseExperts(jnp.asarray(w := _expert_floats(rng))), w),
+    "int8_channel": _scaled_experts,
+    "lora_over_dense": lambda rng: _expert_lora(rng, DenseExperts(jnp.asarray(w := _expert_floats(rng))), w),
+    "lora_over_int8": lambda rng: _expert_lora(rng, *_scaled_experts(rng)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPERT_CASES))
+def test_each_expert_stack_gives_each_row_times_its_experts_matrix(name):
+    """Rows grouped by `ExpertGroups` meet their own expert's (dequantized, adapted) matrix, after jit; the biased
+    linear adds the row's expert's bias; a slab of experts (an offset) leaves other experts' rows out."""
+    rng = np.random.default_rng(3)
+    form, want_w = EXPERT_CASES[name](rng)
+    assert isinstance(form, ExpertStack) and form.num_experts == EXPERTS
+    ids = jnp.asarray(rng.integers(0, EXPERTS, (TOKENS, TOP_K)), jnp.int32)
+    x = rng.standard_normal((TOKENS, IN)).astype(np.float32)
+    groups = ExpertGroups.of(ids, EXPERTS)
+    rows = jnp.asarray(x)[groups.row_token]
+    got = np.asarray(jax.jit(lambda form, rows, groups: form.grouped_matmul(rows, groups))(form, rows, groups))
+    row_expert = np.asarray(ids).reshape(-1)[np.asarray(groups.order)]
+    want = np.einsum("ri,rio->ro", np.asarray(rows, np.float64), want_w[row_expert].astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    bias = rng.standard_normal((EXPERTS, OUT)).astype(np.float32)
+    y = np.asarray(form.grouped_linear(rows, groups, jnp.asarray(bias)))
+    np.testing.assert_allclose(y, want + bias[row_expert], rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_every_expert_stack_in_the_package_is_covered():
+    """A new expert stack form must join EXPERT_CASES above, and give shard_map a spec for each of its arrays."""
+    covered = {type(EXPERT_CASES[name](np.random.default_rng(0))[0]) for name in EXPERT_CASES}
+    assert _subclasses(ExpertStack) == covered
+    for name in EXPERT_CASES:
+        form = EXPERT_CASES[name](np.random.default_rng(0))[0]
+        specs = form.expert_axis_specs("model")
+        assert len(jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))) == len(jax.tree.leaves(form))
+
+
+def test_bundle_experts_picks_plain_or_channel_scaled_stacks():
+    experts, scale = jnp.zeros((2, IN, OUT), jnp.int8), jnp.ones((2, OUT), jnp.float32)
+    w = {"experts_gate": experts, "experts_gate_scale": scale, "router": jnp.ones((IN, 2))}
+    out = bundle_experts(w, ("experts_gate",), Quantization.for_platform("int8", "cpu"))
+    assert type(out["experts_gate"]) is ChannelScaledExperts and "experts_gate_scale" not in out
+    assert out["experts_gate"].scale is scale and out["router"] is w["router"]
+    plain = bundle_experts({"experts_gate": experts}, ("experts_gate",), None)
+    assert type(plain["experts_gate"]) is DenseExperts and plain["experts_gate"].array is experts
+
+
+# ---- embedding tables --------------------------------------------------------------------------------------
+
+VOCAB = 96
+
+
+def _gguf_table(rng: np.random.Generator, fmt: str) -> tuple[GGUFBlocksTable, np.ndarray]:
+    parts = {}
+    for part, (shape, dtype) in grouped_shapes((VOCAB, IN), fmt, axis=-1).items():
+        if np.issubdtype(dtype, np.integer):
+            parts[part] = rng.integers(0, min(np.iinfo(dtype).max, 255) + 1, shape).astype(dtype)
+        else:
+            parts[part] = (rng.standard_normal(shape) * 0.01).astype(dtype)
+    minimum = parts.get("min")
+    want = dequantize_grouped(parts["values"], parts["scale"], minimum, fmt, axis=-1)
+    form = GGUFBlocksTable(jnp.asarray(parts["values"]), jnp.asarray(parts["scale"]),
+                           None if minimum is None else jnp.asarray(minimum), fmt, jnp.dtype(jnp.float32), False, 32)
+    return form, want
+
+
+def _row_scaled_table(rng: np.random.Generator) -> tuple[RowScaledTable, np.ndarray]:
+    values, scale = quantize_table(rng.standard_normal((VOCAB, IN)).astype(np.float32), "int8")
+    return (RowScaledTable(jnp.asarray(values), jnp.asarray(scale), jnp.dtype(jnp.float32), False, 32),
+            values.astype(np.float32) * scale)
+
+
+TABLE_CASES = {
+    "dense": lambda rng: (DenseTable(jnp.asarray(t := rng.standard_normal((VOCAB, IN)).astype(np.float32)), False,
+                                     None), t),
+    "int8_rows": _row_scaled_table,
+    "gguf_q8_0": lambda rng: _gguf_table(rng, "q8_0"),
+    "gguf_q4_1": lambda rng: _gguf_table(rng, "q4_1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_CASES))
+def test_each_embedding_table_looks_up_its_rows_and_gives_the_tied_heads_logits(name):
+    rng = np.random.default_rng(9)
+    form, want_table = TABLE_CASES[name](rng)
+    assert np.abs(want_table).max() > 0
+    ids = jnp.asarray(rng.integers(0, VOCAB, (ROWS,)), jnp.int32)
+    rows = np.asarray(jax.jit(lambda form, ids: form.lookup(ids))(form, ids))
+    np.testing.assert_allclose(rows, want_table[np.asarray(ids)], rtol=1e-6, atol=1e-6)
+    x = _input(rng)
+    want = x.astype(np.float64) @ want_table.T.astype(np.float64)
+    got = np.asarray(jax.jit(lambda form, x: form.logits(x))(form, jnp.asarray(x)))
+    assert got.shape == (ROWS, VOCAB) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_every_embedding_table_in_the_package_is_covered():
+    covered = {type(TABLE_CASES[name](np.random.default_rng(0))[0]) for name in TABLE_CASES}
+    assert _subclasses(EmbeddingTable) == covered

@@ -1,6 +1,7 @@
 """The embedding table and the LM head in whichever form they are stored: a mixin of DecoderLM.
 
-Three stored forms, fixed when the model is built (model/quantization.py):
+Three stored forms, fixed when the model is built (model/quantization.py), each a form object the forward calls
+(the table's: model/weight_forms/embedding_tables.py; an untied head's: the layers' weight forms):
 - the model dtype (no --quantization, a pre-quantized checkpoint, or the table on TPU);
 - GGUF blocks kept as the file holds them (--quantization gguf): `embed_tokens` / `lm_head` values with their
   `_scale` (and `_min`) siblings, grouped along hidden (docs/architecture/06-model.md, "Quantized weights");
@@ -16,25 +17,20 @@ head's shared embedding and checkpoints address. The host class sets `spec`, `qu
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from vllm_jax.model.grouped_quant import dequantize_grouped, min_name
-from vllm_jax.model.layers import grouped_params, init_param, linear_params, matmul_f32
-from vllm_jax.model.quantization import quantize_table, scale_name
-from vllm_jax.model.quantized_dots import (
-    float_dot_rows,
-    float_head_chunk_rows,
-    gguf_dot,
-    gguf_dot_rows,
-    quantized_dot_rows,
-)
+from vllm_jax.model.grouped_quant import min_name
+from vllm_jax.model.layers import grouped_params, init_param, linear_params
+from vllm_jax.model.quantization import EMBEDDING, quantize_table, scale_name
 from vllm_jax.model.row_gather import take_rows
 from vllm_jax.model.step_inputs import StepInputs, real_logits_rows
-from vllm_jax.model.weight_forms.channel_scaled import ChannelScaledWeight
+from vllm_jax.model.weight_forms.base import WeightForm
+from vllm_jax.model.weight_forms.bundle import quantized_form
 from vllm_jax.model.weight_forms.dense import DenseWeight
+from vllm_jax.model.weight_forms.embedding_tables import DenseTable, EmbeddingTable, GGUFBlocksTable, RowScaledTable
 from vllm_jax.native import gguf_matvec
 
+LM_HEAD = "lm_head"
 # A kept (or online-quantized) tied LM head's vocab rows per chunk (quantized_dots.gguf_dot_rows and
 # quantized_dot_rows): on CPU so the dequantized chunk stays in cache; on GPU / TPU so no program holds the whole
 # table dequantized (the default model's kept head was a 54 MiB bfloat16 temporary on H100;
@@ -54,9 +50,9 @@ class EmbeddingHead:
         scales, or the model dtype."""
         spec, quant = self.spec, self.quantization
         shape = (spec.vocab_size, spec.hidden_size)
-        embed_fmt = self._kept_format("embed_tokens")
+        embed_fmt = quant.format_of(EMBEDDING) if quant is not None and quant.gguf_kept else None
         if embed_fmt:
-            for name, param in grouped_params("embed_tokens", shape, embed_fmt, axis=-1).items():
+            for name, param in grouped_params(EMBEDDING, shape, embed_fmt, axis=-1).items():
                 setattr(self, name, param)
         elif self._table_quantized():
             values, scale = quantize_table(init_param(rngs, shape, dtype).get_value(), quant.scheme)
@@ -71,23 +67,13 @@ class EmbeddingHead:
         if spec.tie_word_embeddings:
             return
         head_quant = quant if quant is not None and (quant.gguf_kept or self._untied_head_quantized()) else None
-        for name, param in linear_params(rngs, "lm_head", (spec.hidden_size, spec.vocab_size), dtype,
+        for name, param in linear_params(rngs, LM_HEAD, (spec.hidden_size, spec.vocab_size), dtype,
                                          head_quant).items():
             setattr(self, name, param)
 
     def _embed(self, ids: jax.Array) -> jax.Array:
-        """The embedding rows of `ids`; kept GGUF blocks (or online-quantized rows) gather their rows' values and
-        scales, then dequantize."""
-        if self._table_quantized():
-            values, scale = self._rows(self.embed_tokens[...], ids), self._rows(self.embed_tokens_scale[...], ids)
-            rows = values.astype(jnp.float32) * scale
-            return rows.astype(self.final_norm[...].dtype)
-        embed_fmt = self._kept_format("embed_tokens")
-        if embed_fmt is None:
-            return self._rows(self.embed_tokens[...], ids)
-        rows = dequantize_grouped(*(None if part is None else self._rows(part, ids)
-                                    for part in self._kept_parts("embed_tokens")), embed_fmt, axis=-1)
-        return rows.astype(self.final_norm[...].dtype)
+        """The embedding rows of `ids`, through the table's form (`_table_form`)."""
+        return self._table_form().lookup(ids)
 
     def _rows(self, table: jax.Array, ids: jax.Array) -> jax.Array:
         """table[ids] (model/row_gather.py: a TPU program's gathers as a loop over chunks)."""
@@ -105,34 +91,32 @@ class EmbeddingHead:
             return self._lm_head(last)
 
     def _lm_head(self, last: jax.Array) -> jax.Array:
-        """float32 logits of the normed last states: x @ E^T (tied) or x @ lm_head, kept GGUF blocks dequantized
-        inside the dot (groups along hidden, the contracted dim, either way); online-quantized ones scaled per
-        vocab entry (a tied table's values converted inside the dot: `quantized_dot_rows`); a float tied table read
-        in place by the native kernel on CPU at a few rows, else in row chunks where that is faster
-        (`float_dot_rows`)."""
-        chunk_rows = HEAD_CHUNK_ROWS.get(self.kernels.platform)
-        if not self.spec.tie_word_embeddings:
-            if self._untied_head_quantized():  # [H, V] per output channel, like the layers' linears
-                head = ChannelScaledWeight(DenseWeight(self.lm_head[...]), self.lm_head_scale[...],
-                                           self.quantization.quantize_activations)
-                return matmul_f32(last, head)
-            head_fmt = self._kept_format("lm_head")
-            if head_fmt is None:
-                return matmul_f32(last, self.lm_head[...])
-            return gguf_dot(last, *self._kept_parts("lm_head"), head_fmt)
-        embed_fmt = self._kept_format("embed_tokens")
-        if embed_fmt is None:
-            if self._table_quantized():
-                return quantized_dot_rows(last, self.embed_tokens[...], self.embed_tokens_scale[...], chunk_rows)
-            return float_dot_rows(last, self.embed_tokens[...], self._float_head_chunk_rows)
-        return gguf_dot_rows(last, *self._kept_parts("embed_tokens"), embed_fmt, chunk_rows)
+        """float32 logits of the normed last states: x @ E^T through the table's form (tied), or x @ lm_head through
+        the head's weight form (untied)."""
+        if self.spec.tie_word_embeddings:
+            return self._table_form().logits(last)
+        return self._head_form().matmul(last)
 
-    def _float_head_chunk_rows(self) -> int | None:
-        chunk_rows = FLOAT_HEAD_CHUNK_ROWS.get(self.kernels.platform)
-        if chunk_rows is None:
-            return None
-        table = self.embed_tokens[...]
-        return float_head_chunk_rows(*table.shape, jnp.dtype(table.dtype).name, chunk_rows)
+    def _table_form(self) -> EmbeddingTable:
+        """The embedding table in its stored form (weight_forms/embedding_tables.py): kept GGUF blocks, online
+        int8 / fp8 rows with row scales, or the model dtype. The one place the table's form is picked."""
+        quant, platform, dtype = self.quantization, self.kernels.platform, self.final_norm[...].dtype
+        sharded = self.kernels.mesh is not None
+        fmt = quant.format_of(EMBEDDING) if quant is not None and quant.gguf_kept else None
+        if fmt is not None:
+            return GGUFBlocksTable(*self._stored_parts(EMBEDDING), fmt, dtype, sharded,
+                                   HEAD_CHUNK_ROWS.get(platform))
+        if self._table_quantized():
+            return RowScaledTable(self.embed_tokens[...], self.embed_tokens_scale[...], dtype, sharded,
+                                  HEAD_CHUNK_ROWS.get(platform))
+        return DenseTable(self.embed_tokens[...], sharded, FLOAT_HEAD_CHUNK_ROWS.get(platform))
+
+    def _head_form(self) -> WeightForm:
+        """The untied LM head [H, V] as the layers' linears are (weight_forms/bundle.py: quantized_form): kept GGUF
+        blocks, online int8 / fp8 per output channel, or the model dtype."""
+        if not self._head_stored_quantized():
+            return DenseWeight(self.lm_head[...])
+        return quantized_form(LM_HEAD, *self._stored_parts(LM_HEAD), self.quantization)
 
     def _untied_head_quantized(self) -> bool:
         """An untied LM head is quantized online (int8 / fp8 values, float32 scales per vocab entry)."""
@@ -145,13 +129,14 @@ class EmbeddingHead:
         TPU keeps it in the model dtype (docs/architecture/06-model.md, "Quantized weights")."""
         return self._untied_head_quantized() and self.kernels.platform != "tpu"
 
-    def _kept_format(self, name: str) -> str | None:
-        """The GGUF format `name` is kept in (--quantization gguf), else None."""
+    def _head_stored_quantized(self) -> bool:
+        """Whether the untied head is stored quantized: kept GGUF blocks (the file keeps it) or online int8 / fp8."""
         quant = self.quantization
-        return quant.format_of(name) if quant is not None and quant.gguf_kept else None
+        kept = quant is not None and quant.gguf_kept and quant.format_of(LM_HEAD) is not None
+        return kept or self._untied_head_quantized()
 
-    def _kept_parts(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """(values, scale, min or None) of a param kept in GGUF blocks."""
-        minimum = getattr(self, min_name(name), None)
-        return (getattr(self, name)[...], getattr(self, scale_name(name))[...],
-                None if minimum is None else minimum[...])
+    def _stored_parts(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """(values, scale, min or None) of quantized param `name`: only Q4_1 / Q4_K blocks have mins."""
+        params = vars(self)
+        minimum = params.get(min_name(name))
+        return params[name][...], params[scale_name(name)][...], None if minimum is None else minimum[...]

@@ -29,7 +29,7 @@ from vllm_jax.model.spec import DecoderSpec
 from vllm_jax.model.step_inputs import StepInputs
 from vllm_jax.model.weight_forms.base import WeightForm, joined_matmuls
 from vllm_jax.model.weight_forms.dense import as_weight_form
-from vllm_jax.model.weight_forms.lora import LoRAMask
+from vllm_jax.model.weight_forms.lora import NO_ADAPTER, LoRAMask
 
 Mlp = Callable[[jax.Array], jax.Array]
 
@@ -164,16 +164,13 @@ def fused_linears(x: jax.Array, w: dict, layout: FusedLayout, biases: list) -> l
     """`linears` of the layout's parts through its one fused weight `w[layout.name]`: each part's output as the
     separate linear gives it (the biases, joined, added in float32 before the cast to the model dtype; split
     after the cast, so an accelerator slices the model-dtype product), plus the part's LoRA delta when
-    `bundle_lora` put its adapter (a LoRAAdapter) under the part's name."""
+    `bundle_lora` put its adapter (a LoRAAdapter) under the part's name (else NO_ADAPTER adds nothing)."""
     y = matmul_f32(x, w[layout.name])
     if any(b is not None for b in biases):
         y = y + layout.join([jnp.zeros((layout.part_size(p),), jnp.float32) if b is None else b.astype(jnp.float32)
                              for p, b in enumerate(biases)])
-    outs = []
-    for part, out in zip(layout.parts, layout.split(y.astype(x.dtype))):
-        adapter = w.get(part)
-        outs.append(out if adapter is None else adapter.added_to(x, out))
-    return outs
+    parts = layout.split(y.astype(x.dtype))
+    return [w.get(name, NO_ADAPTER).added_to(x, out) for name, out in zip(layout.parts, parts)]
 
 
 def gated_mlp(w: dict, x: jax.Array) -> jax.Array:

@@ -14,10 +14,11 @@ by expert, the tokens gathered in that order, and gate/up/down run as `jax.lax.r
 groups (no expert is applied to tokens not routed to it), then the rows are unsorted and combined with the
 routing weights in float32.
 
+Each layer's expert stacks reach the FFN as forms (model/weight_forms/experts.py, picked by
+`bundle.bundle_experts`, LoRA-wrapped by `lora_layers.bundle_expert_lora`) that do their own grouped matmul.
 Quantized (`--quantization`, model/quantization.py): the experts' values [L, E, in, out] carry scales
-`layers/experts_*_scale` [L, E, out]. The grouped matmuls are weight-only on every platform (the values converted
-to the activation dtype inside `ragged_dot`, each row's output scaled by its expert's channel scales); the router
-stays in the model dtype.
+`layers/experts_*_scale` [L, E, out], weight-only on every platform (ChannelScaledExperts); the router stays in
+the model dtype.
 
 Expert parallelism: `grouped_expert_ffn` takes any contiguous slab of experts (`expert_offset`) and ignores
 assignments to experts outside it, so the same function runs per device under `shard_map` with the expert
@@ -34,7 +35,6 @@ compile checks"). A grouped-matmul kernel for GPU is the fix, not yet written.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -58,16 +58,16 @@ from vllm_jax.model.layers import (
     layer_param_values,
     linear_params,
 )
-from vllm_jax.model.lora_layers import ExpertLoRA, bundle_lora
+from vllm_jax.model.lora_layers import bundle_expert_lora, bundle_lora
 from vllm_jax.model.moe_spec import MoeSpec
 from vllm_jax.model.quantization import Quantization, scale_name
-from vllm_jax.model.weight_forms.bundle import bundle_quantized
+from vllm_jax.model.weight_forms.bundle import bundle_experts, bundle_quantized
+from vllm_jax.model.weight_forms.experts import ExpertGroups, ExpertStack, as_expert_stack
 
 EXPERT_PARAMS = ("experts_gate", "experts_up", "experts_down")
 DENSE_MLP_PARAMS = ("gate_proj", "up_proj", "down_proj")
-_MLP_PARAMS = frozenset(("router",) + EXPERT_PARAMS + DENSE_MLP_PARAMS
+MLP_PARAMS = frozenset(("router",) + EXPERT_PARAMS + DENSE_MLP_PARAMS
                         + tuple(scale_name(n) for n in EXPERT_PARAMS + DENSE_MLP_PARAMS))
-ExpertScales = tuple[jax.Array, jax.Array, jax.Array]  # gate, up, down: [E_here, out] float32 each
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
@@ -83,94 +83,54 @@ def route(x: jax.Array, router: jax.Array, top_k: int, normalize: bool,
     return weights, ids.astype(jnp.int32)
 
 
-def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, w_gate: jax.Array,
-                       w_up: jax.Array, w_down: jax.Array, expert_offset: jax.Array | int = 0,
-                       scales: ExpertScales | None = None,
-                       activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
-                       lora: ExpertLoRA | None = None) -> jax.Array:
+def grouped_expert_ffn(x: jax.Array, weights: jax.Array, expert_ids: jax.Array, w_gate: ExpertStack | jax.Array,
+                       w_up: ExpertStack | jax.Array, w_down: ExpertStack | jax.Array,
+                       expert_offset: jax.Array | int = 0,
+                       activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
     """sum_k weights[t, k] * FFN_{expert_ids[t, k]}(x[t]) over the experts held here -> float32 [T, hidden].
 
-    x [T, H]; weights [T, k] float32; expert_ids [T, k]; w_gate, w_up [E_here, H, I]; w_down [E_here, I, H],
-    holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to other experts add 0.
-    `scales`: the weights are quantized values and these their per-expert channel scales (weight-only).
-    `activation` applies to the gate: SiLU (SwiGLU: Mixtral, Qwen3-MoE, DeepSeek), tanh-GELU (GeGLU: Gemma 4).
-    `lora`: the experts' adapter slots (held here), each row's delta added to gate, up and down.
+    x [T, H]; weights [T, k] float32; expert_ids [T, k]; w_gate, w_up [E_here, H, I]; w_down [E_here, I, H] as
+    expert stacks (model/weight_forms/experts.py: plain, int8 / fp8 with channel scales, LoRA-wrapped; a plain
+    array is a plain stack), holding global experts expert_offset .. expert_offset + E_here - 1. Assignments to
+    other experts add 0. `activation` applies to the gate: SiLU (SwiGLU: Mixtral, Qwen3-MoE, DeepSeek), tanh-GELU
+    (GeGLU: Gemma 4).
     """
-    groups = ExpertGroups.of(expert_ids, w_gate.shape[0], expert_offset)
-    row_token = groups.order // expert_ids.shape[1]
-    xs = x[row_token]  # [T*k, H], grouped by expert
-    s_gate, s_up, s_down = scales if scales is not None else (None, None, None)
-
-    def project(which: int, rows: jax.Array, w: jax.Array, scale: jax.Array | None) -> jax.Array:
-        y = _grouped_matmul(rows, w, scale, groups.sizes, groups.row_expert)
-        if lora is None:
-            return y
-        return (y.astype(jnp.float32) + lora.delta(which, rows, groups.sizes, row_token)).astype(rows.dtype)
-
-    gate, up = project(0, xs, w_gate, s_gate), project(1, xs, w_up, s_up)
-    out = project(2, activation(gate) * up, w_down, s_down)
+    gate_stack, up_stack, down_stack = (as_expert_stack(w) for w in (w_gate, w_up, w_down))
+    groups = ExpertGroups.of(expert_ids, gate_stack.num_experts, expert_offset)
+    xs = x[groups.row_token]  # [T*k, H], grouped by expert
+    gate, up = gate_stack.grouped_linear(xs, groups), up_stack.grouped_linear(xs, groups)
+    out = down_stack.grouped_linear(activation(gate) * up, groups)
     return groups.combine(out, weights)
 
 
-@dataclass(frozen=True)
-class ExpertGroups:
-    """The T*k (token, expert) assignments sorted by the expert held here (`of`), and the way back (`combine`);
-    shared by every grouped expert FFN (this module's, models/gpt_oss/experts.py's)."""
-
-    order: jax.Array  # [T*k] assignment index of each sorted row
-    sizes: jax.Array  # [E_here] int32 rows per local expert (ragged_dot's group_sizes)
-    row_expert: jax.Array  # [T*k] local expert of each sorted row (rows of other experts: the last; masked)
-    held: jax.Array  # [T*k] the assignment's expert is held here
-
-    @staticmethod
-    def of(expert_ids: jax.Array, num_here: int, expert_offset: jax.Array | int = 0) -> ExpertGroups:
-        local = expert_ids.reshape(-1) - expert_offset
-        held = (local >= 0) & (local < num_here)
-        group = jnp.where(held, local, num_here)  # assignments for other experts sort last, outside every group
-        order = jnp.argsort(group, stable=True)
-        sizes = jnp.bincount(group, length=num_here + 1)[:num_here].astype(jnp.int32)
-        return ExpertGroups(order, sizes, jnp.minimum(group[order], num_here - 1), held)
-
-    def combine(self, out: jax.Array, weights: jax.Array) -> jax.Array:
-        """Sorted rows [T*k, H] back to (token, slot) order, times their routing weights [T, k] (float32),
-        summed over the slots -> float32 [T, H]; assignments to experts not held here add 0."""
-        t, k = weights.shape
-        inverse = jnp.zeros_like(self.order).at[self.order].set(jnp.arange(t * k, dtype=self.order.dtype))
-        out = out[inverse].astype(jnp.float32)
-        contrib = jnp.where(self.held[:, None], out * weights.reshape(-1, 1), 0.0)
-        return contrib.reshape(t, k, -1).sum(axis=1)
-
-
-def _grouped_matmul(xs: jax.Array, w: jax.Array, scale: jax.Array | None, group_sizes: jax.Array,
-                    row_expert: jax.Array) -> jax.Array:
-    """One grouped matmul in xs's dtype; quantized values (with `scale`) are converted inside it and each row's
-    output scaled by its expert's channel scales."""
-    if scale is None:
-        return jax.lax.ragged_dot(xs, w, group_sizes, preferred_element_type=jnp.float32).astype(xs.dtype)
-    y = jax.lax.ragged_dot(xs, w.astype(xs.dtype), group_sizes, preferred_element_type=jnp.float32)
-    return (y * scale[row_expert]).astype(xs.dtype)
-
-
 def expert_parallel_ffn(mesh: Mesh, axis: str, x: jax.Array, weights: jax.Array, expert_ids: jax.Array,
-                        w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
-                        scales: ExpertScales | None = None,
-                        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
-                        lora: ExpertLoRA | None = None) -> jax.Array:
-    """`grouped_expert_ffn` with the expert axis of the weights (and their scales, and the adapter slots' axis 1)
-    split over `mesh` axis `axis`: tokens and routing are replicated, each device runs its own experts, a psum
-    combines the partial outputs."""
+                        w_gate: ExpertStack | jax.Array, w_up: ExpertStack | jax.Array,
+                        w_down: ExpertStack | jax.Array,
+                        activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
+    """`grouped_expert_ffn` with the expert axis of the stacks (each form's arrays: values, scales, the adapter
+    slots' axis 1) split over `mesh` axis `axis`: tokens and routing are replicated, each device runs its own
+    experts, a psum combines the partial outputs."""
+    stacks = tuple(as_expert_stack(w) for w in (w_gate, w_up, w_down))
 
-    def local(x, weights, expert_ids, lora, w_gate, w_up, w_down, *scales):
-        offset = jax.lax.axis_index(axis) * w_gate.shape[0]
-        partial_out = grouped_expert_ffn(x, weights, expert_ids, w_gate, w_up, w_down, offset, scales or None,
-                                         activation, lora)
-        return jax.lax.psum(partial_out, axis)
+    def local(x, weights, expert_ids, stacks):
+        offset = jax.lax.axis_index(axis) * stacks[0].num_experts
+        return jax.lax.psum(grouped_expert_ffn(x, weights, expert_ids, *stacks, offset, activation), axis)
 
-    extra = tuple(scales) if scales is not None else ()
-    experts = P(axis)
-    lora_specs = None if lora is None else ExpertLoRA((P(None, axis),) * 3, (P(None, axis),) * 3, P(), P())
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), lora_specs) + (experts,) * (3 + len(extra)),
-                         out_specs=P())(x, weights, expert_ids, lora, w_gate, w_up, w_down, *extra)
+    specs = tuple(stack.expert_axis_specs(axis) for stack in stacks)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), specs), out_specs=P())(x, weights, expert_ids,
+                                                                                          stacks)
+
+
+def routed_experts(expert_mesh: Mesh | None, expert_axis: str, x: jax.Array, weights: jax.Array,
+                   expert_ids: jax.Array, stacks: tuple[ExpertStack, ExpertStack, ExpertStack],
+                   activation: Callable[[jax.Array], jax.Array] = jax.nn.silu) -> jax.Array:
+    """The routed experts' output in x's dtype: split over `expert_mesh`'s `expert_axis` when it has more than one
+    device there (expert parallelism), else all here."""
+    if expert_mesh is not None and expert_mesh.shape[expert_axis] > 1:
+        out = expert_parallel_ffn(expert_mesh, expert_axis, x, weights, expert_ids, *stacks, activation)
+    else:
+        out = grouped_expert_ffn(x, weights, expert_ids, *stacks, activation=activation)
+    return out.astype(x.dtype)
 
 
 class MoeLayers(nnx.Module):
@@ -205,7 +165,7 @@ class MoeLM(DecoderLM):
 
     layers_class = MoeLayers
     switched_scan = False  # its scans index stacked params; per-layer arrays mean the unrolled loop
-    mlp_param_set = _MLP_PARAMS  # the layer params indexed by a layer's place in its kind's stack, not its index
+    mlp_param_set = MLP_PARAMS  # the layer params indexed by a layer's place in its kind's stack, not its index
 
     def __init__(self, spec: MoeSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None, expert_mesh: Mesh | None = None,
@@ -217,18 +177,12 @@ class MoeLM(DecoderLM):
         self.expert_axis = expert_axis
 
     def _moe_mlp(self, w: dict, x: jax.Array) -> jax.Array:
+        """The routed experts over `w`'s expert stacks (their forms: `_mlp`)."""
         spec = self.spec
         weights, ids = route(x, w["router"], spec.num_experts_per_tok, spec.norm_topk_prob,
                              spec.round_router_weights)
-        experts = tuple(w[name] for name in EXPERT_PARAMS)
-        scales = None if self.quantization is None else tuple(w[scale_name(name)] for name in EXPERT_PARAMS)
-        lora = w.get("expert_lora")
-        if self.expert_mesh is not None and self.expert_mesh.shape[self.expert_axis] > 1:
-            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts, scales,
-                                      lora=lora)
-        else:
-            out = grouped_expert_ffn(x, weights, ids, *experts, scales=scales, lora=lora)
-        return out.astype(x.dtype)
+        return routed_experts(self.expert_mesh, self.expert_axis, x, weights, ids,
+                              tuple(w[name] for name in EXPERT_PARAMS))
 
     def _run_layers(self, ctx: LayerContext, hidden: jax.Array, kv_cache: jax.Array,
                     aux: AuxHiddenStates) -> tuple[jax.Array, jax.Array, AuxHiddenStates]:
@@ -245,10 +199,7 @@ class MoeLM(DecoderLM):
                 mlp_index, window = layer_input
                 w = bundle_quantized({name: value[layer_index] for name, value in attn.items()}, self.quantization)
                 w = bundle_lora(w, ctx.lora, ctx.lora_mask, layer_index)
-                mlp_w = {name: params[name][mlp_index] for name in names}
-                if is_moe and ctx.lora and "experts_gate" in ctx.lora:  # the experts' adapter slots, global index
-                    mlp_w["expert_lora"] = ExpertLoRA.of(ctx.lora, ctx.lora_mask, layer_index, EXPERT_PARAMS)
-                mlp = self._mlp(is_moe, mlp_w)
+                mlp = self._mlp(is_moe, {name: params[name][mlp_index] for name in names}, ctx, layer_index)
                 return self._block(ctx, w, mlp, hidden, kv_cache, layer_index, window)
 
             windows = [self.spec.sliding_windows[i] for i in layer_ids]
@@ -264,10 +215,13 @@ class MoeLM(DecoderLM):
         """One layer (attention, then `mlp`); families with another attention override it."""
         return decoder_block(self.spec, ctx, w, mlp, hidden, kv_cache, layer_index, window)
 
-    def _mlp(self, is_moe: bool, w: dict) -> Mlp:
-        """The layer's FFN over its own params: the routed experts, or the dense gated MLP."""
-        w = bundle_quantized(w, self.quantization)
-        return partial(self._moe_mlp, w) if is_moe else partial(gated_mlp, w)
+    def _mlp(self, is_moe: bool, w: dict, ctx: LayerContext, layer_index: jax.Array | int) -> Mlp:
+        """The layer's FFN over its own params in their forms: the routed experts (their stacks' forms, with the
+        experts' adapter slots at the layer's global index), or the dense gated MLP."""
+        if not is_moe:
+            return partial(gated_mlp, bundle_quantized(w, self.quantization))
+        w = bundle_experts(w, EXPERT_PARAMS, self.quantization)
+        return partial(self._moe_mlp, bundle_expert_lora(w, EXPERT_PARAMS, ctx.lora, ctx.lora_mask, layer_index))
 
     def _mlp_param_names(self, is_moe: bool) -> tuple[str, ...]:
         names = EXPERT_PARAMS if is_moe else DENSE_MLP_PARAMS

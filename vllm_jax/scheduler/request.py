@@ -30,19 +30,16 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self._finish_reason is not None
-
-    @property
-    def finish_reason(self) -> str | None:
-        """vLLM's finish_reason string ("stop" / "length" / "abort"), None while unfinished."""
-        return self._finish_reason
+        return self.finish_reason is not None
 
 
-# Kept on each member: read per request per step, and an Enum's hash (for a dict lookup) is a Python call.
+# `finish_reason`: vLLM's finish_reason string ("stop" / "length" / "abort"), None while unfinished. A plain
+# attribute of each member, not a property: the scheduler reads it per request per step, and a property (or an
+# Enum's hash, for a dict lookup) is a Python call.
 for _status, _reason in ((RequestStatus.WAITING, None), (RequestStatus.RUNNING, None),
                          (RequestStatus.PREEMPTED, None), (RequestStatus.FINISHED_STOPPED, "stop"),
                          (RequestStatus.FINISHED_LENGTH_CAPPED, "length"), (RequestStatus.FINISHED_ABORTED, "abort")):
-    _status._finish_reason = _reason
+    _status.finish_reason = _reason
 
 
 @dataclass(kw_only=True, eq=False)
@@ -91,7 +88,10 @@ class Request:
     # together with its next token (docs/architecture/08-sampling.md, "Speculative decoding").
     spec_token_ids: list[int] = field(default_factory=list, init=False)
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
-    _all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
+    # Prompt then outputs: a public attribute, not a property, because the scheduler reads (and on the common
+    # one-token step appends to) it per request per step. Others read it; only append_output_token_ids and the
+    # scheduler's inlined copy of it append.
+    all_token_ids: list[int] = field(default_factory=list, init=False, repr=False)
     # check_stop's pre-check (`_stop_filter`), built on first use: (length cap in tokens, the id that may stop it
     # or -1, whether every token needs the full check); depends only on params fixed at arrival.
     _stop_filter: tuple[int, int, bool] | None = field(default=None, init=False, repr=False)
@@ -99,7 +99,7 @@ class Request:
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
-        self._all_token_ids = list(self.prompt_token_ids)
+        self.all_token_ids = list(self.prompt_token_ids)
 
     @property
     def mm_spans(self) -> tuple[tuple[int, int, str], ...]:
@@ -123,12 +123,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self._all_token_ids)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        """Prompt then outputs. The live list: do not mutate it, use append_output_token_ids."""
-        return self._all_token_ids
+        return len(self.all_token_ids)
 
     @property
     def max_tokens(self) -> int:
@@ -159,7 +154,7 @@ class Request:
     def reaches_its_end_in_flight(self) -> bool:
         """Its token in flight will be its last by length (max_tokens or the context), so nothing follows it."""
         placeholders = self.num_output_placeholders
-        return placeholders > 0 and len(self._all_token_ids) + placeholders >= (self._length_cap or self._cap())
+        return placeholders > 0 and len(self.all_token_ids) + placeholders >= (self._length_cap or self._cap())
 
     def _cap(self) -> int | float:
         """The most tokens it may reach (prompt + max_tokens, at most the context): fixed at arrival, so kept."""
@@ -171,7 +166,7 @@ class Request:
         if isinstance(token_ids, int):
             token_ids = [token_ids]
         self.output_token_ids.extend(token_ids)
-        self._all_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
 
 
 def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
@@ -203,7 +198,7 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     False for the common token that can stop nothing.
     """
     cap, eos, stop_ids = request._stop_filter or _stop_filter(request, max_model_len)
-    all_ids = request._all_token_ids
+    all_ids = request.all_token_ids
     if len(all_ids) < cap and not stop_ids and all_ids[-1] != eos:
         return False
     if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:

@@ -219,7 +219,7 @@ class Scheduler:
                 continue  # async scheduling: wait for the token in flight (see the module docstring)
             # Without chunking a running request only ever lacks 1 token (its prompt ran whole), so the budget
             # cap only chunks where chunking is on (or a resumed request longer than the budget).
-            num_new = min(len(request._all_token_ids) + placeholders - num_computed, plan.budget,
+            num_new = min(len(request.all_token_ids) + placeholders - num_computed, plan.budget,
                           max_model_len - num_computed)  # (num_tokens without the property's call)
             if num_new <= 0:
                 continue
@@ -404,13 +404,13 @@ class Scheduler:
                     request.status = status = RequestStatus.FINISHED_STOPPED
             elif not sampled:
                 continue
-            if status._finish_reason is not None:  # (is_finished without the property's call)
+            if status.finish_reason is not None:  # (is_finished without the property's call)
                 new_tokens: list[int] = []
             elif len(sampled) == 1:  # the common step: one token (inlined append_output_token_ids)
                 new_tokens = sampled
                 token = sampled[0]
                 request.output_token_ids.append(token)
-                request._all_token_ids.append(token)
+                request.all_token_ids.append(token)
                 if not check_stop(request, max_model_len) and request.grammar is not None:
                     grammar_stops(request, token)
             else:
@@ -421,7 +421,7 @@ class Scheduler:
                     if check_stop(request, max_model_len) or grammar_stops(request, token):
                         break
             logprobs = logprob_rows[i] if logprob_rows is not None else None
-            finish_reason = request.status._finish_reason
+            finish_reason = request.status.finish_reason
             if finish_reason is None and (drafts or request.spec_token_ids):
                 request.spec_token_ids = drafts.get(req_id, []) if drafts else []
             # positional: a third of the keywords' cost, per request per step

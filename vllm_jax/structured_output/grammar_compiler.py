@@ -47,7 +47,7 @@ class GrammarCompiler:
         """The constraint's llguidance grammar (also stored on `params`); ValueError naming the constraint's
         field when the schema, regex or grammar is invalid."""
         if params.is_compiled:
-            return params._grammar
+            return params.compiled_grammar
         original, params = params, dataclasses.replace(
             params, disable_any_whitespace=params.disable_any_whitespace or self._defaults[0],
             disable_additional_properties=params.disable_additional_properties or self._defaults[1])
@@ -62,7 +62,7 @@ class GrammarCompiler:
                 self._cache[key] = grammar
                 while len(self._cache) > MAX_CACHED_GRAMMARS:
                     self._cache.popitem(last=False)
-        original._grammar = grammar
+        original.compiled_grammar = grammar
         return grammar
 
     def new_matcher(self, grammar: str) -> Any:

@@ -1,6 +1,7 @@
-"""Which form each of a layer's stored linears takes: the one place the model's `Quantization` picks a weight
-form's class (docs/architecture/06-model.md, "Weight forms"). The params arrive as the layer loop slices them:
-a stacked param's layer (an array), or in the CPU switched scan each layer's own array (`switched_forms`)."""
+"""Which form each of a layer's stored linears and expert stacks takes: the one place the model's `Quantization`
+picks a weight form's class (docs/architecture/06-model.md, "Weight forms"). The params arrive as the layer loop
+slices them: a stacked param's layer (an array), or in the CPU switched scan each layer's own array
+(`switched_forms`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from vllm_jax.model.quantization import QUANTIZED_LINEARS, Quantization, scale_n
 from vllm_jax.model.weight_forms.base import WeightForm
 from vllm_jax.model.weight_forms.channel_scaled import ChannelScaledWeight
 from vllm_jax.model.weight_forms.dense import DenseWeight, as_weight_form
+from vllm_jax.model.weight_forms.experts import ChannelScaledExperts, DenseExperts
 from vllm_jax.model.weight_forms.gguf_blocks import GGUFBlocksWeight
 from vllm_jax.model.weight_forms.group_scaled import GroupScaledWeight
 from vllm_jax.model.weight_forms.layer_switch import LayerSwitch
 
-# The quantized linears read through a weight form; the MoE experts' stacks (`experts_*`) stay values and scales,
-# the operands of the grouped expert matmuls (model/moe.py)
+# The quantized linears read through a WeightForm; the MoE experts' stacks (`experts_*`) through an ExpertStack
+# (`bundle_experts`)
 LAYER_LINEARS = tuple(sorted(name for name in QUANTIZED_LINEARS if not name.startswith("experts_")))
 
 
@@ -64,4 +66,15 @@ def switched_forms(per_layer: dict[str, tuple], index: jax.Array, quant: Quantiz
     for name, arrays in per_layer.items():
         if name not in out and name not in consumed:
             out[name] = LayerSwitch(tuple(DenseWeight(a) for a in arrays), index)
+    return out
+
+
+def bundle_experts(w: dict, names: tuple[str, ...], quant: Quantization | None) -> dict:
+    """One MoE layer's weights with each expert stack of `names` as its form: with `quant` the int8 / fp8 values
+    joined with their `_scale` sibling [E, out] (experts always scale per output channel, weight-only), else the
+    plain stack."""
+    out = dict(w)
+    for name in names:
+        out[name] = (DenseExperts(out[name]) if quant is None
+                     else ChannelScaledExperts(out[name], out.pop(scale_name(name))))
     return out

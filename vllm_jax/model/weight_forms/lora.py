@@ -63,6 +63,17 @@ class LoRAAdapter:
         return (y.astype(jnp.float32) + self.delta(x)).astype(x.dtype)
 
 
+class NoAdapter:
+    """A fused weight's part without an adapter (`layers.fused_linears`' default): adds nothing."""
+
+    def added_to(self, x: jax.Array, y: jax.Array) -> jax.Array:
+        del x
+        return y
+
+
+NO_ADAPTER = NoAdapter()
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class LoRAWeight(WeightForm):

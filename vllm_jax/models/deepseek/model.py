@@ -26,8 +26,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vllm_jax.model.layers import LayerContext, Mlp, gated_mlp, init_param
-from vllm_jax.model.moe import _MLP_PARAMS, EXPERT_PARAMS, MoeLM, expert_parallel_ffn, grouped_expert_ffn
+from vllm_jax.model.moe import EXPERT_PARAMS, MLP_PARAMS, MoeLM, routed_experts
 from vllm_jax.model.quantization import Quantization
+from vllm_jax.model.weight_forms.bundle import bundle_experts
 from vllm_jax.models.deepseek.mla import mla_attention_params, mla_decoder_block
 from vllm_jax.models.deepseek.routing import deepseek_route
 from vllm_jax.models.deepseek.spec import MlaSpec
@@ -72,7 +73,7 @@ class DeepseekLM(MoeLM):
 
     layers_class = DeepseekLayers
     fuses_projections = False
-    mlp_param_set = _MLP_PARAMS | frozenset(SHARED_PARAMS + ("e_score_bias",))
+    mlp_param_set = MLP_PARAMS | frozenset(SHARED_PARAMS + ("e_score_bias",))
 
     def __init__(self, spec: MlaSpec, dtype=jnp.float32, *, rngs: nnx.Rngs, attention_backend: str = "auto",
                  platform: str | None = None, mesh: Mesh | None = None, expert_mesh: Mesh | None = None,
@@ -94,19 +95,19 @@ class DeepseekLM(MoeLM):
     def _moe_mlp(self, w: dict, x: jax.Array) -> jax.Array:
         """Routed experts (weights already times routed_scaling_factor) plus the shared experts."""
         weights, ids = deepseek_route(self.spec, x, w["router"], w.get("e_score_bias"))
-        experts = tuple(w[name] for name in EXPERT_PARAMS)
-        if self.expert_mesh is not None and self.expert_mesh.shape[self.expert_axis] > 1:
-            out = expert_parallel_ffn(self.expert_mesh, self.expert_axis, x, weights, ids, *experts)
-        else:
-            out = grouped_expert_ffn(x, weights, ids, *experts)
-        out = out.astype(x.dtype)
+        out = routed_experts(self.expert_mesh, self.expert_axis, x, weights, ids,
+                             tuple(w[name] for name in EXPERT_PARAMS))
         if "shared_gate" in w:
             shared = {"gate_proj": w["shared_gate"], "up_proj": w["shared_up"], "down_proj": w["shared_down"]}
             out = out + gated_mlp(shared, x)
         return out
 
-    def _mlp(self, is_moe: bool, w: dict) -> Mlp:
-        return partial(self._moe_mlp, w) if is_moe else partial(gated_mlp, w)
+    def _mlp(self, is_moe: bool, w: dict, ctx: LayerContext, layer_index: jax.Array | int) -> Mlp:
+        """Unquantized, no LoRA (both refused): the plain expert stacks, or the dense MLP."""
+        del ctx, layer_index
+        if not is_moe:
+            return partial(gated_mlp, w)
+        return partial(self._moe_mlp, bundle_experts(w, EXPERT_PARAMS, None))
 
     def _mlp_param_names(self, is_moe: bool) -> tuple[str, ...]:
         if not is_moe:

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from vllm_jax.model.moe import EXPERT_PARAMS, expert_parallel_ffn, grouped_expert_ffn, route
+from vllm_jax.model.moe import EXPERT_PARAMS, route, routed_experts
+from vllm_jax.model.weight_forms.bundle import bundle_experts
 from vllm_jax.models.gemma4.spec import Gemma4Spec
 
 NORMS = ("pre_feedforward_norm_2", "post_feedforward_norm_1", "post_feedforward_norm_2")
@@ -57,9 +58,6 @@ def moe_block(spec: Gemma4Spec, w: dict, residual: jax.Array, rms_norm, expert_m
                          round_to_model_dtype=False)
     weights = weights * w["per_expert_scale"].astype(jnp.float32)[ids]
     x = rms_norm(residual, w["pre_feedforward_norm_2"], eps)
-    experts = tuple(w[name] for name in EXPERT_PARAMS)
-    if expert_mesh is not None and expert_mesh.shape[expert_axis] > 1:
-        out = expert_parallel_ffn(expert_mesh, expert_axis, x, weights, ids, *experts, activation=_GELU_TANH)
-    else:
-        out = grouped_expert_ffn(x, weights, ids, *experts, activation=_GELU_TANH)
-    return out.astype(dtype)
+    stacks = bundle_experts(w, EXPERT_PARAMS, None)  # unquantized: Gemma4LM refuses --quantization
+    return routed_experts(expert_mesh, expert_axis, x, weights, ids, tuple(stacks[name] for name in EXPERT_PARAMS),
+                          _GELU_TANH)
